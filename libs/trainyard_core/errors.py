@@ -1,0 +1,59 @@
+"""Domain errors. Raised by domain and service code; mapped to gRPC/HTTP status in exactly one place each
+(`trainyard_core.rpc.errors` and the gateway's exception handlers).
+
+Each error carries a message meant for the caller: say what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class TrainyardError(Exception):
+    """Base of every domain error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(TrainyardError):
+    """The request itself is wrong; retrying it unchanged will fail again."""
+
+
+class NotFound(TrainyardError):
+    pass
+
+
+class AlreadyExists(TrainyardError):
+    pass
+
+
+class FailedPrecondition(TrainyardError):
+    """The request is valid but the system is not in a state that allows it."""
+
+
+class Conflict(TrainyardError):
+    """A concurrent change won (compare-and-swap lost); the caller may retry."""
+
+
+class PermissionDenied(TrainyardError):
+    pass
+
+
+class Unauthenticated(TrainyardError):
+    pass
+
+
+class ResourceExhausted(TrainyardError):
+    pass
+
+
+class Unavailable(TrainyardError):
+    """A dependency (etcd, another service) cannot be reached now; retry later."""
+
+
+class NotLeader(Unavailable):
+    """This replica is not the leader; `leader` names the one that is, when known."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader

@@ -1,0 +1,29 @@
+"""Identifiers. Job ids sort by creation time, so etcd key order is submission order."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+_ID_RE = re.compile(r"^[a-z][a-z0-9-]{2,62}$")
+
+
+def _b32(value: int, width: int) -> str:
+    out = []
+    for _ in range(width):
+        out.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def new_id(prefix: str, now: float | None = None) -> str:
+    """`<prefix>-` + 10 chars of milliseconds + 8 random chars: time-ordered, collision-safe."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return f"{prefix}-{_b32(ms, 10)}{_b32(secrets.randbits(40), 8)}"
+
+
+def is_valid_id(value: str) -> bool:
+    """Ids used as etcd key parts: lower-case letters, digits and dashes, 3-63 chars."""
+    return bool(_ID_RE.match(value))

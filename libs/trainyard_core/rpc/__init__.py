@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by the services: server bootstrap, error mapping, client channels."""

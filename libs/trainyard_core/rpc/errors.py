@@ -1,0 +1,133 @@
+"""The one place where domain errors become gRPC status codes, and back.
+
+Servers install `ErrorMappingInterceptor`; servicers raise domain errors (`trainyard_core.errors`) and
+never call `context.abort` for them. An unexpected exception is logged with its traceback and answered
+with INTERNAL and a short message that does not leak internals. Clients turn an `AioRpcError` back into
+the domain error with `from_rpc_error`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from .. import errors
+
+log = logging.getLogger(__name__)
+
+_TO_CODE: list[tuple[type[errors.TrainyardError], grpc.StatusCode]] = [
+    (errors.NotLeader, grpc.StatusCode.UNAVAILABLE),
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.Conflict, grpc.StatusCode.ABORTED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+_FROM_CODE: dict[grpc.StatusCode, type[errors.TrainyardError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: errors.InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.ABORTED: errors.Conflict,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
+    grpc.StatusCode.CANCELLED: errors.Unavailable,
+}
+
+
+def status_for(exc: errors.TrainyardError) -> grpc.StatusCode:
+    for cls, code in _TO_CODE:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError, what: str = "") -> errors.TrainyardError:
+    """Turn a failed call back into the domain error it stands for."""
+    code = exc.code()
+    detail = exc.details() or code.name
+    cls = _FROM_CODE.get(code)
+    if cls is None:
+        return errors.Unavailable(f"{what + ': ' if what else ''}{code.name}: {detail}")
+    if cls is errors.Unavailable and what:
+        return errors.Unavailable(f"{what} is unavailable: {detail}")
+    return cls(detail)
+
+
+async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
+    if isinstance(exc, errors.TrainyardError):
+        code = status_for(exc)
+        if isinstance(exc, errors.NotLeader) and exc.leader:
+            await context.send_initial_metadata((("trainyard-leader", exc.leader),))
+        await context.abort(code, exc.message)
+    log.error("unhandled error in %s", method, exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the service log")
+
+
+Behavior = Callable[..., Any]
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors raised by any handler (unary or streaming) to gRPC status codes."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+
+        def wrap_unary(behavior: Behavior) -> Behavior:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    return await behavior(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort_for(exc, context, method)
+
+            return call
+
+        def wrap_stream(behavior: Behavior) -> Behavior:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await _abort_for(exc, context, method)
+
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap_stream(handler.unary_stream), handler.request_deserializer,
+                handler.response_serializer)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                wrap_stream(handler.stream_stream), handler.request_deserializer,
+                handler.response_serializer)
+        return handler

@@ -1,0 +1,225 @@
+"""The etcd implementation of the store (etcd v3 through the `aetcd` asyncio client).
+
+Several endpoints may be given (a 3-member cluster); on a connection failure the store moves to the next
+endpoint for the following calls. Writes are not retried here: their outcome is unknown after a failure,
+and callers re-read and retry through their own compare-and-swap loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import aetcd
+import aetcd.exceptions
+import grpc
+from aetcd import rpc
+
+from ..errors import FailedPrecondition, InvalidArgument, Unavailable
+from .api import Compare, Delete, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, \
+    prefix_end
+
+log = logging.getLogger(__name__)
+
+_TARGETS = {"version": rpc.Compare.VERSION, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE,
+            "value": rpc.Compare.VALUE}
+_OPS = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.LESS,
+        ">": rpc.Compare.GREATER}
+
+
+def parse_endpoints(spec: str) -> list[tuple[str, int]]:
+    """'127.0.0.1:2379,127.0.0.2:2379' (an optional http:// is accepted) → [(host, port), ...]."""
+    out = []
+    for raw in spec.split(","):
+        item = raw.strip().removeprefix("http://")
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise InvalidArgument(f"etcd endpoint {raw!r} must look like host:port")
+        out.append((host, int(port)))
+    if not out:
+        raise InvalidArgument("no etcd endpoint given (expected host:port[,host:port...])")
+    return out
+
+
+def _kv(raw: rpc.KeyValue) -> KeyValue:
+    return KeyValue(key=raw.key.decode(), value=raw.value, create_revision=raw.create_revision,
+                    mod_revision=raw.mod_revision, version=raw.version, lease=raw.lease)
+
+
+def _unavailable(exc: BaseException, endpoint: str) -> Unavailable:
+    return Unavailable(f"etcd at {endpoint} is unavailable: {type(exc).__name__}: {exc}")
+
+
+_CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError,
+                      aetcd.exceptions.InternalError, grpc.aio.AioRpcError, OSError, asyncio.TimeoutError)
+
+
+class EtcdStore:
+    def __init__(self, endpoints: str | Sequence[tuple[str, int]], *, timeout: float = 5.0) -> None:
+        self._endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        self._current = 0
+        self._timeout = timeout
+        self._client: aetcd.Client | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._endpoints[self._current]
+        return f"{host}:{port}"
+
+    async def _get_client(self) -> aetcd.Client:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    host, port = self._endpoints[self._current]
+                    client = aetcd.Client(host=host, port=port, timeout=int(self._timeout) or None,
+                                          connect_wait_timeout=int(self._timeout))
+                    await client.connect()
+                    self._client = client
+        return self._client
+
+    async def _fail(self, exc: BaseException) -> Unavailable:
+        err = _unavailable(exc, self.endpoint)
+        client, self._client = self._client, None
+        self._current = (self._current + 1) % len(self._endpoints)
+        if client is not None:
+            try:
+                await client.close()
+            except Exception:  # closing a broken channel may fail too; nothing to do about it
+                log.debug("closing etcd client failed", exc_info=True)
+        return err
+
+    async def _read_range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
+        # Reads are safe to retry on the next endpoint.
+        last: BaseException | None = None
+        for _ in range(len(self._endpoints)):
+            try:
+                client = await self._get_client()
+                return await client.kvstub.Range(request, timeout=self._timeout, metadata=client.metadata)
+            except _CONNECTION_ERRORS as exc:
+                last = await self._fail(exc)
+        assert last is not None
+        raise last
+
+    async def get(self, key: str) -> KeyValue | None:
+        resp = await self._read_range(rpc.RangeRequest(key=key.encode()))
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
+        start = (start_after.encode() + b"\0") if start_after is not None else prefix.encode()
+        end = prefix_end(prefix).encode(errors="surrogateescape")
+        resp = await self._read_range(rpc.RangeRequest(key=start, range_end=end, limit=limit))
+        return RangeResult([_kv(kv) for kv in resp.kvs], bool(resp.more), resp.header.revision)
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        result = await self.txn([], [Put(key, value, lease)])
+        return result.revision
+
+    async def delete(self, key: str) -> bool:
+        try:
+            client = await self._get_client()
+            resp = await client.kvstub.DeleteRange(rpc.DeleteRangeRequest(key=key.encode()),
+                                                   timeout=self._timeout, metadata=client.metadata)
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        return bool(resp.deleted)
+
+    @staticmethod
+    def _request_op(op: Op) -> rpc.RequestOp:
+        if isinstance(op, Put):
+            return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key.encode(), value=op.value,
+                                                            lease=op.lease))
+        if op.prefix:
+            return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+                key=op.key.encode(), range_end=prefix_end(op.key).encode(errors="surrogateescape")))
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode()))
+
+    @staticmethod
+    def _compare(c: Compare) -> rpc.Compare:
+        msg = rpc.Compare(key=c.key.encode(), target=_TARGETS[c.target], result=_OPS[c.op])
+        if c.target == "value":
+            msg.value = c.value if isinstance(c.value, bytes) else str(c.value).encode()
+        elif c.target == "version":
+            msg.version = int(c.value)  # type: ignore[arg-type]
+        elif c.target == "mod":
+            msg.mod_revision = int(c.value)  # type: ignore[arg-type]
+        else:
+            msg.create_revision = int(c.value)  # type: ignore[arg-type]
+        return msg
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+                  failure: Sequence[Op] = ()) -> TxnResult:
+        request = rpc.TxnRequest(compare=[self._compare(c) for c in compares],
+                                 success=[self._request_op(o) for o in success],
+                                 failure=[self._request_op(o) for o in failure])
+        try:
+            client = await self._get_client()
+            resp = await client.kvstub.Txn(request, timeout=self._timeout, metadata=client.metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # e.g. "requested lease not found"
+                raise FailedPrecondition(f"etcd refused the transaction: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument(f"etcd refused the transaction: {exc.details()}") from exc
+            raise await self._fail(exc) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        return TxnResult(bool(resp.succeeded), resp.header.revision)
+
+    async def watch(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
+        try:
+            client = await self._get_client()
+            watch = await client.watch_prefix(prefix.encode(), start_revision=start_revision or None)
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        try:
+            async for event in watch:
+                kv = event.kv
+                kind = "put" if event.kind == "PUT" else "delete"
+                yield [WatchEvent(kind, kv.key.decode(), kv.value if kind == "put" else b"",
+                                  kv.mod_revision)]
+        except aetcd.exceptions.RevisionCompactedError as exc:
+            raise WatchCompacted(exc.compacted_revision) from exc
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        finally:
+            try:
+                await watch.cancel()
+            except Exception:  # the stream may already be gone
+                log.debug("watch cancel failed", exc_info=True)
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        try:
+            client = await self._get_client()
+            lease = await client.lease(ttl_seconds)
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        return int(lease.id)
+
+    async def keepalive(self, lease_id: int) -> int:
+        try:
+            client = await self._get_client()
+            reply = await client.refresh_lease(lease_id)
+        except _CONNECTION_ERRORS as exc:
+            raise await self._fail(exc) from exc
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        try:
+            client = await self._get_client()
+            await client.revoke_lease(lease_id)
+        except aetcd.exceptions.ClientError as exc:
+            if "not found" in str(exc).lower():
+                return
+            raise await self._fail(exc) from exc
+        except _CONNECTION_ERRORS as exc:
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.NOT_FOUND:
+                return
+            raise await self._fail(exc) from exc
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()

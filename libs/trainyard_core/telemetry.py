@@ -1,0 +1,60 @@
+"""Traces (OpenTelemetry, propagated across gRPC calls) and metrics (Prometheus exposition)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
+from .settings import BaseSettings
+
+log = logging.getLogger(__name__)
+_configured = False
+
+
+def setup_tracing(service: str, exporter: str) -> None:
+    """Install a tracer provider and instrument grpc.aio servers and clients.
+
+    `exporter`: "none" (spans still propagate trace context), "console", or a file path (JSON lines).
+    """
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    if exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif exporter not in ("", "none"):
+        out = open(exporter, "a")  # noqa: SIM115 - lives as long as the process
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(
+            out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))
+    trace.set_tracer_provider(provider)
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+
+    GrpcAioInstrumentorServer().instrument()
+    GrpcAioInstrumentorClient().instrument()
+
+
+def start_metrics_server(host: str, port: int) -> int | None:
+    """Serve Prometheus /metrics on a background thread; returns the bound port (None when off)."""
+    if port < 0:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host)
+    bound = int(server.server_address[1])
+    log.info("metrics endpoint listening", extra={"metrics_url": f"http://{host}:{bound}/metrics"})
+    return bound
+
+
+def setup(service: str, settings: BaseSettings) -> dict[str, Any]:
+    setup_tracing(service, settings.trace_exporter)
+    return {"metrics_port": start_metrics_server(settings.metrics_host, settings.metrics_port)}
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks that start real components (etcd, free ports, polling)."""
