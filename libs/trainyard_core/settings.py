@@ -38,6 +38,11 @@ class BaseSettings(BaseModel):
     metrics_host: str = "127.0.0.1"
     # OpenTelemetry: "none", "console" (spans to stderr as JSON) or a file path to append spans to.
     trace_exporter: str = "none"
+    # Once serving, write {"grpc_port": ..., ...} as JSON here (used by the local cluster and tests).
+    ready_file: str = ""
+    # etcd client endpoints, comma-separated host:port; every key lives under etcd_prefix.
+    etcd_endpoints: str = "127.0.0.1:2379"
+    etcd_prefix: str = "/trainyard"
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -179,3 +184,15 @@ def redacted(settings: BaseModel) -> dict[str, Any]:
         out[name] = "***" if isinstance(value, SecretStr) and value.get_secret_value() else (
             "" if isinstance(value, SecretStr) else value)
     return out
+
+
+def write_ready_file(path: str, **ports: int) -> None:
+    """Atomically write the bound ports, so a waiting launcher never reads half a file."""
+    if not path:
+        return
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(ports, f)
+    os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""The `trainyard` command-line client of the gateway, and the local development cluster."""

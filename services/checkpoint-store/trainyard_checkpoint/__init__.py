@@ -1,0 +1,1 @@
+"""Trainyard checkpoint store: checkpoint metadata and lifecycle."""

@@ -1,0 +1,1 @@
+"""Trainyard gateway: the public HTTP/JSON API and dashboard."""

@@ -1,0 +1,1 @@
+"""Trainyard node agent: GPU inventory and health through NVML, worker supervision."""

@@ -1,0 +1,1 @@
+"""Trainyard scheduler: gang placement of jobs onto GPU nodes, backed by etcd."""
