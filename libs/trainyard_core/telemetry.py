@@ -35,8 +35,8 @@ def setup_tracing(service: str, exporter: str) -> None:
     trace.set_tracer_provider(provider)
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
 
-    GrpcAioInstrumentorServer().instrument()
-    GrpcAioInstrumentorClient().instrument()
+    GrpcAioInstrumentorServer().instrument()  # type: ignore[no-untyped-call]
+    GrpcAioInstrumentorClient().instrument()  # type: ignore[no-untyped-call]
 
 
 def start_metrics_server(host: str, port: int) -> int | None:

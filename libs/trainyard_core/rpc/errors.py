@@ -80,7 +80,7 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
 Behavior = Callable[..., Any]
 
 
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Maps domain errors raised by any handler (unary or streaming) to gRPC status codes."""
 
     async def intercept_service(

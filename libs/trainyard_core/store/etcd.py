@@ -17,8 +17,7 @@ import grpc
 from aetcd import rpc
 
 from ..errors import FailedPrecondition, InvalidArgument, Unavailable
-from .api import Compare, Delete, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, \
-    prefix_end
+from .api import Compare, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, prefix_end
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +142,11 @@ class EtcdStore:
         if c.target == "value":
             msg.value = c.value if isinstance(c.value, bytes) else str(c.value).encode()
         elif c.target == "version":
-            msg.version = int(c.value)  # type: ignore[arg-type]
+            msg.version = int(c.value)
         elif c.target == "mod":
-            msg.mod_revision = int(c.value)  # type: ignore[arg-type]
+            msg.mod_revision = int(c.value)
         else:
-            msg.create_revision = int(c.value)  # type: ignore[arg-type]
+            msg.create_revision = int(c.value)
         return msg
 
     async def txn(self, compares: Sequence[Compare], success: Sequence[Op],
@@ -177,9 +176,10 @@ class EtcdStore:
         try:
             async for event in watch:
                 kv = event.kv
-                kind = "put" if event.kind == "PUT" else "delete"
-                yield [WatchEvent(kind, kv.key.decode(), kv.value if kind == "put" else b"",
-                                  kv.mod_revision)]
+                if event.kind == "PUT":
+                    yield [WatchEvent("put", kv.key.decode(), kv.value, kv.mod_revision)]
+                else:
+                    yield [WatchEvent("delete", kv.key.decode(), b"", kv.mod_revision)]
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise WatchCompacted(exc.compacted_revision) from exc
         except _CONNECTION_ERRORS as exc:

@@ -1,0 +1,108 @@
+"""Leader election over the store, with fencing.
+
+A candidate holds a lease and creates the leader key bound to it only if the key is absent. The key's
+create revision is the leader's **epoch**: it only ever grows, and `fence()` gives the compare every
+leader write must carry, so a deposed leader (lease expired, key re-created by another) can never commit.
+Losing the lease (keepalive says 0, or the store unreachable for longer than the TTL) ends leadership;
+`lost` is set and the owner must stop acting as leader at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..errors import Unavailable
+from .api import Compare, Put, Store, absent
+
+log = logging.getLogger(__name__)
+
+
+class LeaderElection:
+    def __init__(self, store: Store, key: str, identity: str, ttl_seconds: int = 3) -> None:
+        self._store = store
+        self._key = key
+        self.identity = identity
+        self._ttl = ttl_seconds
+        self.lease_id = 0
+        self.epoch = 0
+        self.lost = asyncio.Event()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def fence(self) -> Compare:
+        return Compare(self._key, "create", "==", self.epoch)
+
+    async def current_leader(self) -> str:
+        kv = await self._store.get(self._key)
+        return kv.value.decode() if kv else ""
+
+    async def campaign(self, stop: asyncio.Event | None = None) -> int:
+        """Block until this candidate leads (returns the epoch) or `stop` is set (returns 0)."""
+        while stop is None or not stop.is_set():
+            try:
+                if not self.lease_id:
+                    self.lease_id = await self._store.grant_lease(self._ttl)
+                res = await self._store.txn([absent(self._key)],
+                                            [Put(self._key, self.identity.encode(), self.lease_id)])
+                if res.succeeded:
+                    kv = await self._store.get(self._key)
+                    if kv is not None and kv.lease == self.lease_id:
+                        self.epoch = kv.create_revision
+                        self.lost.clear()
+                        self._keeper = asyncio.create_task(self._keep(), name="leader keepalive")
+                        log.info("became leader", extra={"epoch": self.epoch})
+                        return self.epoch
+                # Somebody else leads: keep our lease fresh and try again shortly. The leader's lease
+                # bounds how long this takes after it dies.
+                if await self._store.keepalive(self.lease_id) == 0:
+                    self.lease_id = 0
+            except Unavailable as exc:
+                log.warning("election: store unavailable: %s", exc)
+                self.lease_id = 0
+            await self._sleep(min(0.5, self._ttl / 4), stop)
+        return 0
+
+    async def _sleep(self, seconds: float, stop: asyncio.Event | None) -> None:
+        if stop is None:
+            await asyncio.sleep(seconds)
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _keep(self) -> None:
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(self._ttl / 3)
+            try:
+                if await self._store.keepalive(self.lease_id) == 0:
+                    log.error("leadership lost: lease expired", extra={"epoch": self.epoch})
+                    break
+                kv = await self._store.get(self._key)
+                if kv is None or kv.create_revision != self.epoch:
+                    log.error("leadership lost: leader key changed", extra={"epoch": self.epoch})
+                    break
+                last_ok = time.monotonic()
+            except Unavailable as exc:
+                if time.monotonic() - last_ok > self._ttl:
+                    log.error("leadership lost: store unreachable for %.1fs: %s", self._ttl, exc)
+                    break
+        self.lease_id = 0
+        self.epoch = 0
+        self.lost.set()
+
+    async def resign(self) -> None:
+        """Give up leadership at once (clean shutdown): a standby takes over without waiting for TTL."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+        if self.lease_id:
+            try:
+                await self._store.revoke_lease(self.lease_id)
+            except Unavailable:
+                log.warning("could not revoke the leader lease; it expires in %ss", self._ttl)
+        self.lease_id = 0
+        self.epoch = 0
+        self.lost.set()

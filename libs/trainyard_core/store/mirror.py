@@ -1,0 +1,113 @@
+"""An in-memory copy of everything under a prefix, kept current by a watch.
+
+Load once (paged range), then apply watch events from the load's revision on. After a broken watch or a
+compaction, reload. `revision` tells how far the copy has caught up; `changed` is set on every applied
+batch, so a reconcile loop can sleep until something happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from ..errors import Unavailable
+from .api import KeyValue, Store, WatchCompacted
+
+log = logging.getLogger(__name__)
+
+
+class PrefixMirror:
+    def __init__(self, store: Store, prefix: str, *, page_size: int = 1000) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._page = page_size
+        self._items: dict[str, KeyValue] = {}
+        self.revision = 0
+        self.changed = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._rev_waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    @property
+    def items(self) -> Mapping[str, KeyValue]:
+        return self._items
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"mirror {self._prefix}")
+        await self._ready.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    async def wait_for(self, revision: int, timeout: float = 5.0) -> bool:
+        """Wait until the copy includes `revision` (read-your-writes after a commit)."""
+        if self.revision >= revision:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rev_waiters.append((revision, fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _load(self) -> None:
+        items: dict[str, KeyValue] = {}
+        after: str | None = None
+        revision = 0
+        while True:
+            page = await self._store.range(self._prefix, start_after=after, limit=self._page)
+            revision = revision or page.revision
+            for kv in page.kvs:
+                items[kv.key] = kv
+            if not page.more:
+                break
+            after = page.kvs[-1].key
+        self._items = items
+        self._set_revision(revision)
+
+    def _set_revision(self, revision: int) -> None:
+        self.revision = max(self.revision, revision)
+        self.changed.set()
+        still = []
+        for rev, fut in self._rev_waiters:
+            if rev <= self.revision:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((rev, fut))
+        self._rev_waiters = still
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._load()
+                self._ready.set()
+                backoff = 0.1
+                async for batch in self._store.watch(self._prefix, start_revision=self.revision + 1):
+                    for ev in batch:
+                        if ev.kind == "put":
+                            old = self._items.get(ev.key)
+                            self._items[ev.key] = KeyValue(
+                                key=ev.key, value=ev.value,
+                                create_revision=old.create_revision if old else ev.mod_revision,
+                                mod_revision=ev.mod_revision, version=(old.version + 1) if old else 1)
+                        else:
+                            self._items.pop(ev.key, None)
+                    self._set_revision(max(ev.mod_revision for ev in batch))
+            except asyncio.CancelledError:
+                raise
+            except (Unavailable, WatchCompacted) as exc:
+                log.warning("mirror of %s lost its watch, reloading: %s", self._prefix, exc)
+            except Exception:
+                log.exception("mirror of %s failed, reloading", self._prefix)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)

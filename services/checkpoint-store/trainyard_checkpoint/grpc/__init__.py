@@ -1,0 +1,1 @@
+"""gRPC adapter of the checkpoint-store: the servicer and the only pb ↔ domain mapping."""

@@ -1,0 +1,223 @@
+"""The checkpoint lifecycle: load → pure decision (domain) → compare-and-swap write (repository).
+
+Each operation reads what it needs, asks the domain what the new record is, and writes it with a
+transaction guarded by the revisions it read. When a concurrent change wins, it reads again and decides
+again (bounded; Conflict after that). Storage is looked at before the transaction, never inside it.
+
+Idempotency: Begin is not (each call reserves a new id); Commit, Abort and Delete are (see the domain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from trainyard_core.clock import Clock
+from trainyard_core.errors import Conflict, FailedPrecondition, NotFound, Unavailable
+from trainyard_core.ids import new_id
+from trainyard_core.logs import log_context
+
+from . import domain
+from .domain import Checkpoint, CheckpointState, Shard
+from .domain.validation import (
+    CHECKPOINT_ID_PREFIX,
+    BeginRequest,
+    page_size,
+    validate_begin,
+    validate_checkpoint_id,
+    validate_job_id,
+    validate_page_token,
+    validate_shards,
+)
+from .repository import CheckpointRepository, StoredCheckpoint
+from .storage import CheckpointStorage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Problems listed in one commit error; the rest are counted.
+MAX_PROBLEMS_SHOWN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    checkpoints: list[Checkpoint]
+    next_page_token: str
+
+
+class CheckpointManager:
+    def __init__(self, repo: CheckpointRepository, storage: CheckpointStorage, clock: Clock, *,
+                 stat_concurrency: int = 32, max_attempts: int = 16) -> None:
+        self._repo = repo
+        self._storage = storage
+        self._clock = clock
+        self._stat_concurrency = stat_concurrency
+        self._max_attempts = max_attempts
+
+    async def _load(self, checkpoint_id: str) -> StoredCheckpoint:
+        stored = await self._repo.load(checkpoint_id)
+        if stored is None:
+            raise NotFound(f"checkpoint {checkpoint_id} not found")
+        return stored
+
+    async def _retry(self, what: str, attempt: Callable[[], Awaitable[T | None]]) -> T:
+        """Run `attempt` until it returns a result (None means: a compare-and-swap lost, go again)."""
+        for _ in range(self._max_attempts):
+            result = await attempt()
+            if result is not None:
+                return result
+        raise Conflict(f"{what} lost {self._max_attempts} concurrent updates in a row; retry")
+
+    # -- Begin --------------------------------------------------------------------------------------
+    async def begin(self, req: BeginRequest) -> Checkpoint:
+        """Reserve an id and a location (created in storage) for a new WRITING checkpoint."""
+        validate_begin(req)
+
+        async def attempt() -> Checkpoint | None:
+            now = self._clock.now()
+            checkpoint_id = new_id(CHECKPOINT_ID_PREFIX, now)
+            location = self._storage.location_for(req.job_id, checkpoint_id)
+            ckpt = domain.new_checkpoint(
+                checkpoint_id=checkpoint_id, job_id=req.job_id, attempt=req.attempt, step=req.step,
+                world_size=req.world_size, location=location, metadata=req.metadata, now=now)
+            # The directory first: if the store write then fails, an empty directory is all that is
+            # left, while the other order could leave a WRITING record with nowhere to write.
+            await self._storage.prepare(location)
+            return ckpt if await self._repo.create(ckpt) else None
+
+        ckpt = await self._retry("begin", attempt)
+        with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
+            log.info("checkpoint begun", extra={"step": ckpt.step, "world_size": ckpt.world_size,
+                                                "location": ckpt.location})
+        return ckpt
+
+    # -- Commit -------------------------------------------------------------------------------------
+    async def _verify_storage(self, ckpt: Checkpoint, shards: Sequence[Shard]) -> None:
+        limit = asyncio.Semaphore(self._stat_concurrency)
+
+        async def size_of(shard: Shard) -> tuple[str, int | None]:
+            async with limit:
+                return shard.path, await self._storage.stat(ckpt.location, shard.path)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(size_of(s)) for s in shards]
+        problems = domain.storage_problems(shards, dict(t.result() for t in tasks))
+        if problems:
+            shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+            more = len(problems) - MAX_PROBLEMS_SHOWN
+            raise FailedPrecondition(f"checkpoint {ckpt.id} was not committed: {shown}"
+                                     + (f"; and {more} more" if more > 0 else ""))
+
+    async def commit(self, checkpoint_id: str, shards: Sequence[Shard]) -> Checkpoint:
+        """Verify every declared shard in storage, then record them and move the job's latest pointer
+        (forward only) in one transaction. Nothing is written when a shard is missing or truncated."""
+        validate_checkpoint_id(checkpoint_id)
+        stored = await self._load(checkpoint_id)
+        validate_shards(shards, stored.checkpoint.world_size)
+        if stored.checkpoint.state is not CheckpointState.WRITING:
+            # Either the idempotent answer or the refusal; storage need not be looked at.
+            return domain.commit(stored.checkpoint, shards, self._clock.now())
+        await self._verify_storage(stored.checkpoint, shards)
+
+        async def attempt() -> Checkpoint | None:
+            nonlocal stored
+            ckpt = stored.checkpoint
+            committed = domain.commit(ckpt, shards, self._clock.now())
+            if committed == ckpt:  # committed meanwhile by a retry of this same call
+                return ckpt
+            latest = await self._repo.latest_pointer(ckpt.job_id)
+            latest_step = await self._step_of(ckpt.job_id, latest.checkpoint_id)
+            move = domain.moves_latest(latest_step, committed.step)
+            # The pointer only moves forward, so a commit that does not move it needs no guard on it:
+            # a concurrent move can only take it further from this step.
+            if await self._repo.update(committed, expected_revision=stored.mod_revision,
+                                       latest_guard=latest if move else None, move_latest=move):
+                with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
+                    log.info("checkpoint committed", extra={
+                        "step": committed.step, "shards": len(committed.shards),
+                        "total_bytes": committed.total_bytes, "moved_latest": move})
+                return committed
+            stored = await self._load(checkpoint_id)
+            return None
+
+        return await self._retry("commit", attempt)
+
+    async def _step_of(self, job_id: str, checkpoint_id: str | None) -> int | None:
+        if checkpoint_id is None:
+            return None
+        stored = await self._repo.load_in_job(job_id, checkpoint_id)
+        return None if stored is None else stored.checkpoint.step
+
+    # -- Abort --------------------------------------------------------------------------------------
+    async def abort(self, checkpoint_id: str, reason: str) -> Checkpoint:
+        """WRITING → ABORTED; storage is left alone (workers may still be writing)."""
+        validate_checkpoint_id(checkpoint_id)
+
+        async def attempt() -> Checkpoint | None:
+            stored = await self._load(checkpoint_id)
+            ckpt = stored.checkpoint
+            aborted = domain.abort(ckpt, reason, self._clock.now())
+            if aborted == ckpt:
+                return ckpt
+            if not await self._repo.update(aborted, expected_revision=stored.mod_revision):
+                return None
+            with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
+                log.info("checkpoint aborted", extra={"reason": aborted.abort_reason})
+            return aborted
+
+        return await self._retry("abort", attempt)
+
+    # -- Delete -------------------------------------------------------------------------------------
+    async def delete(self, checkpoint_id: str) -> Checkpoint:
+        """Mark DELETED, then remove the files. A retry after a failed removal finishes it."""
+        validate_checkpoint_id(checkpoint_id)
+
+        async def attempt() -> Checkpoint | None:
+            stored = await self._load(checkpoint_id)
+            ckpt = stored.checkpoint
+            latest = await self._repo.latest_pointer(ckpt.job_id)
+            deleted = domain.delete(ckpt, latest_id=latest.checkpoint_id, now=self._clock.now())
+            if deleted == ckpt:
+                return ckpt
+            # No guard on the pointer is needed: it only ever moves onto a checkpoint in the
+            # transaction that commits it, and this one was already COMMITTED (or ABORTED) when read,
+            # at the revision the write below is guarded by.
+            if not await self._repo.update(deleted, expected_revision=stored.mod_revision):
+                return None
+            return deleted
+
+        deleted = await self._retry("delete", attempt)
+        await self._storage.remove(deleted.location)
+        with log_context(job_id=deleted.job_id, checkpoint_id=deleted.id):
+            log.info("checkpoint deleted", extra={"location": deleted.location})
+        return deleted
+
+    # -- Reads --------------------------------------------------------------------------------------
+    async def get(self, checkpoint_id: str) -> Checkpoint:
+        validate_checkpoint_id(checkpoint_id)
+        return (await self._load(checkpoint_id)).checkpoint
+
+    async def latest(self, job_id: str) -> Checkpoint:
+        """The job's latest committed checkpoint; NotFound when it has none."""
+        validate_job_id(job_id)
+        for _ in range(self._max_attempts):
+            pointer = await self._repo.latest_pointer(job_id)
+            if pointer.checkpoint_id is None:
+                raise NotFound(f"job {job_id} has no committed checkpoint")
+            stored = await self._repo.load_in_job(job_id, pointer.checkpoint_id)
+            # Between the two reads the pointer may have moved on and the old latest been deleted.
+            if stored is not None and stored.checkpoint.state is CheckpointState.COMMITTED:
+                return stored.checkpoint
+        raise Unavailable(f"the latest pointer of job {job_id} keeps naming a checkpoint that is not "
+                          "committed; the metadata store may be inconsistent")
+
+    async def list(self, job_id: str, requested_page_size: int, page_token: str) -> Page:
+        """A job's checkpoints (every state) in creation order, one page at a time."""
+        validate_job_id(job_id)
+        size = page_size(requested_page_size)
+        validate_page_token(page_token)
+        items, more = await self._repo.list(job_id, after=page_token or None, limit=size)
+        return Page(items, items[-1].id if more and items else "")

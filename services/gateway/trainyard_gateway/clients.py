@@ -1,0 +1,109 @@
+"""grpc.aio clients of the scheduler (jobs, nodes) and of the node agents (logs).
+
+They take and return API models (conversion in `convert`), so routers never see protobuf. Every failed
+call is turned into the domain error it stands for (`from_rpc_error`), which the gateway's one error
+handler maps to an HTTP status. Channels are created here but owned by whoever built the client
+(GatewayApp), which closes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.rpc.errors import from_rpc_error
+from trainyard_core.rpc.server import insecure_channel
+
+from . import convert
+from .schemas.jobs import Job, JobList, JobSubmit
+from .schemas.logs import LogLine
+from .schemas.nodes import Node
+
+T = TypeVar("T")
+
+
+async def _call(what: str, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc, what) from exc
+
+
+class SchedulerClient:
+    """JobService and NodeService of the scheduler. `team` empty means: every team (admin callers)."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float) -> None:
+        self._jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        self._nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
+        self._health = health_pb2_grpc.HealthStub(channel)
+        self._timeout = timeout_s
+
+    async def submit_job(self, spec: JobSubmit, *, team: str, user: str, idempotency_key: str = "") -> Job:
+        request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
+                                                 idempotency_key=idempotency_key)
+        reply = await _call("scheduler", self._jobs.SubmitJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def get_job(self, job_id: str, *, team: str) -> Job:
+        request = scheduler_pb2.GetJobRequest(job_id=job_id, team=team)
+        reply = await _call("scheduler", self._jobs.GetJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def list_jobs(self, *, page_size: int, page_token: str, team: str,
+                        states: Sequence[str] = ()) -> JobList:
+        request = scheduler_pb2.ListJobsRequest(
+            page_size=page_size, page_token=page_token, team=team,
+            states=[convert.job_state_from_name(s) for s in states])  # type: ignore[misc]
+        reply = await _call("scheduler", self._jobs.ListJobs(request, timeout=self._timeout))
+        return JobList(jobs=[convert.job_from_pb(j) for j in reply.jobs], next_page_token=reply.next_page_token)
+
+    async def cancel_job(self, job_id: str, *, team: str, reason: str = "") -> Job:
+        request = scheduler_pb2.CancelJobRequest(job_id=job_id, team=team, reason=reason)
+        reply = await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def list_nodes(self) -> list[Node]:
+        reply = await _call("scheduler", self._nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
+                                                               timeout=self._timeout))
+        return [convert.node_from_pb(n) for n in reply.nodes]
+
+    async def check_health(self, timeout_s: float) -> str:
+        """'' when the scheduler answers SERVING, else why not."""
+        try:
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details() or 'no answer'}"
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            return f"health status {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
+        return ""
+
+
+class AgentClients:
+    """AgentService clients, one channel per agent address, created on first use."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        self._timeout = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = insecure_channel(address)
+        return agent_pb2_grpc.AgentServiceStub(channel)
+
+    async def worker_logs(self, address: str, *, job_id: str, attempt: int, tail_lines: int) -> list[LogLine]:
+        request = agent_pb2.GetWorkerLogsRequest(job_id=job_id, attempt=attempt, tail_lines=tail_lines)
+        reply = await _call(f"node agent at {address}",
+                            self._stub(address).GetWorkerLogs(request, timeout=self._timeout))
+        return [convert.log_line_from_pb(line) for line in reply.lines]
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()

@@ -1,0 +1,118 @@
+"""The only pb ↔ API-model mapping of the gateway (jobs, nodes, log lines, tokens)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import cast, get_args
+
+from google.protobuf.descriptor import EnumDescriptor
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from trainyard.agent.v1 import agent_pb2
+from trainyard.common.v1 import types_pb2
+from trainyard.gateway.v1 import gateway_pb2
+
+from .schemas import jobs as js
+from .schemas import nodes as ns
+from .schemas.logs import LogLine
+from .schemas.tokens import Token
+from .tokens import TokenRecord
+
+_JOB_STATES = frozenset(get_args(js.JobState))
+_NODE_STATES = frozenset(get_args(ns.NodeState))
+_GPU_HEALTH = frozenset(get_args(ns.GpuHealth))
+TERMINAL_EXIT_STATES = frozenset({"succeeded", "failed"})
+
+
+def _enum_name(value: int, enum: str, all_names: frozenset[str], descriptor: EnumDescriptor) -> str:
+    item = descriptor.values_by_number.get(value)
+    if item is None:
+        return "unknown"
+    short = item.name.removeprefix(enum + "_").lower()
+    return short if short in all_names else "unknown"
+
+
+def _time(ts: Timestamp) -> datetime | None:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+def job_state_name(value: int) -> js.JobState:
+    return cast(js.JobState, _enum_name(value, "JOB_STATE", _JOB_STATES, types_pb2.JobState.DESCRIPTOR))
+
+
+def job_state_from_name(name: str) -> int:
+    """'running' → JOB_STATE_RUNNING; ValueError for names that are not states."""
+    if name not in _JOB_STATES or name == "unknown":
+        raise ValueError(name)
+    return int(types_pb2.JobState.Value("JOB_STATE_" + name.upper()))
+
+
+def spec_to_pb(spec: js.JobSubmit) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(
+        name=spec.name, command=spec.command, env=spec.env,
+        resources=types_pb2.Resources(nodes=spec.resources.nodes, gpus_per_node=spec.resources.gpus_per_node,
+                                      accelerator=spec.resources.accelerator),
+        working_dir=spec.working_dir, queue=spec.queue, priority=spec.priority,
+        max_restarts=spec.max_restarts, labels=spec.labels)
+
+
+def spec_from_pb(spec: types_pb2.JobSpec) -> js.JobSpec:
+    r = spec.resources
+    return js.JobSpec(
+        name=spec.name, command=list(spec.command), env=dict(spec.env),
+        resources=js.Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator),
+        working_dir=spec.working_dir, queue=spec.queue, priority=spec.priority,
+        max_restarts=spec.max_restarts, labels=dict(spec.labels))
+
+
+def job_from_pb(job: types_pb2.Job) -> js.Job:
+    state = job_state_name(job.state)
+    return js.Job(
+        id=job.id, name=job.spec.name, state=state, team=job.team, user=job.user,
+        spec=spec_from_pb(job.spec), attempt=job.attempt,
+        exit_code=job.exit_code if state in TERMINAL_EXIT_STATES else None,
+        message=job.message, cancel_requested=job.cancel_requested,
+        placement=[js.NodeAssignment(node_id=a.node_id, node_rank=a.node_rank, gpu_indices=list(a.gpu_indices),
+                                     ranks=list(a.ranks)) for a in job.placement],
+        exits=[js.WorkerExit(rank=e.rank, node_id=e.node_id, exit_code=e.exit_code, signal=e.signal,
+                             exited_at=_time(e.exited_at)) for e in job.exits],
+        events=[js.JobEvent(at=_time(e.at), kind=e.kind, message=e.message) for e in job.events],
+        created_at=_time(job.created_at), updated_at=_time(job.updated_at),
+        started_at=_time(job.started_at), finished_at=_time(job.finished_at))
+
+
+def node_from_pb(node: types_pb2.Node) -> ns.Node:
+    state = cast(ns.NodeState, _enum_name(node.state, "NODE_STATE", _NODE_STATES, types_pb2.NodeState.DESCRIPTOR))
+    allocated = set(node.allocated_gpus)
+    schedulable = state == "ready" and not node.cordoned
+    gpus = [ns.Gpu(index=g.index, uuid=g.uuid, vendor=g.vendor, model=g.model, memory_mb=g.memory_mb,
+                   compute_capability=g.compute_capability,
+                   health=cast(ns.GpuHealth, _enum_name(g.health, "GPU_HEALTH", _GPU_HEALTH,
+                                                        types_pb2.GpuHealth.DESCRIPTOR)),
+                   health_reason=g.health_reason, numa_node=g.numa_node, nvlink_island=g.nvlink_island,
+                   allocated=g.index in allocated) for g in node.gpus]
+    free = sum(1 for g in gpus if schedulable and not g.allocated and g.health in ("healthy", "unknown"))
+    return ns.Node(
+        node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address, state=state,
+        cordoned=node.cordoned, gpus_total=len(gpus), gpus_free=free,
+        models=sorted({g.model for g in gpus if g.model}), gpus=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
+        labels=dict(node.labels), driver_version=node.driver_version, simulated=node.simulated,
+        registered_at=_time(node.registered_at), last_heartbeat=_time(node.last_heartbeat))
+
+
+def log_line_from_pb(line: agent_pb2.LogLine) -> LogLine:
+    return LogLine(rank=line.rank, attempt=line.attempt, stream=line.stream, text=line.text)
+
+
+def token_to_schema(record: TokenRecord) -> Token:
+    return Token(token_id=record.token_id, team=record.team, user=record.user, admin=record.admin,
+                 created_at=datetime.fromtimestamp(record.created_at, tz=UTC), description=record.description)
+
+
+def token_to_pb(record: TokenRecord) -> gateway_pb2.TokenInfo:
+    created = Timestamp()
+    created.FromDatetime(datetime.fromtimestamp(record.created_at, tz=UTC))
+    return gateway_pb2.TokenInfo(token_id=record.token_id, team=record.team, user=record.user,
+                                 admin=record.admin, created_at=created, description=record.description)

@@ -1,0 +1,50 @@
+"""Nodes as the API shows them: inventory, health and how many GPUs are free."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from .common import ApiModel
+
+NodeState = Literal["ready", "not_ready", "cordoned", "unknown"]
+GpuHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
+
+
+class Gpu(ApiModel):
+    index: int
+    uuid: str
+    vendor: str
+    model: str
+    memory_mb: int
+    compute_capability: str
+    health: GpuHealth
+    health_reason: str
+    numa_node: int
+    nvlink_island: int = Field(description="GPUs joined by NVLink share an island id; -1 when none")
+    allocated: bool = Field(description="held by a job's allocation")
+
+
+class Node(ApiModel):
+    node_id: str
+    hostname: str
+    agent_address: str = Field(description="host:port of the node agent's gRPC API")
+    state: NodeState
+    cordoned: bool
+    gpus_total: int
+    gpus_free: int = Field(description="healthy GPUs not held by any allocation (0 unless the node is ready)")
+    models: list[str] = Field(description="distinct accelerator models on the node")
+    gpus: list[Gpu]
+    cpus: int
+    memory_mb: int
+    labels: dict[str, str]
+    driver_version: str
+    simulated: bool
+    registered_at: datetime | None
+    last_heartbeat: datetime | None
+
+
+class NodeList(ApiModel):
+    nodes: list[Node]

@@ -1,0 +1,187 @@
+"""API tokens: random secrets handed out once, stored only as their SHA-256 hash.
+
+Keys (all under the gateway's etcd prefix):
+- `{prefix}/gateway/tokens/<sha256 hex of the secret>` → JSON record: token_id, team, user, admin,
+  created_at, description. Authentication is one lookup by hash; the secret itself is never stored,
+  logged or echoed back after creation.
+- `{prefix}/gateway/token-ids/<token_id>` → the hash, so a token can be revoked by its public id.
+Both keys are written and deleted together in one transaction.
+
+A plain SHA-256 (no salt, no slow KDF) is enough because secrets are 256 random bits, not passwords:
+there is nothing to brute-force. Verified tokens are cached in memory for `cache_ttl_s`; a revocation
+through this process drops its cache entry at once, one through another gateway takes effect here
+within the TTL. Only hits are cached: unknown secrets always go to etcd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+
+from trainyard_core.clock import Clock, SystemClock
+from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
+from trainyard_core.ids import new_id
+from trainyard_core.store import Delete, Put, Store, absent
+
+SECRET_PREFIX = "ty_"
+_SECRET_RE = re.compile(r"^ty_[A-Za-z0-9_-]{20,200}$")
+_TEAM_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
+_CACHE_MAX = 10_000
+TEAM_RULE = "1-63 lower-case letters, digits, '-' or '_', starting and ending with a letter or digit"
+USER_RULE = "1-128 letters, digits, '.', '_', '@', '+' or '-', starting with a letter or digit"
+
+
+def new_secret() -> str:
+    """A fresh token secret: `ty_` + 43 URL-safe characters (256 random bits)."""
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def is_well_formed_secret(secret: str) -> bool:
+    return bool(_SECRET_RE.match(secret))
+
+
+def validate_team(team: str) -> str:
+    if not _TEAM_RE.match(team):
+        raise InvalidArgument(f"team must be {TEAM_RULE} (got {team!r})")
+    return team
+
+
+def validate_user(user: str) -> str:
+    if not _USER_RE.match(user):
+        raise InvalidArgument(f"user must be {USER_RULE} (got {user!r})")
+    return user
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """What a token grants; also the authenticated caller of a request."""
+
+    token_id: str
+    team: str
+    user: str
+    admin: bool
+    created_at: float
+    description: str = ""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TokenRecord:
+        data = json.loads(raw)
+        return cls(token_id=str(data["token_id"]), team=str(data["team"]), user=str(data["user"]),
+                   admin=bool(data["admin"]), created_at=float(data["created_at"]),
+                   description=str(data.get("description", "")))
+
+
+class TokenStore:
+    """Creates, verifies, lists and revokes tokens. Safe for concurrent use from one event loop."""
+
+    def __init__(self, store: Store, prefix: str, *, cache_ttl_s: float = 5.0,
+                 clock: Clock | None = None) -> None:
+        base = prefix.rstrip("/") + "/gateway"
+        self._by_hash = base + "/tokens/"
+        self._by_id = base + "/token-ids/"
+        self._store = store
+        self._ttl = cache_ttl_s
+        self._clock = clock or SystemClock()
+        self._cache: OrderedDict[str, tuple[TokenRecord, float]] = OrderedDict()
+
+    async def create(self, *, team: str, user: str, admin: bool = False,
+                     description: str = "") -> tuple[TokenRecord, str]:
+        """A new token; returns its record and the secret, which is not retrievable afterwards."""
+        validate_team(team)
+        validate_user(user)
+        if len(description) > 256:
+            raise InvalidArgument(f"description must be at most 256 characters (got {len(description)})")
+        secret = new_secret()
+        record = TokenRecord(token_id=new_id("tok", self._clock.now()), team=team, user=user, admin=admin,
+                             created_at=self._clock.now(), description=description)
+        if not await self._insert(hash_secret(secret), record):
+            raise Conflict("token id or secret collided with an existing one; retry")
+        return record, secret
+
+    async def ensure(self, secret: str, *, team: str, user: str, admin: bool,
+                     description: str = "") -> TokenRecord:
+        """Store a token whose secret was chosen elsewhere (the bootstrap admin token). Idempotent: a
+        secret already stored keeps its record."""
+        if not is_well_formed_secret(secret):
+            raise InvalidArgument(f"token secret must be '{SECRET_PREFIX}' followed by 20-200 URL-safe "
+                                  "characters")
+        digest = hash_secret(secret)
+        record = TokenRecord(token_id=new_id("tok", self._clock.now()), team=validate_team(team),
+                             user=validate_user(user), admin=admin, created_at=self._clock.now(),
+                             description=description)
+        if await self._insert(digest, record):
+            return record
+        existing = await self._store.get(self._by_hash + digest)
+        if existing is None:
+            raise Conflict("token was stored and removed concurrently; retry")
+        return TokenRecord.from_json(existing.value)
+
+    async def _insert(self, digest: str, record: TokenRecord) -> bool:
+        hash_key, id_key = self._by_hash + digest, self._by_id + record.token_id
+        result = await self._store.txn(
+            [absent(hash_key), absent(id_key)],
+            [Put(hash_key, record.to_json()), Put(id_key, digest.encode())])
+        return result.succeeded
+
+    async def authenticate(self, secret: str) -> TokenRecord:
+        """The record of a valid secret; Unauthenticated otherwise (the message never echoes it)."""
+        if not is_well_formed_secret(secret):
+            raise Unauthenticated(f"invalid token: Trainyard tokens start with '{SECRET_PREFIX}'")
+        digest = hash_secret(secret)
+        now = self._clock.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None:
+            if hit[1] > now:
+                return hit[0]
+            del self._cache[digest]
+        kv = await self._store.get(self._by_hash + digest)
+        if kv is None:
+            raise Unauthenticated("invalid or revoked token")
+        record = TokenRecord.from_json(kv.value)
+        if self._ttl > 0:
+            self._cache[digest] = (record, now + self._ttl)
+            while len(self._cache) > _CACHE_MAX:
+                self._cache.popitem(last=False)
+        return record
+
+    async def list(self, team: str | None = None) -> list[TokenRecord]:
+        """Tokens in creation order, optionally of one team."""
+        page = await self._store.range(self._by_hash)
+        records = [TokenRecord.from_json(kv.value) for kv in page.kvs]
+        if team:
+            records = [r for r in records if r.team == team]
+        return sorted(records, key=lambda r: (r.created_at, r.token_id))
+
+    async def get(self, token_id: str) -> TokenRecord:
+        kv = await self._store.get(self._by_id + token_id)
+        record = await self._store.get(self._by_hash + kv.value.decode()) if kv is not None else None
+        if record is None:
+            raise NotFound(f"token {token_id} not found")
+        return TokenRecord.from_json(record.value)
+
+    async def revoke(self, token_id: str) -> TokenRecord:
+        """Delete a token by its public id; NotFound when there is none (already revoked)."""
+        id_key = self._by_id + token_id
+        kv = await self._store.get(id_key)
+        if kv is None:
+            raise NotFound(f"token {token_id} not found")
+        digest = kv.value.decode()
+        hash_key = self._by_hash + digest
+        record_kv = await self._store.get(hash_key)
+        await self._store.txn([], [Delete(hash_key), Delete(id_key)])
+        self._cache.pop(digest, None)
+        if record_kv is None:  # revoked concurrently
+            raise NotFound(f"token {token_id} not found")
+        return TokenRecord.from_json(record_kv.value)

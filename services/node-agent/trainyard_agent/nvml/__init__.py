@@ -1,0 +1,1 @@
+"""GPU inventory and metrics through NVML (`adapter.py`), and a fake NVML for hosts without GPUs."""

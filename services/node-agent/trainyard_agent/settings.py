@@ -1,0 +1,162 @@
+"""Settings of the node agent (`trainyard-agent`): flags `--field-name`, env `TRAINYARD_AGENT_FIELD_NAME`,
+or a YAML/JSON file (`--config`). Built once in main.py and passed down; nothing else reads the env.
+
+Derived defaults (filled when the field is left empty): `node_id` from the host name, `advertise_host`
+from `listen_host` (the host name when listening on a wildcard address), `worker_address` from
+`advertise_host`, `state_dir` under `~/.local/state/trainyard/agent/<node_id>`.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from trainyard_core.ids import is_valid_id
+from trainyard_core.settings import BaseSettings
+
+from .nvml.profiles import PROFILES
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+
+
+def default_node_id(hostname: str) -> str:
+    """A valid node id from a host name: first label, lower case, other characters turned into '-'."""
+    base = re.sub(r"[^a-z0-9-]", "-", hostname.split(".")[0].lower()).strip("-")
+    if not base or not base[0].isalpha():
+        base = f"node-{base}" if base else "node"
+    base = base[:63].rstrip("-")
+    return base if len(base) >= 3 else f"{base}-node"
+
+
+class AgentSettings(BaseSettings):
+    """Trainyard node agent: reports this host's GPUs to the scheduler and runs the workers it is sent."""
+
+    node_id: str = Field("", description="Node name in the cluster (default: derived from the host name)")
+    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's NodeService")
+    listen_host: str = Field("127.0.0.1", description="Address the agent's gRPC server binds to")
+    listen_port: int = Field(0, ge=0, le=65535, description="Port of the agent's gRPC server; 0 picks a free one")
+    advertise_host: str = Field("", description="Host the scheduler uses to reach this agent (default: listen_host)")
+    worker_address: str = Field("", description="MASTER_ADDR other nodes use to reach workers here "
+                                                "(default: advertise_host)")
+    gpu_profile: str = Field("", description="Simulated GPUs from a profile (" + ", ".join(sorted(PROFILES))
+                                             + "); empty reads the real GPUs through NVML")
+    labels: dict[str, str] = Field(default_factory=dict, description="Node labels, e.g. rack=r1,switch=s3")
+    state_dir: str = Field("", description="Worker logs and records (default ~/.local/state/trainyard/agent/"
+                                           "<node_id>)")
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=60,
+                                        description="Heartbeat and GPU metrics interval, unless the scheduler "
+                                                    "asks for another")
+    stop_grace_s: float = Field(10.0, ge=0, le=3600,
+                                description="SIGTERM → SIGKILL grace when a stop request gives none")
+    worker_env: dict[str, str] = Field(default_factory=dict,
+                                       description="Defaults added to every worker's env; the job's env wins")
+    log_max_bytes: int = Field(16 * 1024 * 1024, ge=4096,
+                               description="Size of one rank's log file before it is rotated")
+    log_backups: int = Field(2, ge=0, le=100, description="Rotated log files kept per rank")
+    kill_workers_on_stop: bool = Field(False, description="Stop running workers when the agent shuts down "
+                                                          "(local cluster); off so an agent restart keeps jobs")
+    reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
+    reconnect_max_s: float = Field(5.0, gt=0, le=600, description="Longest retry delay towards the scheduler")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        hostname = socket.gethostname()
+        if not data.get("node_id"):
+            data["node_id"] = default_node_id(hostname)
+        listen_host = str(data.get("listen_host") or "127.0.0.1")
+        if not data.get("advertise_host"):
+            # A wildcard bind address cannot be dialled; the host name can.
+            data["advertise_host"] = hostname if listen_host in _WILDCARD_HOSTS else listen_host
+        if not data.get("worker_address"):
+            data["worker_address"] = data["advertise_host"]
+        if not data.get("state_dir") and isinstance(data["node_id"], str):
+            data["state_dir"] = str(Path("~/.local/state/trainyard/agent").expanduser() / data["node_id"])
+        return data
+
+    @field_validator("node_id")
+    @classmethod
+    def _check_node_id(cls, v: str) -> str:
+        if not is_valid_id(v):
+            raise ValueError(f"{v!r} is not a valid node id: use 3-63 lower-case letters, digits and '-', "
+                             "starting with a letter (e.g. gpu-node-01)")
+        return v
+
+    @field_validator("scheduler_address")
+    @classmethod
+    def _check_address(cls, v: str) -> str:
+        v = v.strip()
+        if "://" in v or v.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+            return v  # a gRPC target URI; grpc validates it when dialling
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{v!r} is not host:port (e.g. 10.0.0.5:50051) or a gRPC target URI")
+        return v
+
+    @field_validator("gpu_profile")
+    @classmethod
+    def _check_profile(cls, v: str) -> str:
+        if v and v not in PROFILES:
+            raise ValueError(f"unknown GPU profile {v!r}; known profiles: {', '.join(sorted(PROFILES))}")
+        return v
+
+    @field_validator("worker_env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if "\0" in value:
+                raise ValueError(f"value of {key} contains a NUL byte")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not _LABEL_KEY_RE.match(key):
+                raise ValueError(f"label key {key!r} must be 1-63 letters, digits, '.', '_', '/' or '-', "
+                                 "starting and ending with a letter or digit")
+        return v
+
+    @field_validator("state_dir")
+    @classmethod
+    def _check_state_dir(cls, v: str) -> str:
+        path = Path(v).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{v} exists and is not a directory")
+        return str(path)
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> AgentSettings:
+        if self.reconnect_max_s < self.reconnect_initial_s:
+            raise ValueError(f"reconnect_max_s ({self.reconnect_max_s}) must be at least reconnect_initial_s "
+                             f"({self.reconnect_initial_s})")
+        return self
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.gpu_profile)
+
+    def agent_address(self, port: int) -> str:
+        host = self.advertise_host
+        return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def state_path(settings: AgentSettings) -> Path:
+    """The state directory, created with owner-only permissions (worker logs can hold secrets)."""
+    path = Path(settings.state_dir)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+__all__ = ["AgentSettings", "default_node_id", "state_path"]

@@ -1,0 +1,128 @@
+"""The scheduler process: gRPC servers on every replica; the reconcile loop only on the elected leader."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.clock import Clock, SystemClock
+from trainyard_core.rpc.server import GrpcServer, start_grpc_server
+from trainyard_core.store.api import Store
+from trainyard_core.store.election import LeaderElection
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.mirror import PrefixMirror
+
+from .grpc.agent_client import GrpcAgents
+from .grpc.servicer import JobServicer, NodeServicer
+from .leadership import Leadership
+from .liveness import NodeLiveness
+from .policy.registry import build_profile
+from .reconcile import AgentPort, Reconciler, ReconcileSettings
+from .settings import SchedulerSettings
+from .state.keys import Keys
+from .state.repository import Repository
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerApp:
+    def __init__(self, settings: SchedulerSettings, *, store: Store | None = None, clock: Clock | None = None,
+                 agents: AgentPort | None = None) -> None:
+        self.settings = settings
+        self._own_store = store is None
+        self.store: Store = store or EtcdStore(settings.etcd_endpoints)
+        self.clock = clock or SystemClock()
+        self.keys = Keys(settings.etcd_prefix.rstrip("/"))
+        self._agents = agents or GrpcAgents(settings.agent_call_timeout_s)
+        self.grpc_port = 0
+        self.leadership = Leadership("")
+        self.liveness = NodeLiveness(self.clock, settings.node_timeout_s)
+        self._election: LeaderElection | None = None
+        self._mirror = PrefixMirror(self.store, self.keys.prefix + "/")
+        self._server: GrpcServer | None = None
+        self._stop = asyncio.Event()
+        self._leader_task: asyncio.Task[None] | None = None
+        self.reconciler: Reconciler | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        await self._mirror.start()
+        election_holder: list[LeaderElection] = []
+        repo = Repository(self.store, self.keys,
+                          fence=lambda: election_holder[0].fence())
+        node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms)
+        job_servicer = JobServicer(repo, self.clock, self._mirror.changed)
+
+        def register(server: object) -> None:
+            scheduler_pb2_grpc.add_JobServiceServicer_to_server(job_servicer, server)
+            scheduler_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
+
+        names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
+        self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
+                                               service_names=names)
+        self.grpc_port = self._server.port
+        host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        identity = s.advertise_address or f"{host}:{self.grpc_port}"
+        self.leadership.identity = identity
+        election = LeaderElection(self.store, self.keys.leader, identity, s.leader_ttl_s)
+        election_holder.append(election)
+        self._election = election
+        self._repo = repo
+        self._leader_task = asyncio.create_task(self._lead(election, repo), name="leadership")
+        log.info("scheduler serving", extra={"grpc_port": self.grpc_port, "identity": identity})
+
+    async def _lead(self, election: LeaderElection, repo: Repository) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            self.leadership.leader = await self._safe_leader(election)
+            epoch = await election.campaign(self._stop)
+            if not epoch:
+                return
+            self.liveness.reset()
+            self.leadership.epoch = epoch
+            self.leadership.leader = election.identity
+            self.reconciler = Reconciler(
+                repo=repo, mirror=self._mirror, liveness=self.liveness, agents=self._agents,
+                profile=build_profile(), clock=self.clock, epoch=lambda: election.epoch,
+                settings=ReconcileSettings(interval_s=s.reconcile_interval_s, stop_grace_s=s.stop_grace_s,
+                                           port_range=s.port_range))
+            stop_term = asyncio.Event()
+
+            async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:
+                waits = {asyncio.ensure_future(election.lost.wait()), asyncio.ensure_future(self._stop.wait())}
+                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for p in pending:
+                    p.cancel()
+                stop_term.set()
+
+            watcher = asyncio.create_task(watch_loss())
+            await self.reconciler.run(stop_term)
+            watcher.cancel()
+            self.leadership.epoch = 0
+            log.warning("leadership ended", extra={"epoch": epoch})
+
+    async def _safe_leader(self, election: LeaderElection) -> str:
+        try:
+            return await election.current_leader()
+        except Exception:
+            return ""
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._leader_task is not None:
+            try:
+                await asyncio.wait_for(self._leader_task, 10)
+            except (TimeoutError, asyncio.CancelledError):
+                self._leader_task.cancel()
+        if self._election is not None:
+            await self._election.resign()
+        self.leadership.epoch = 0
+        if self._server is not None:
+            await self._server.stop(grace=2.0)
+        await self._mirror.stop()
+        if isinstance(self._agents, GrpcAgents):
+            await self._agents.close()
+        if self._own_store:
+            await self.store.close()

@@ -1,0 +1,80 @@
+"""Pure: what should happen next to one placed gang, given its job, allocation and which nodes live.
+
+A gang is stopped as a whole as soon as one reason appears (cancel, a failed rank, a lost node, a
+refused launch); its allocation — and so its GPUs — is released only once every node has confirmed the
+stop or reported every rank's exit, so no GPU is handed out while a worker may still run on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .jobs import describe_exit, first_failure, transition
+from .models import Allocation, Job, JobState
+
+
+@dataclass(frozen=True)
+class Step:
+    job: Job | None = None          # new job record to write, None when unchanged
+    alloc: Allocation | None = None  # new allocation record to write, None when unchanged
+    release: bool = False            # delete the allocation (the job is written terminal with it)
+    launch: tuple[str, ...] = ()     # nodes whose agent must start its workers
+    stop: tuple[str, ...] = ()       # nodes whose agent must stop its workers
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def writes(self) -> bool:
+        return self.job is not None or self.alloc is not None or self.release
+
+
+def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float) -> Step:
+    exited = {e.rank for e in alloc.exits}
+    reason = alloc.stop_reason
+    new_alloc: Allocation | None = None
+    if not reason:
+        failure = first_failure(alloc.exits)
+        lost = [n for n in alloc.node_ids if n not in alive]
+        if job.cancel_requested:
+            reason = "cancelled"
+        elif failure is not None:
+            reason = describe_exit(failure)
+        elif lost:
+            reason = f"node {lost[0]} lost contact"
+        if reason:
+            new_alloc = replace(alloc, stop_reason=reason)
+
+    if reason:
+        current = new_alloc or alloc
+        to_stop = tuple(a.node_id for a in current.assignments
+                        if a.node_id not in current.stopped and a.node_id in alive
+                        and not set(a.ranks) <= exited)
+        if to_stop:
+            return Step(alloc=new_alloc, stop=to_stop)
+        return Step(job=_finish(job, current, now), release=True)
+
+    if len(exited) == alloc.world_size:  # every rank exited, none failed
+        return Step(job=_finish(job, alloc, now), release=True)
+
+    to_launch = tuple(n for n in alloc.node_ids if n not in alloc.launched)
+    if to_launch:
+        return Step(launch=to_launch)
+    if job.state is JobState.ADMITTED:
+        return Step(job=transition(job, JobState.RUNNING, now,
+                                   f"{alloc.world_size} worker(s) running on {len(alloc.assignments)} node(s)"))
+    return Step()
+
+
+def _finish(job: Job, alloc: Allocation, now: float) -> Job:
+    exits = tuple(sorted(alloc.exits, key=lambda e: e.rank))
+    failure = first_failure(alloc.exits)
+    if job.cancel_requested:
+        done = transition(job, JobState.CANCELLED, now, "cancelled; workers stopped")
+    elif alloc.stop_reason or failure is not None:
+        why = alloc.stop_reason or (describe_exit(failure) if failure else "failed")
+        done = transition(job, JobState.FAILED, now, why)
+        code = failure.exit_code if failure is not None and failure.exit_code else (
+            128 + failure.signal if failure is not None and failure.signal else 0)
+        done = replace(done, exit_code=code)
+    else:
+        done = transition(job, JobState.SUCCEEDED, now, f"all {alloc.world_size} worker(s) exited 0")
+    return replace(done, exits=exits)

@@ -1,0 +1,1 @@
+"""gRPC adapters of the scheduler: servicers, the agent client, and the one pb ↔ domain conversion module."""

@@ -1,0 +1,245 @@
+"""Thin gRPC adapters: convert, call the domain/repository, convert back. Errors are domain errors,
+mapped to status codes by the shared interceptor."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc.aio
+
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.clock import Clock
+from trainyard_core.errors import Conflict, InvalidArgument, NotFound
+from trainyard_core.ids import is_valid_id, new_id
+from trainyard_core.logs import log_context
+
+from ..domain.jobs import request_cancel
+from ..domain.models import Job, JobState
+from ..domain.validation import check_fits_fleet, validate_spec, validate_team
+from ..leadership import Leadership
+from ..liveness import NodeLiveness
+from ..state.codec import decode_allocation, decode_job
+from ..state.repository import Repository
+from . import convert
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+
+
+def _check_job_id(job_id: str) -> None:
+    if not is_valid_id(job_id):
+        raise InvalidArgument(f"job_id {job_id!r} is not a valid job id")
+
+
+class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
+    def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event) -> None:
+        self._repo = repo
+        self._clock = clock
+        self._wake = wake
+
+    async def _visible(self, job_id: str, team: str) -> tuple[Job, int]:
+        _check_job_id(job_id)
+        found = await self._repo.get_job(job_id)
+        if found is None or (team and found[0].team != team):
+            raise NotFound(f"job {job_id} not found")
+        return found
+
+    async def _view(self, job: Job) -> types_pb2.Job:
+        alloc = None
+        if not job.state.terminal and job.state is not JobState.PENDING:
+            found = await self._repo.get_allocation(job.id)
+            alloc = found[0] if found else None
+        return convert.job_to_pb(job, alloc)
+
+    async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
+        spec = convert.spec_from_pb(request.spec)
+        validate_spec(spec)
+        team = request.team or "default"
+        validate_team(team)
+        if request.idempotency_key and not IDEMPOTENCY_RE.match(request.idempotency_key):
+            raise InvalidArgument("idempotency_key must be 1-128 characters of letters, digits, '.', '_', '-'")
+        check_fits_fleet(spec, await self._repo.list_nodes())
+        now = self._clock.now()
+        job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
+                  user=request.user or "unknown", created_at=now, updated_at=now,
+                  message="waiting for placement")
+        stored, created = await self._repo.create_job(job, request.idempotency_key)
+        if created:
+            with log_context(job_id=stored.id):
+                log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,
+                                                 "gpus_per_node": spec.resources.gpus_per_node})
+            self._wake.set()
+        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored))
+
+    async def GetJob(self, request: scheduler_pb2.GetJobRequest,
+                     context: grpc.aio.ServicerContext) -> scheduler_pb2.GetJobResponse:
+        job, _ = await self._visible(request.job_id, request.team)
+        return scheduler_pb2.GetJobResponse(job=await self._view(job))
+
+    async def ListJobs(self, request: scheduler_pb2.ListJobsRequest,
+                       context: grpc.aio.ServicerContext) -> scheduler_pb2.ListJobsResponse:
+        if request.page_size < 0 or request.page_size > MAX_PAGE:
+            raise InvalidArgument(f"page_size must be between 1 and {MAX_PAGE} (0 means {DEFAULT_PAGE})")
+        if request.page_token:
+            _check_job_id(request.page_token)
+        states = frozenset(convert.state_from_pb(s) for s in request.states)
+        jobs, token = await self._repo.list_jobs(after=request.page_token or None,
+                                                 limit=request.page_size or DEFAULT_PAGE,
+                                                 team=request.team, states=states)
+        return scheduler_pb2.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
+
+    async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.CancelJobResponse:
+        if len(request.reason) > 1024:
+            raise InvalidArgument("reason must be at most 1024 characters")
+        for _ in range(10):
+            job, rev = await self._visible(request.job_id, request.team)
+            cancelled = request_cancel(job, self._clock.now(), request.reason)
+            if cancelled is job:
+                return scheduler_pb2.CancelJobResponse(job=await self._view(job))
+            try:
+                await self._repo.update_job(cancelled, rev)
+            except Conflict:
+                continue
+            with log_context(job_id=job.id):
+                log.info("cancel requested", extra={"state": cancelled.state.value})
+            self._wake.set()
+            return scheduler_pb2.CancelJobResponse(job=await self._view(cancelled))
+        raise Conflict(f"job {request.job_id} kept changing; retry the cancel")
+
+    async def WatchJob(self, request: scheduler_pb2.WatchJobRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
+        job, rev = await self._visible(request.job_id, request.team)
+        yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
+        if job.state.terminal:
+            return
+        key = self._repo.keys.job(job.id)
+        async for batch in self._repo.store.watch(key, start_revision=rev + 1):
+            for ev in batch:
+                if ev.key != key:
+                    continue
+                if ev.kind == "delete":
+                    return
+                job = decode_job(ev.value)
+                yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
+                if job.state.terminal:
+                    return
+
+
+class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
+    def __init__(self, repo: Repository, leadership: Leadership, liveness: NodeLiveness, clock: Clock,
+                 heartbeat_interval_ms: int) -> None:
+        self._repo = repo
+        self._leadership = leadership
+        self._liveness = liveness
+        self._clock = clock
+        self._interval = heartbeat_interval_ms
+        self._last_heartbeat: dict[str, float] = {}
+
+    def last_heartbeat(self, node_id: str) -> float | None:
+        return self._last_heartbeat.get(node_id)
+
+    async def RegisterNode(self, request: scheduler_pb2.RegisterNodeRequest,
+                           context: grpc.aio.ServicerContext) -> scheduler_pb2.RegisterNodeResponse:
+        epoch = self._leadership.require()
+        if not is_valid_id(request.node.node_id):
+            raise InvalidArgument(f"node_id {request.node.node_id!r} must be 3-63 lower-case letters, digits "
+                                  "or '-', starting with a letter")
+        node = convert.node_from_pb(request.node, self._clock.now())
+        try:
+            old = await self._repo.get_node(node.node_id)
+            node = replace(node, cordoned=old.cordoned)  # cordon is the operator's, not the agent's
+        except NotFound:
+            pass
+        await self._repo.put_node(node)
+        self._liveness.seen(node.node_id)
+        self._last_heartbeat[node.node_id] = self._clock.now()
+        with log_context(node_id=node.node_id):
+            log.info("node registered", extra={"gpus": len(node.gpus), "agent": node.agent_address})
+        return scheduler_pb2.RegisterNodeResponse(node_id=node.node_id, heartbeat_interval_ms=self._interval,
+                                                  leader_epoch=epoch)
+
+    async def Heartbeat(self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
+        known: set[str] = set()
+        async for req in request_iterator:
+            epoch = self._leadership.require()
+            if req.node_id not in known:
+                try:
+                    await self._repo.get_node(req.node_id)
+                    known.add(req.node_id)
+                except NotFound:
+                    yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
+                    continue
+            self._liveness.seen(req.node_id)
+            self._last_heartbeat[req.node_id] = self._clock.now()
+            if req.gpus:
+                await self._update_health(req)
+            yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch)
+
+    async def _update_health(self, req: scheduler_pb2.HeartbeatRequest) -> None:
+        node = await self._repo.get_node(req.node_id)
+        changed = {g.index: convert.gpu_from_pb(g) for g in req.gpus}
+        gpus = tuple(replace(g, healthy=changed[g.index].healthy, health_reason=changed[g.index].health_reason)
+                     if g.index in changed else g for g in node.gpus)
+        if gpus != node.gpus:
+            await self._repo.put_node(replace(node, gpus=gpus))
+            with log_context(node_id=node.node_id):
+                log.warning("GPU health changed", extra={
+                    "unhealthy": [g.index for g in gpus if not g.healthy]})
+
+    async def ReportWorkerExit(self, request: scheduler_pb2.ReportWorkerExitRequest,
+                               context: grpc.aio.ServicerContext) -> scheduler_pb2.ReportWorkerExitResponse:
+        self._leadership.require()
+        _check_job_id(request.job_id)
+        exit = convert.exit_from_pb(request.exit, request.node_id or request.exit.node_id, self._clock.now())
+        with log_context(job_id=request.job_id, node_id=exit.node_id):
+            recorded = await self._repo.record_exit(request.job_id, request.attempt, exit)
+            log.info("worker exited", extra={"rank": exit.rank, "exit_code": exit.exit_code,
+                                             "signal": exit.signal, "recorded": recorded})
+        return scheduler_pb2.ReportWorkerExitResponse()
+
+    async def ListNodes(self, request: scheduler_pb2.ListNodesRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListNodesResponse:
+        nodes = await self._repo.list_nodes()
+        used = await self._used_gpus()
+        alive = self._liveness.alive(n.node_id for n in nodes)
+        return scheduler_pb2.ListNodesResponse(nodes=[
+            convert.node_to_pb(n, alive=n.node_id in alive, allocated=used.get(n.node_id, set()),
+                               last_heartbeat=self._last_heartbeat.get(n.node_id)) for n in nodes])
+
+    async def GetNode(self, request: scheduler_pb2.GetNodeRequest,
+                      context: grpc.aio.ServicerContext) -> scheduler_pb2.GetNodeResponse:
+        node = await self._repo.get_node(request.node_id)
+        used = await self._used_gpus()
+        alive = node.node_id in self._liveness.alive([node.node_id])
+        return scheduler_pb2.GetNodeResponse(node=convert.node_to_pb(
+            node, alive=alive, allocated=used.get(node.node_id, set()),
+            last_heartbeat=self._last_heartbeat.get(node.node_id)))
+
+    async def CordonNode(self, request: scheduler_pb2.CordonNodeRequest,
+                         context: grpc.aio.ServicerContext) -> scheduler_pb2.CordonNodeResponse:
+        self._leadership.require()
+        node = replace(await self._repo.get_node(request.node_id), cordoned=request.cordoned)
+        await self._repo.put_node(node)
+        with log_context(node_id=node.node_id):
+            log.info("node cordon changed", extra={"cordoned": node.cordoned, "reason": request.reason})
+        got = await self.GetNode(scheduler_pb2.GetNodeRequest(node_id=node.node_id), context)
+        return scheduler_pb2.CordonNodeResponse(node=got.node)
+
+    async def _used_gpus(self) -> dict[str, set[int]]:
+        page = await self._repo.store.range(self._repo.keys.allocations)
+        used: dict[str, set[int]] = {}
+        for kv in page.kvs:
+            for a in decode_allocation(kv.value).assignments:
+                used.setdefault(a.node_id, set()).update(a.gpu_indices)
+        return used

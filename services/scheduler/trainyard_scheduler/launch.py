@@ -1,0 +1,55 @@
+"""Pure: an allocation and its job → what each node's agent must start.
+
+Every worker gets the standard torch.distributed environment. The scheduler sets what is the same on a
+node (MASTER_ADDR/PORT, WORLD_SIZE, NODE_RANK, LOCAL_WORLD_SIZE, TRAINYARD_*); the agent adds what differs
+per process (RANK, LOCAL_RANK, CUDA_VISIBLE_DEVICES) from the worker specs below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .domain.models import Allocation, Job
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    rank: int
+    local_rank: int
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLaunch:
+    node_id: str
+    job_id: str
+    attempt: int
+    command: tuple[str, ...]
+    env: dict[str, str]
+    working_dir: str
+    workers: tuple[WorkerPlan, ...]
+
+
+def node_launches(job: Job, alloc: Allocation) -> list[NodeLaunch]:
+    world = alloc.world_size
+    out = []
+    for a in alloc.assignments:
+        env = dict(job.spec.env)
+        env.update({
+            "MASTER_ADDR": alloc.master_addr,
+            "MASTER_PORT": str(alloc.master_port),
+            "WORLD_SIZE": str(world),
+            "NODE_RANK": str(a.node_rank),
+            "GROUP_RANK": str(a.node_rank),
+            "LOCAL_WORLD_SIZE": str(len(a.ranks)),
+            "TRAINYARD_JOB_ID": job.id,
+            "TRAINYARD_JOB_NAME": job.spec.name,
+            "TRAINYARD_ATTEMPT": str(alloc.attempt),
+            "TRAINYARD_NNODES": str(len(alloc.assignments)),
+        })
+        workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=(g,))
+                        for i, (r, g) in enumerate(zip(a.ranks, a.gpu_indices, strict=True)))
+        out.append(NodeLaunch(node_id=a.node_id, job_id=job.id, attempt=alloc.attempt,
+                              command=job.spec.command, env=env, working_dir=job.spec.working_dir,
+                              workers=workers))
+    return out

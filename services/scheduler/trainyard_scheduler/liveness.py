@@ -1,0 +1,41 @@
+"""Which nodes are alive, from the agents' heartbeats (kept in the leader's memory).
+
+A new leader has heard from nobody yet: every registered node counts as alive for one timeout after the
+leader starts, long enough for connected agents to reach it, so a failover never declares live nodes dead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from trainyard_core.clock import Clock
+
+
+class NodeLiveness:
+    def __init__(self, clock: Clock, timeout_s: float) -> None:
+        self._clock = clock
+        self._timeout = timeout_s
+        self._last: dict[str, float] = {}
+        self._since = clock.monotonic()
+
+    def reset(self) -> None:
+        """Start of a term as leader."""
+        self._last.clear()
+        self._since = self._clock.monotonic()
+
+    def seen(self, node_id: str) -> None:
+        self._last[node_id] = self._clock.monotonic()
+
+    def forget(self, node_id: str) -> None:
+        self._last.pop(node_id, None)
+
+    def last_seen_age(self, node_id: str) -> float | None:
+        t = self._last.get(node_id)
+        return None if t is None else self._clock.monotonic() - t
+
+    def alive(self, node_ids: Iterable[str]) -> frozenset[str]:
+        now = self._clock.monotonic()
+        in_grace = now - self._since < self._timeout
+        return frozenset(n for n in node_ids
+                         if ((t := self._last.get(n)) is not None and now - t <= self._timeout)
+                         or (t is None and in_grace))

@@ -1,0 +1,30 @@
+"""Entry point of `trainyard-scheduler`: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+
+from trainyard_core import service
+from trainyard_core.settings import write_ready_file
+
+from .app import SchedulerApp
+from .settings import SchedulerSettings
+
+
+async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
+    app = SchedulerApp(settings)
+    await app.start()
+    write_ready_file(settings.ready_file, grpc_port=app.grpc_port)
+    try:
+        await stop.wait()
+    finally:
+        await app.stop()
+
+
+def main() -> int:
+    return service.run(service="scheduler", settings_cls=SchedulerSettings, env_prefix="TRAINYARD_SCHEDULER_",
+                       serve=serve)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Placement policy: plugins at named extension points (filter, score) and the pure `place` entry."""

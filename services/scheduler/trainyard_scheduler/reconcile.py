@@ -1,0 +1,240 @@
+"""The leader's reconcile loop: load a snapshot → decide (pure) → apply (short, CAS-guarded writes).
+
+Each cycle reads the in-memory mirror of etcd (no store round trip), runs `place` for pending jobs and
+`progress` for every placed gang, commits the resulting records, and hands agent calls (launch, stop) to
+background tasks so a slow or dead agent never holds up the loop. Agent results come back as writes to
+the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from trainyard_core.clock import Clock
+from trainyard_core.errors import Conflict, TrainyardError, Unavailable
+from trainyard_core.logs import log_context
+from trainyard_core.store.mirror import PrefixMirror
+
+from .domain.jobs import admit
+from .domain.models import Allocation, Job, Node
+from .domain.progress import progress
+from .domain.snapshot import ClusterSnapshot
+from .launch import NodeLaunch, node_launches
+from .liveness import NodeLiveness
+from .policy.api import Profile
+from .policy.place import place
+from .state.codec import decode_allocation, decode_job, decode_node
+from .state.keys import Keys
+from .state.repository import Repository
+
+log = logging.getLogger(__name__)
+
+
+class AgentPort(Protocol):
+    """How the reconciler reaches node agents (implemented over gRPC in grpc/agent_client.py)."""
+
+    async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None: ...
+
+    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str) -> None: ...
+
+
+@dataclass
+class ReconcileSettings:
+    interval_s: float = 1.0
+    stop_grace_s: float = 10.0
+    port_range: tuple[int, int] = (29500, 29999)
+
+
+class SnapshotBuilder:
+    """Decodes the mirror into domain records, re-decoding only keys whose revision changed."""
+
+    def __init__(self, mirror: PrefixMirror, keys: Keys) -> None:
+        self._mirror = mirror
+        self._keys = keys
+        self._cache: dict[str, tuple[int, object]] = {}
+
+    def _decode(self, key: str, rev: int, raw: bytes, fn: Callable[[bytes], object]) -> object:
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == rev:
+            return hit[1]
+        obj = fn(raw)
+        self._cache[key] = (rev, obj)
+        return obj
+
+    def build(self, liveness: NodeLiveness) -> ClusterSnapshot:
+        jobs: dict[str, Job] = {}
+        job_revs: dict[str, int] = {}
+        allocs: dict[str, Allocation] = {}
+        alloc_revs: dict[str, int] = {}
+        nodes: dict[str, Node] = {}
+        k = self._keys
+        for key, kv in self._mirror.items.items():
+            if key.startswith(k.jobs):
+                job = self._decode(key, kv.mod_revision, kv.value, decode_job)
+                assert isinstance(job, Job)
+                if not job.state.terminal:
+                    jobs[job.id] = job
+                    job_revs[job.id] = kv.mod_revision
+            elif key.startswith(k.allocations):
+                alloc = self._decode(key, kv.mod_revision, kv.value, decode_allocation)
+                assert isinstance(alloc, Allocation)
+                allocs[alloc.job_id] = alloc
+                alloc_revs[alloc.job_id] = kv.mod_revision
+            elif key.startswith(k.nodes):
+                node = self._decode(key, kv.mod_revision, kv.value, decode_node)
+                assert isinstance(node, Node)
+                nodes[node.node_id] = node
+        live = set(self._mirror.items)
+        for stale in [key for key in self._cache if key not in live]:
+            del self._cache[stale]
+        return ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
+                               job_revisions=job_revs, allocation_revisions=alloc_revs)
+
+
+class Reconciler:
+    def __init__(self, *, repo: Repository, mirror: PrefixMirror, liveness: NodeLiveness, agents: AgentPort,
+                 profile: Profile, clock: Clock, epoch: Callable[[], int],
+                 settings: ReconcileSettings) -> None:
+        self._repo = repo
+        self._mirror = mirror
+        self._snapshots = SnapshotBuilder(mirror, repo.keys)
+        self._liveness = liveness
+        self._agents = agents
+        self._profile = profile
+        self._clock = clock
+        self._epoch = epoch
+        self._settings = settings
+        self._inflight: dict[tuple[str, int, str, str], asyncio.Task[None]] = {}
+        self.cycles = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Cycle until `stop` is set. Wakes on any change in etcd and at least every interval."""
+        while not stop.is_set():
+            self._mirror.changed.clear()
+            try:
+                await self.cycle()
+            except Unavailable as exc:
+                log.warning("reconcile: store unavailable: %s", exc)
+            except Exception:
+                log.exception("reconcile cycle failed")
+            waiter = asyncio.ensure_future(self._mirror.changed.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waiter, stopper}, timeout=self._settings.interval_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+        for task in list(self._inflight.values()):
+            task.cancel()
+
+    async def cycle(self) -> None:
+        self.cycles += 1
+        now = self._clock.now()
+        snap = self._snapshots.build(self._liveness)
+        await self._place(snap, now)
+        for job_id, alloc in snap.allocations.items():
+            job = snap.jobs.get(job_id)
+            if job is None:
+                # A terminal (or missing) job with an allocation cannot come from our transactions;
+                # release it so its GPUs are not held forever, loudly.
+                log.error("allocation without an active job; releasing", extra={"job_id": job_id})
+                await self._try(self._repo.write(release=job_id, alloc_rev=snap.allocation_revisions[job_id]))
+                continue
+            with log_context(job_id=job_id):
+                await self._progress(snap, job, alloc, now)
+
+    async def _place(self, snap: ClusterSnapshot, now: float) -> None:
+        if not any(True for _ in snap.jobs):
+            return
+        result = place(snap, self._profile, now, self._settings.port_range)
+        for d in result.decisions:
+            job = snap.jobs[d.job_id]
+            master = snap.nodes[d.assignments[0].node_id]
+            alloc = Allocation(job_id=job.id, attempt=job.attempt, assignments=d.assignments,
+                               master_addr=master.worker_address, master_port=d.master_port, created_at=now)
+            with log_context(job_id=job.id):
+                if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
+                                                               snap.job_revisions[job.id], alloc)):
+                    log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size})
+
+    async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
+        step = progress(job, alloc, snap.alive, now)
+        if step.writes:
+            ok = await self._try(self._repo.write(
+                job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,
+                alloc=None if step.release else step.alloc,
+                alloc_rev=snap.allocation_revisions[job.id], release=job.id if step.release else ""))
+            if not ok:
+                return
+            if step.job is not None and step.job.state != job.state:
+                log.info("job %s", step.job.state.value, extra={"reason": step.job.message})
+        current = step.alloc or alloc
+        for node_id in step.launch:
+            launch = next(x for x in node_launches(job, current) if x.node_id == node_id)
+            self._spawn((job.id, current.attempt, node_id, "launch"),
+                        functools.partial(self._launch, snap.nodes[node_id], launch))
+        for node_id in step.stop:
+            self._spawn((job.id, current.attempt, node_id, "stop"),
+                        functools.partial(self._stop, snap.nodes[node_id], current))
+
+    async def _try(self, write: Awaitable[int]) -> bool:
+        try:
+            await write
+            return True
+        except Conflict as exc:
+            log.debug("write lost a race, will retry next cycle: %s", exc)
+        except Unavailable as exc:
+            log.warning("write failed, store unavailable: %s", exc)
+        return False
+
+    def _spawn(self, key: tuple[str, int, str, str], work: Callable[[], Awaitable[None]]) -> None:
+        if key in self._inflight:
+            return
+
+        async def runner() -> None:
+            try:
+                with log_context(job_id=key[0], node_id=key[2]):
+                    await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("agent call %s failed", key[3])
+            finally:
+                self._inflight.pop(key, None)
+                self._mirror.changed.set()
+
+        self._inflight[key] = asyncio.create_task(runner(), name=f"{key[3]} {key[0]} on {key[2]}")
+
+    async def _launch(self, node: Node, launch: NodeLaunch) -> None:
+        try:
+            await self._agents.launch(node, launch, self._epoch())
+        except Unavailable as exc:
+            # Retried next cycle; if the node stays unreachable its heartbeats stop and it is lost.
+            log.warning("launch on %s failed, will retry: %s", node.node_id, exc)
+            return
+        except TrainyardError as exc:
+            reason = f"launch refused by {node.node_id}: {exc.message}"
+            log.warning(reason)
+            await self._repo.modify_allocation(
+                launch.job_id, launch.attempt,
+                lambda a: None if a.stop_reason else replace(a, stop_reason=reason))
+            return
+        await self._repo.modify_allocation(
+            launch.job_id, launch.attempt,
+            lambda a: None if node.node_id in a.launched else replace(a, launched=a.launched | {node.node_id}))
+        log.info("workers launched", extra={"ranks": [w.rank for w in launch.workers]})
+
+    async def _stop(self, node: Node, alloc: Allocation) -> None:
+        try:
+            await self._agents.stop(node, alloc.job_id, alloc.attempt, self._settings.stop_grace_s,
+                                    alloc.stop_reason)
+        except Unavailable as exc:
+            log.warning("stop on %s failed, will retry: %s", node.node_id, exc)
+            return
+        await self._repo.modify_allocation(
+            alloc.job_id, alloc.attempt,
+            lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))

@@ -1,0 +1,1 @@
+"""Durable state of the scheduler in etcd: key layout, record codec, repository."""

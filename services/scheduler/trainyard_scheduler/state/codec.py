@@ -1,0 +1,126 @@
+"""Records ↔ JSON bytes for etcd. Versioned (`"v": 1`) so later fields can be added compatibly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..domain.models import (
+    Allocation,
+    Gpu,
+    Job,
+    JobEvent,
+    JobSpec,
+    JobState,
+    Node,
+    NodeAssignment,
+    Resources,
+    WorkerExit,
+)
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _assignment(a: NodeAssignment) -> dict[str, Any]:
+    return {"node_id": a.node_id, "node_rank": a.node_rank, "gpus": list(a.gpu_indices),
+            "ranks": list(a.ranks)}
+
+
+def _assignment_from(d: dict[str, Any]) -> NodeAssignment:
+    return NodeAssignment(node_id=d["node_id"], node_rank=d["node_rank"], gpu_indices=tuple(d["gpus"]),
+                          ranks=tuple(d["ranks"]))
+
+
+def _exit(e: WorkerExit) -> dict[str, Any]:
+    return {"rank": e.rank, "node_id": e.node_id, "code": e.exit_code, "signal": e.signal, "at": e.at}
+
+
+def _exit_from(d: dict[str, Any]) -> WorkerExit:
+    return WorkerExit(rank=d["rank"], node_id=d["node_id"], exit_code=d["code"], signal=d["signal"],
+                      at=d["at"])
+
+
+def encode_job(job: Job) -> bytes:
+    s = job.spec
+    return _dump({
+        "v": 1, "id": job.id, "state": job.state.value, "team": job.team, "user": job.user,
+        "created_at": job.created_at, "updated_at": job.updated_at, "attempt": job.attempt,
+        "exit_code": job.exit_code, "message": job.message, "cancel_requested": job.cancel_requested,
+        "started_at": job.started_at, "finished_at": job.finished_at,
+        "spec": {"name": s.name, "command": list(s.command), "env": dict(s.env),
+                 "resources": {"nodes": s.resources.nodes, "gpus_per_node": s.resources.gpus_per_node,
+                               "accelerator": s.resources.accelerator},
+                 "working_dir": s.working_dir, "queue": s.queue, "priority": s.priority,
+                 "max_restarts": s.max_restarts, "labels": dict(s.labels)},
+        "placement": [_assignment(a) for a in job.placement],
+        "exits": [_exit(e) for e in job.exits],
+        "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in job.events],
+    })
+
+
+def decode_job(raw: bytes) -> Job:
+    d = json.loads(raw)
+    s = d["spec"]
+    r = s["resources"]
+    spec = JobSpec(name=s["name"], command=tuple(s["command"]), env=s["env"],
+                   resources=Resources(nodes=r["nodes"], gpus_per_node=r["gpus_per_node"],
+                                       accelerator=r.get("accelerator", "")),
+                   working_dir=s.get("working_dir", ""), queue=s.get("queue", "default"),
+                   priority=s.get("priority", 0), max_restarts=s.get("max_restarts", 0),
+                   labels=s.get("labels", {}))
+    return Job(id=d["id"], spec=spec, state=JobState(d["state"]), team=d["team"], user=d["user"],
+               created_at=d["created_at"], updated_at=d["updated_at"], attempt=d.get("attempt", 0),
+               exit_code=d.get("exit_code", 0), message=d.get("message", ""),
+               cancel_requested=d.get("cancel_requested", False),
+               placement=tuple(_assignment_from(a) for a in d.get("placement", [])),
+               exits=tuple(_exit_from(e) for e in d.get("exits", [])),
+               events=tuple(JobEvent(at=e["at"], kind=e["kind"], message=e["message"])
+                            for e in d.get("events", [])),
+               started_at=d.get("started_at"), finished_at=d.get("finished_at"))
+
+
+def encode_allocation(a: Allocation) -> bytes:
+    return _dump({
+        "v": 1, "job_id": a.job_id, "attempt": a.attempt,
+        "assignments": [_assignment(x) for x in a.assignments],
+        "master_addr": a.master_addr, "master_port": a.master_port, "created_at": a.created_at,
+        "launched": sorted(a.launched), "stopped": sorted(a.stopped),
+        "exits": [_exit(e) for e in a.exits], "stop_reason": a.stop_reason,
+    })
+
+
+def decode_allocation(raw: bytes) -> Allocation:
+    d = json.loads(raw)
+    return Allocation(job_id=d["job_id"], attempt=d["attempt"],
+                      assignments=tuple(_assignment_from(x) for x in d["assignments"]),
+                      master_addr=d["master_addr"], master_port=d["master_port"],
+                      created_at=d["created_at"], launched=frozenset(d.get("launched", [])),
+                      stopped=frozenset(d.get("stopped", [])),
+                      exits=tuple(_exit_from(e) for e in d.get("exits", [])),
+                      stop_reason=d.get("stop_reason", ""))
+
+
+def encode_node(n: Node) -> bytes:
+    return _dump({
+        "v": 1, "node_id": n.node_id, "hostname": n.hostname, "agent_address": n.agent_address,
+        "worker_address": n.worker_address, "registered_at": n.registered_at, "labels": dict(n.labels),
+        "cordoned": n.cordoned, "cpus": n.cpus, "memory_mb": n.memory_mb,
+        "driver_version": n.driver_version, "simulated": n.simulated,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "vendor": g.vendor, "model": g.model,
+                  "memory_mb": g.memory_mb, "healthy": g.healthy, "health_reason": g.health_reason}
+                 for g in n.gpus],
+    })
+
+
+def decode_node(raw: bytes) -> Node:
+    d = json.loads(raw)
+    return Node(node_id=d["node_id"], hostname=d["hostname"], agent_address=d["agent_address"],
+                worker_address=d["worker_address"], registered_at=d["registered_at"],
+                labels=d.get("labels", {}), cordoned=d.get("cordoned", False), cpus=d.get("cpus", 0),
+                memory_mb=d.get("memory_mb", 0), driver_version=d.get("driver_version", ""),
+                simulated=d.get("simulated", False),
+                gpus=tuple(Gpu(index=g["index"], uuid=g["uuid"], vendor=g["vendor"], model=g["model"],
+                               memory_mb=g["memory_mb"], healthy=g.get("healthy", True),
+                               health_reason=g.get("health_reason", "")) for g in d["gpus"]))
