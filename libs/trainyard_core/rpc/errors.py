@@ -68,6 +68,9 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, what: str = "") -> errors.Trainyar
 
 
 async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, method: str) -> None:
+    # A TaskGroup wraps a single domain error in an ExceptionGroup; map the error it carries.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     if isinstance(exc, errors.TrainyardError):
         code = status_for(exc)
         if isinstance(exc, errors.NotLeader) and exc.leader:

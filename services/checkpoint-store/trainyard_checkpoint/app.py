@@ -36,7 +36,6 @@ class CheckpointApp:
         self._store: Store | None = None
         self._server: GrpcServer | None = None
         self.grpc_port = 0
-        self.manager: CheckpointManager | None = None
 
     async def start(self) -> None:
         """Check the storage root, connect the store lazily, serve. Raises OSError when the storage root
@@ -47,8 +46,7 @@ class CheckpointApp:
             EtcdStore(self.settings.etcd_endpoints)
         self._store = store
         repo = CheckpointRepository(store, self.settings.etcd_prefix)
-        self.manager = CheckpointManager(repo, storage, self._clock)
-        servicer = CheckpointServicer(self.manager)
+        servicer = CheckpointServicer(CheckpointManager(repo, storage, self._clock))
 
         def register(server: grpc.aio.Server) -> None:
             pb_grpc.add_CheckpointServiceServicer_to_server(servicer, server)

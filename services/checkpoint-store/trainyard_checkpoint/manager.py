@@ -102,9 +102,10 @@ class CheckpointManager:
             async with limit:
                 return shard.path, await self._storage.stat(ckpt.location, shard.path)
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(size_of(s)) for s in shards]
-        problems = domain.storage_problems(shards, dict(t.result() for t in tasks))
+        # gather, not a TaskGroup: the first domain error (a shard that is a directory, storage that
+        # cannot be read) must reach the error mapping as itself, not wrapped in an ExceptionGroup.
+        sizes = await asyncio.gather(*(size_of(s) for s in shards))
+        problems = domain.storage_problems(shards, dict(sizes))
         if problems:
             shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
             more = len(problems) - MAX_PROBLEMS_SHOWN
@@ -215,7 +216,12 @@ class CheckpointManager:
                           "committed; the metadata store may be inconsistent")
 
     async def list(self, job_id: str, requested_page_size: int, page_token: str) -> Page:
-        """A job's checkpoints (every state) in creation order, one page at a time."""
+        """A job's checkpoints (every state) in creation order, one page at a time.
+
+        Creation order is id order: ids start with the creation time in milliseconds, so two checkpoints
+        begun in the same millisecond are ordered by their random part. The page token is the last id of
+        the previous page, so pages stay stable while new checkpoints are begun.
+        """
         validate_job_id(job_id)
         size = page_size(requested_page_size)
         validate_page_token(page_token)

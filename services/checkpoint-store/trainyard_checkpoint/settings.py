@@ -42,7 +42,7 @@ class CheckpointSettings(BaseSettings):
     """Trainyard checkpoint-store: checkpoint metadata and lifecycle over etcd and shared storage."""
 
     listen_host: str = Field("127.0.0.1", description="address the gRPC server binds")
-    listen_port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    listen_port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     storage_url: str = Field(
         "file:///var/lib/trainyard/checkpoints",
         description="where checkpoints live: file:///path (POSIX or a mounted distributed filesystem)")

@@ -6,7 +6,7 @@ Domain errors propagate to the shared ErrorMappingInterceptor, which turns them 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc.aio
 
@@ -18,7 +18,7 @@ from . import convert
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["CheckpointService"].full_name
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class CheckpointServicer(pb_grpc.CheckpointServiceServicer):

@@ -1,0 +1,151 @@
+"""Compare-and-swap races in the checkpoint lifecycle, made deterministic: a hook runs another replica's
+write just before this one's transaction, so the race is lost every time (no timing luck involved).
+Runs on the real etcd and on the in-memory twin."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainyard_checkpoint.domain import BeginRequest, Checkpoint, CheckpointState, Shard
+from trainyard_checkpoint.manager import CheckpointManager
+from trainyard_checkpoint.repository import CheckpointRepository
+from trainyard_checkpoint.storage import PosixStorage
+from trainyard_core.clock import ManualClock
+from trainyard_core.errors import FailedPrecondition
+from trainyard_core.store import Compare, Store, TxnResult
+from trainyard_core.store.api import Op
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.memory import MemoryStore
+
+from .checkpoint_support import checksum_of, location_dir
+
+JOB = "job-race"
+
+
+class RacingStore:
+    """A store whose next transaction is preceded by `before_next_txn` (run once)."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.before_next_txn: Callable[[], Awaitable[Any]] | None = None
+        self.txns = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResult:
+        hook, self.before_next_txn = self.before_next_txn, None
+        if hook is not None:
+            await hook()
+        self.txns += 1
+        return await self._inner.txn(compares, success, failure)
+
+
+@dataclass
+class Replicas:
+    """Two service replicas over one store and one storage root; `racing` loses races on demand."""
+
+    racing: CheckpointManager
+    other: CheckpointManager
+    hook: RacingStore
+
+
+@pytest.fixture(params=["etcd", "memory"])
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> AsyncIterator[Replicas]:
+    store: Store = EtcdStore(request.getfixturevalue("etcd_endpoint")) if request.param == "etcd" else MemoryStore()
+    storage = PosixStorage(tmp_path / "ckpt")
+    storage.ensure_root()
+    clock = ManualClock()
+    prefix = key_prefix.rstrip("/")
+    racing_store = RacingStore(store)
+    try:
+        yield Replicas(
+            racing=CheckpointManager(CheckpointRepository(racing_store, prefix), storage, clock),
+            other=CheckpointManager(CheckpointRepository(store, prefix), storage, clock),
+            hook=racing_store)
+    finally:
+        await store.close()
+
+
+async def begin_and_write(manager: CheckpointManager, step: int, world_size: int = 2) -> tuple[Checkpoint, list[Shard]]:
+    ckpt = await manager.begin(BeginRequest(job_id=JOB, attempt=0, step=step, world_size=world_size, metadata={}))
+    directory = location_dir(ckpt.location)
+    shards = []
+    for rank in range(world_size):
+        data = f"rank {rank} step {step}".encode()
+        (directory / f"__{rank}_0.distcp").write_bytes(data)
+        shards.append(Shard(rank=rank, path=f"__{rank}_0.distcp", size_bytes=len(data), checksum=checksum_of(data)))
+    return ckpt, shards
+
+
+@pytest.mark.parametrize(("mine", "theirs", "latest_is"), [
+    (100, 200, "theirs"),  # a newer step committed meanwhile: mine must not move latest back
+    (300, 200, "mine"),  # an older step committed meanwhile: mine still moves latest forward
+])
+async def test_commit_that_loses_the_pointer_race_decides_again(
+        replicas: Replicas, mine: int, theirs: int, latest_is: str) -> None:
+    a, a_shards = await begin_and_write(replicas.other, mine)
+    b, b_shards = await begin_and_write(replicas.other, theirs)
+    replicas.hook.before_next_txn = lambda: replicas.other.commit(b.id, b_shards)
+    before = replicas.hook.txns
+
+    committed = await replicas.racing.commit(a.id, a_shards)
+
+    assert committed.state is CheckpointState.COMMITTED
+    assert replicas.hook.txns - before == 2, "the first transaction lost the race and was decided again"
+    latest = await replicas.other.latest(JOB)
+    assert latest.id == (a.id if latest_is == "mine" else b.id)
+
+
+async def test_duplicate_commit_racing_itself_returns_the_committed_record(replicas: Replicas) -> None:
+    a, shards = await begin_and_write(replicas.other, 10)
+    winner: list[Checkpoint] = []
+
+    async def commit_elsewhere() -> None:
+        winner.append(await replicas.other.commit(a.id, list(reversed(shards))))
+
+    replicas.hook.before_next_txn = commit_elsewhere
+    result = await replicas.racing.commit(a.id, shards)
+    assert result == winner[0]
+    assert (await replicas.other.latest(JOB)).id == a.id
+
+
+async def test_abort_winning_over_commit_leaves_nothing_committed(replicas: Replicas) -> None:
+    a, shards = await begin_and_write(replicas.other, 10)
+    replicas.hook.before_next_txn = lambda: replicas.other.abort(a.id, "job cancelled")
+    with pytest.raises(FailedPrecondition, match="ABORTED"):
+        await replicas.racing.commit(a.id, shards)
+    assert (await replicas.other.get(a.id)).state is CheckpointState.ABORTED
+    assert (await replicas.other.list(JOB, 0, "")).checkpoints[0].shards == ()
+
+
+async def test_delete_racing_a_commit_that_makes_it_latest_is_impossible_by_construction(replicas: Replicas) -> None:
+    # The pointer only moves onto a checkpoint in the transaction that commits it; a COMMITTED one
+    # that is not latest can therefore be deleted without guarding the pointer, even while others commit.
+    old, old_shards = await begin_and_write(replicas.other, 1)
+    await replicas.other.commit(old.id, old_shards)
+    newer, newer_shards = await begin_and_write(replicas.other, 2)
+    await replicas.other.commit(newer.id, newer_shards)
+    newest, newest_shards = await begin_and_write(replicas.other, 3)
+    replicas.hook.before_next_txn = lambda: replicas.other.commit(newest.id, newest_shards)
+    deleted = await replicas.racing.delete(old.id)
+    assert deleted.state is CheckpointState.DELETED
+    assert (await replicas.other.latest(JOB)).id == newest.id
+    assert not location_dir(old.location).exists()
+
+
+async def test_many_concurrent_commits_leave_latest_at_the_highest_step(replicas: Replicas) -> None:
+    steps = list(range(0, 1200, 100))
+    random.Random(7).shuffle(steps)
+    saves = [await begin_and_write(replicas.other, step) for step in steps]
+    managers = [replicas.racing, replicas.other]
+    results = await asyncio.gather(*(managers[i % 2].commit(c.id, s) for i, (c, s) in enumerate(saves)))
+    assert all(r.state is CheckpointState.COMMITTED for r in results)
+    assert (await replicas.other.latest(JOB)).step == max(steps)

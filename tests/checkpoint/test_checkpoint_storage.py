@@ -1,0 +1,87 @@
+"""POSIX storage backend on a real directory: layout, sizes, containment, removal."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from trainyard_checkpoint.storage import PosixStorage
+from trainyard_core.errors import FailedPrecondition
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> PosixStorage:
+    s = PosixStorage(tmp_path / "root")
+    s.ensure_root()
+    return s
+
+
+async def test_layout_stat_and_remove(storage: PosixStorage, tmp_path: Path) -> None:
+    location = storage.location_for("job-a", "ckpt-1")
+    assert location == (tmp_path / "root" / "job-a" / "ckpt-1").as_uri()
+    await storage.prepare(location)
+    await storage.prepare(location)  # idempotent
+    directory = tmp_path / "root" / "job-a" / "ckpt-1"
+    (directory / "sub").mkdir()
+    (directory / "sub" / "s.distcp").write_bytes(b"x" * 1234)
+    (directory / "empty").write_bytes(b"")
+
+    assert await storage.stat(location, "sub/s.distcp") == 1234
+    assert await storage.stat(location, "empty") == 0
+    assert await storage.stat(location, "missing") is None
+    assert await storage.stat(location, "empty/below-a-file") is None
+    with pytest.raises(FailedPrecondition, match="not a regular file"):
+        await storage.stat(location, "sub")
+
+    await storage.remove(location)
+    assert not directory.exists()
+    await storage.remove(location)  # idempotent
+    assert (tmp_path / "root" / "job-a").is_dir(), "the job directory is left for concurrent begins"
+
+
+async def test_links_leading_outside_are_refused(storage: PosixStorage, tmp_path: Path) -> None:
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"do not look")
+    location = storage.location_for("job-a", "ckpt-2")
+    await storage.prepare(location)
+    directory = tmp_path / "root" / "job-a" / "ckpt-2"
+    os.symlink(outside, directory / "shard")
+    (directory / "real").write_bytes(b"abc")
+    os.symlink("real", directory / "alias")
+    with pytest.raises(FailedPrecondition, match="leads outside"):
+        await storage.stat(location, "shard")
+    assert await storage.stat(location, "alias") == 3, "a link inside the checkpoint is followed"
+
+
+async def test_removal_does_not_follow_a_planted_link(storage: PosixStorage, tmp_path: Path) -> None:
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "data").write_bytes(b"keep me")
+    (tmp_path / "root" / "job-a").mkdir()
+    os.symlink(victim, tmp_path / "root" / "job-a" / "ckpt-3")
+    await storage.remove(storage.location_for("job-a", "ckpt-3"))
+    assert (victim / "data").read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("location", [
+    "file:///etc",
+    "file:///",
+    "s3://bucket/job-a/ckpt-1",
+    "ROOT/job-a",
+    "ROOT/job-a/ckpt-1/deeper",
+    "ROOT/job-a/../../outside",
+])
+async def test_locations_outside_the_root_are_refused(storage: PosixStorage, location: str) -> None:
+    location = location.replace("ROOT", storage.url)
+    for call in (storage.stat(location, "x"), storage.remove(location), storage.prepare(location)):
+        with pytest.raises(FailedPrecondition, match="location"):
+            await call
+
+
+def test_unusable_root_fails_start_up_with_a_clear_message(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(OSError, match=r"cannot create checkpoint storage root .*STORAGE_URL"):
+        PosixStorage(blocker / "root").ensure_root()
