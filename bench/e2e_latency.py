@@ -1,0 +1,77 @@
+"""Submit → all workers running, end to end through the local cluster (gateway → scheduler → etcd →
+agent → process), over 20 one-node jobs. Baseline, same run: starting the same command directly with
+subprocess, until the process runs — the floor any launcher pays."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from trainyard_cli.local import LocalCluster
+
+JOBS = 20
+COMMAND = [sys.executable, "-c", "import time; time.sleep(0.2)"]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _direct_spawn() -> float:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(COMMAND)
+    took = time.perf_counter() - t0
+    p.wait()
+    return took
+
+
+def run() -> dict[str, float]:
+    direct = [_direct_spawn() for _ in range(JOBS)]
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+        cluster = LocalCluster(Path(tmp), gateway_port=0, nodes=[("node-1", "h100x8")])
+        cluster.start()
+        try:
+            headers = {"Authorization": f"Bearer {cluster.token}"}
+            latencies: list[float] = []
+            with httpx.Client(base_url=cluster.url, headers=headers, timeout=30) as client:
+                _wait_nodes(client)
+                for i in range(JOBS):
+                    spec = {"name": f"lat-{i}", "command": COMMAND, "resources": {"nodes": 1, "gpus_per_node": 1}}
+                    t0 = time.perf_counter()
+                    r = client.post("/v1/jobs", json=spec)
+                    r.raise_for_status()
+                    job_id = r.json()["id"]
+                    while True:
+                        state = client.get(f"/v1/jobs/{job_id}").json()["state"]
+                        if state in ("running", "succeeded"):
+                            latencies.append(time.perf_counter() - t0)
+                            break
+                        if state in ("failed", "cancelled"):
+                            raise RuntimeError(f"job {job_id} ended {state}")
+                        time.sleep(0.005)
+        finally:
+            cluster.stop()
+    p50 = statistics.median(latencies)
+    return {
+        "submit_to_running_p50_s": p50,
+        "submit_to_running_p95_s": _pct(latencies, 0.95),
+        "direct_spawn_p50_s": statistics.median(direct),
+        "submit_to_running_p50_vs_direct_spawn": p50 / statistics.median(direct),
+    }
+
+
+def _wait_nodes(client: httpx.Client, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = client.get("/v1/nodes")
+        if r.status_code == 200 and any(n.get("state") == "ready" for n in r.json().get("nodes", [])):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("no node became ready")

@@ -1,0 +1,254 @@
+"""`trainyard local up`: the whole Trainyard on one machine — a real etcd, the scheduler, the
+checkpoint-store, the gateway and simulated GPU nodes — each as its own process, logs under
+.trainyard/logs/. Serves until Ctrl-C, then stops everything it started.
+
+`LocalCluster` is also what the end-to-end tests and benchmarks start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
+
+DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "a100x4"))
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    ready_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.ready_path.unlink(missing_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen is not None and self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.popen.returncode} while starting; "
+                                   f"last lines of {self.log_path}:\n{tail(self.log_path)}")
+            if self.ready_path.exists():
+                self.ports = json.loads(self.ready_path.read_text())
+                return self.ports
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} was not ready after {timeout}s; see {self.log_path}:\n{tail(self.log_path)}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        p = self.popen
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def kill(self) -> None:
+        p = self.popen
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
+                 stop_grace_s: float = 5.0, node_timeout_s: float = 5.0, log_format: str = "json") -> None:
+        self.workdir = workdir.resolve()
+        self.gateway_port = gateway_port
+        self.nodes = list(nodes)
+        self.stop_grace_s = stop_grace_s
+        self.node_timeout_s = node_timeout_s
+        self.log_format = log_format
+        self.token = "ty_dev_" + secrets.token_urlsafe(24)
+        self.etcd: EtcdProcess | None = None
+        self.procs: dict[str, Proc] = {}
+        self.url = ""
+        self.scheduler_address = ""
+
+    def _proc(self, name: str, module: str, env_prefix: str, settings: dict[str, str]) -> Proc:
+        logs = self.workdir / "logs"
+        run = self.workdir / "run"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+        env.update({f"{env_prefix}{k.upper()}": v for k, v in settings.items()})
+        env[f"{env_prefix}READY_FILE"] = str(run / f"{name}.ready")
+        env[f"{env_prefix}LOG_FORMAT"] = self.log_format
+        env["PYTHONUNBUFFERED"] = "1"
+        return Proc(name=name, args=[sys.executable, "-m", module], env=env, log_path=logs / f"{name}.log",
+                    ready_path=run / f"{name}.ready")
+
+    def start(self) -> None:
+        find_etcd()
+        for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
+                                data_dir=self.workdir / "etcd" / "data", log_path=self.workdir / "logs" / "etcd.log")
+        self.etcd.start()
+        self.etcd.wait_ready()
+        common = {"etcd_endpoints": self.etcd.endpoint}
+
+        sched_port = free_port()
+        self.scheduler_address = f"127.0.0.1:{sched_port}"
+        self.procs["scheduler"] = self._proc("scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
+            **common, "listen_port": str(sched_port), "stop_grace_s": str(self.stop_grace_s),
+            "node_timeout_s": str(self.node_timeout_s), "reconcile_interval_s": "0.5"})
+        self.procs["checkpoint-store"] = self._proc(
+            "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_",
+            {**common, "listen_port": "0", "storage_url": (self.workdir / "checkpoints").as_uri()})
+        gw_port = self.gateway_port
+        if gw_port and not port_free("127.0.0.1", gw_port):
+            print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)
+            gw_port = 0
+        gw = self._proc("gateway", "trainyard_gateway.main", "TRAINYARD_GATEWAY_", {
+            **common, "http_port": str(gw_port), "grpc_port": "0", "scheduler_address": self.scheduler_address})
+        gw.env["TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN"] = self.token
+        self.procs["gateway"] = gw
+        for node_id, profile in self.nodes:
+            self.procs[node_id] = self._agent_proc(node_id, profile)
+
+        for name in ("scheduler", "checkpoint-store", "gateway", *[n for n, _ in self.nodes]):
+            self.procs[name].start()
+        for proc in self.procs.values():
+            proc.wait_ready()
+        self.url = f"http://127.0.0.1:{self.procs['gateway'].ports['http_port']}"
+
+    def _agent_proc(self, node_id: str, profile: str) -> Proc:
+        return self._proc(node_id, "trainyard_agent.main", "TRAINYARD_AGENT_", {
+            "node_id": node_id, "gpu_profile": profile, "scheduler_address": self.scheduler_address,
+            "listen_port": "0", "state_dir": str(self.workdir / "agents" / node_id),
+            "worker_env": "GLOO_SOCKET_IFNAME=lo", "stop_grace_s": str(self.stop_grace_s),
+            "kill_workers_on_stop": "true", "labels": f"rack=local,switch=sw-{node_id}"})
+
+    def restart(self, name: str, *, kill: bool = False) -> None:
+        """Stop (SIGTERM, or SIGKILL with kill=True) and start one service again, same settings and ports."""
+        proc = self.procs[name]
+        proc.kill() if kill else proc.stop()
+        proc.start()
+        proc.wait_ready()
+
+    def stop(self) -> None:
+        order = [n for n, _ in self.nodes] + ["gateway", "checkpoint-store", "scheduler"]
+        for name in order:
+            if name in self.procs:
+                self.procs[name].stop()
+        if self.etcd is not None:
+            self.etcd.kill()
+
+    def write_env_file(self) -> Path:
+        path = self.workdir / "local.env"
+        path.write_text(f"TRAINYARD_URL={self.url}\nTRAINYARD_TOKEN={self.token}\n")
+        path.chmod(0o600)
+        return path
+
+
+@contextlib.contextmanager
+def single_instance(workdir: Path) -> Iterator[None]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock_path = workdir / "run.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip()
+        os.close(fd)
+        raise SystemExit(f"a local Trainyard cluster is already running from {workdir} ({holder}).\n"
+                         "Use it (source .trainyard/local.env), or stop it with Ctrl-C in its terminal.") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}".encode())
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def up(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir)
+    nodes = [tuple(n.split("=", 1)) for n in args.node] if args.node else list(DEFAULT_NODES)
+    with single_instance(workdir):
+        cluster = LocalCluster(workdir, gateway_port=args.port, nodes=nodes)  # type: ignore[arg-type]
+        stop = False
+
+        def on_signal(signum: int, frame: object) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            print("starting etcd, scheduler, checkpoint-store, gateway and "
+                  f"{len(nodes)} simulated node(s): {', '.join(f'{n} ({p})' for n, p in nodes)} ...", flush=True)
+            cluster.start()
+            env_file = cluster.write_env_file()
+            print(f"\nTrainyard is up.\n  gateway:  {cluster.url}\n  token:    {cluster.token}\n"
+                  f"  logs:     {workdir / 'logs'}/\n  env file: {env_file}\n\n"
+                  "In another terminal:\n  source .trainyard/local.env\n  .venv/bin/trainyard nodes\n\n"
+                  "Press Ctrl-C to stop everything.", flush=True)
+            while not stop:
+                for name, proc in cluster.procs.items():
+                    if proc.popen is not None and proc.popen.poll() is not None:
+                        print(f"{name} exited with code {proc.popen.returncode}; see {proc.log_path}", flush=True)
+                        stop = True
+                time.sleep(0.5)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        finally:
+            print("\nstopping ...", flush=True)
+            cluster.stop()
+            (workdir / "local.env").unlink(missing_ok=True)
+            print("stopped.", flush=True)
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    local = subparsers.add_parser("local", help="run a whole Trainyard cluster on this machine")
+    sub = local.add_subparsers(dest="local_command", required=True)
+    p = sub.add_parser("up", help="start etcd, all services and simulated nodes; serve until Ctrl-C")
+    p.add_argument("--workdir", default=".trainyard", help="state, logs and local.env (default .trainyard)")
+    p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (default 8080; busy → a free one)")
+    p.add_argument("--node", action="append", metavar="NAME=PROFILE",
+                   help="a simulated node, e.g. node-1=h100x8 (repeatable; default node-1=h100x8 node-2=a100x4)")
+    p.set_defaults(func=up)

@@ -1,0 +1,93 @@
+"""End to end through the local cluster's real processes: HTTP → scheduler → etcd → agents → workers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import Api
+
+pytestmark = pytest.mark.e2e
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def test_two_node_torch_job_succeeds_and_logs_show_both_ranks(api: Api) -> None:
+    job = api.submit({"name": "allreduce", "command": [sys.executable, str(PROGRAMS / "allreduce.py")],
+                      "resources": {"nodes": 2, "gpus_per_node": 1}})
+    assert job["state"] == "pending"
+    done = api.wait(job["id"], {"succeeded"}, timeout=120)
+    assert sorted(e["rank"] for e in done["exits"]) == [0, 1]
+    assert {a["node_id"] for a in done["placement"]} == {"node-1", "node-2"}
+    logs = api.http.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "[rank 0] rank 0/2 node 0 local 0 gpu 0 allreduce=1 expected=1" in logs
+    assert "[rank 1] rank 1/2 node 1 local 0 gpu 0 allreduce=1 expected=1" in logs
+
+
+def test_exit_code_is_reported_as_failed(api: Api) -> None:
+    job = api.submit({"name": "exit-3", "command": [sys.executable, "-c", "raise SystemExit(3)"],
+                      "resources": {"nodes": 1, "gpus_per_node": 1}})
+    done = api.wait(job["id"], {"failed"})
+    assert done["exit_code"] == 3
+    assert "exited with code 3" in done["message"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited all the same.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_cancel_kills_workers_and_frees_gpus(api: Api, tmp_path: Path) -> None:
+    # Take every GPU of node-2 (a100x4) so the follow-up job can only run once they are freed.
+    job = api.submit({"name": "to-cancel", "command": [sys.executable, str(PROGRAMS / "record_pid_and_wait.py"),
+                                                       str(tmp_path)],
+                      "resources": {"nodes": 1, "gpus_per_node": 4, "accelerator": "A100-SXM4-40GB"}})
+    api.wait(job["id"], {"running"})
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("rank-*.pids"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p) for f in tmp_path.glob("rank-*.pids") for p in f.read_text().split()]
+    assert len(pids) == 8 and all(_alive(p) for p in pids)
+
+    follow = api.submit({"name": "after-cancel", "command": [sys.executable, "-c", "print('ok')"],
+                         "resources": {"nodes": 1, "gpus_per_node": 4, "accelerator": "A100-SXM4-40GB"}})
+    assert api.job(follow["id"])["state"] == "pending"
+
+    r = api.http.post(f"/v1/jobs/{job['id']}:cancel")
+    assert r.status_code in (200, 202), r.text
+    cancelled = api.wait(job["id"], {"cancelled"}, timeout=30)
+    assert cancelled["state"] == "cancelled"
+    leftover = [p for p in pids if _alive(p)]
+    assert leftover == [], f"orphaned worker processes: {leftover}"
+    api.wait(follow["id"], {"succeeded"}, timeout=60)
+
+
+def test_scheduler_restart_does_not_lose_a_submitted_job(api: Api) -> None:
+    cluster = api.cluster
+    # Keep the job pending across the restart: it needs more A100s than are free while a blocker runs.
+    blocker = api.submit({"name": "blocker", "command": [sys.executable, "-c", "import time; time.sleep(3600)"],
+                          "resources": {"nodes": 1, "gpus_per_node": 4, "accelerator": "A100-SXM4-40GB"}})
+    api.wait(blocker["id"], {"running"})
+    waiting = api.submit({"name": "survivor", "command": [sys.executable, "-c", "print('survived')"],
+                          "resources": {"nodes": 1, "gpus_per_node": 4, "accelerator": "A100-SXM4-40GB"}})
+    assert api.job(waiting["id"])["state"] == "pending"
+
+    cluster.restart("scheduler", kill=True)  # SIGKILL: no clean hand-over
+
+    assert api.job(waiting["id"])["state"] == "pending"
+    assert api.job(blocker["id"])["state"] == "running"
+    r = api.http.post(f"/v1/jobs/{blocker['id']}:cancel")
+    assert r.status_code in (200, 202), r.text
+    api.wait(blocker["id"], {"cancelled"}, timeout=60)
+    api.wait(waiting["id"], {"succeeded"}, timeout=60)
+    assert "[rank 0] survived" in api.http.get(f"/v1/jobs/{waiting['id']}/logs").text
