@@ -1,0 +1,151 @@
+"""The scheduler against a real etcd and real gRPC servers on port 0, with a real node agent on simulated
+GPUs (fake NVML): submission to success, input errors, leader election, fencing."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_agent.app import AgentApp
+from trainyard_agent.settings import AgentSettings
+from trainyard_core.errors import Conflict
+from trainyard_core.store import Compare
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.wait import eventually
+from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.domain.models import Allocation, JobState
+from trainyard_scheduler.settings import SchedulerSettings
+from trainyard_scheduler.state.repository import Repository
+
+
+def sched_settings(endpoint: str, prefix: str) -> SchedulerSettings:
+    return SchedulerSettings(etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2,
+                             reconcile_interval_s=0.2, stop_grace_s=1.0, node_timeout_s=3.0)
+
+
+@pytest.fixture
+async def leader(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
+    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")))
+    await app.start()
+    await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
+    yield app
+    await app.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.fixture
+async def agent(leader: SchedulerApp, tmp_path: Path) -> AsyncIterator[AgentApp]:
+    settings = AgentSettings(node_id="node-a", gpu_profile="a100x4", scheduler_address=f"127.0.0.1:{leader.grpc_port}",
+                             state_dir=str(tmp_path / "agent"), heartbeat_interval_s=0.2, stop_grace_s=1.0)
+    app = AgentApp(settings)
+    await app.start()
+    yield app
+    await app.stop(kill_workers=True)
+
+
+def job_service(app: SchedulerApp) -> scheduler_pb2_grpc.JobServiceStub:
+    return scheduler_pb2_grpc.JobServiceStub(grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}"))
+
+
+def spec(command: list[str], nodes: int = 1, gpus: int = 1) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(name="it", command=command,
+                             resources=types_pb2.Resources(nodes=nodes, gpus_per_node=gpus))
+
+
+async def wait_state(stub: scheduler_pb2_grpc.JobServiceStub, job_id: str, state: int) -> types_pb2.Job:
+    async def probe() -> types_pb2.Job | None:
+        job = (await stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id))).job
+        return job if job.state == state else None
+
+    return await eventually(probe, timeout=30, what=f"job {job_id} in state {state}")
+
+
+async def test_job_runs_to_success_and_gpus_are_released(leader: SchedulerApp, agent: AgentApp) -> None:
+    stub = job_service(leader)
+    await eventually(lambda: _nodes(leader), what="node registered")
+    sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
+        spec=spec([sys.executable, "-c", "print('hi')"], gpus=4), team="team-a", user="ann"))
+    job = await wait_state(stub, sub.job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    assert [e.rank for e in job.exits] == [0, 1, 2, 3] and job.team == "team-a"
+    repo = Repository(leader.store, leader.keys)
+    assert await repo.get_allocation(sub.job.id) is None  # released with the terminal state
+
+
+async def _nodes(app: SchedulerApp) -> bool:
+    return bool(await Repository(app.store, app.keys).list_nodes())
+
+
+async def test_bad_submissions_change_nothing_in_etcd(leader: SchedulerApp, agent: AgentApp, key_prefix: str) -> None:
+    stub = job_service(leader)
+    await eventually(lambda: _nodes(leader), what="node registered")
+    store = EtcdStore(leader.settings.etcd_endpoints)
+    before = [(kv.key, kv.mod_revision) for kv in (await store.range(key_prefix + "jobs/")).kvs]
+    cases = [
+        (spec([]), "command must not be empty"),
+        (spec(["x"], nodes=0), "resources.nodes"),
+        (spec(["x"], gpus=-1), "resources.gpus_per_node"),
+        (spec(["x"], gpus=5), "more than any node has"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=bad))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (info.value.details() or "")
+    after = [(kv.key, kv.mod_revision) for kv in (await store.range(key_prefix + "jobs/")).kvs]
+    assert before == after
+    with pytest.raises(grpc.aio.AioRpcError) as nf:
+        await stub.GetJob(scheduler_pb2.GetJobRequest(job_id="job-doesnotexist"))
+    assert nf.value.code() == grpc.StatusCode.NOT_FOUND
+    await store.close()
+
+
+async def test_other_teams_jobs_are_invisible(leader: SchedulerApp) -> None:
+    stub = job_service(leader)
+    sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(["true"]), team="team-a"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.GetJob(scheduler_pb2.GetJobRequest(job_id=sub.job.id, team="team-b"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    listed = await stub.ListJobs(scheduler_pb2.ListJobsRequest(team="team-b"))
+    assert sub.job.id not in [j.id for j in listed.jobs]
+    cancelled = await stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=sub.job.id, team="team-a"))
+    assert cancelled.job.state == types_pb2.JOB_STATE_CANCELLED  # pending: cancelled at once
+
+
+async def test_standby_takes_over_and_the_old_epoch_is_fenced(leader: SchedulerApp, etcd_endpoint: str,
+                                                              key_prefix: str) -> None:
+    standby = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")))
+    await standby.start()
+    try:
+        assert not standby.leadership.is_leader
+        nodes = scheduler_pb2_grpc.NodeServiceStub(grpc.aio.insecure_channel(f"127.0.0.1:{standby.grpc_port}"))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await nodes.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=types_pb2.Node(node_id="node-x")))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "not the leader" in (info.value.details() or "")
+
+        old_epoch = leader.leadership.epoch
+        sub = await job_service(leader).SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(["true"])))
+        await leader.stop()  # resigns: the standby should not wait for the lease to expire
+        await eventually(lambda: _true(standby.leadership.is_leader), timeout=5, what="standby leads")
+        assert standby.leadership.epoch > old_epoch
+
+        # A write fenced with the old epoch can never land.
+        stale = Repository(standby.store, standby.keys,
+                           fence=lambda: Compare(standby.keys.leader, "create", "==", old_epoch))
+        found = await stale.get_job(sub.job.id)
+        assert found is not None and found[0].state is JobState.PENDING
+        alloc = Allocation(job_id=sub.job.id, attempt=0, assignments=(), master_addr="x", master_port=1,
+                           created_at=0.0)
+        with pytest.raises(Conflict):
+            await stale.commit_placement(found[0], found[1], alloc)
+    finally:
+        await standby.stop()
