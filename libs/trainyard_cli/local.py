@@ -208,7 +208,7 @@ def up(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     nodes = [tuple(n.split("=", 1)) for n in args.node] if args.node else list(DEFAULT_NODES)
     with single_instance(workdir):
-        cluster = LocalCluster(workdir, gateway_port=args.port, nodes=nodes)  # type: ignore[arg-type]
+        cluster = LocalCluster(workdir, gateway_port=args.port, nodes=nodes)
         stop = False
 
         def on_signal(signum: int, frame: object) -> None:

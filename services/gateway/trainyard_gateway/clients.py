@@ -9,7 +9,7 @@ handler maps to an HTTP status. Channels are created here but owned by whoever b
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -90,12 +90,15 @@ class AgentClients:
     def __init__(self, *, timeout_s: float) -> None:
         self._timeout = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, agent_pb2_grpc.AgentServiceAsyncStub] = {}
 
     def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
-        channel = self._channels.get(address)
-        if channel is None:
+        stub = self._stubs.get(address)
+        if stub is None:
             channel = self._channels[address] = insecure_channel(address)
-        return agent_pb2_grpc.AgentServiceStub(channel)
+            stub = self._stubs[address] = cast("agent_pb2_grpc.AgentServiceAsyncStub",
+                                               agent_pb2_grpc.AgentServiceStub(channel))
+        return stub
 
     async def worker_logs(self, address: str, *, job_id: str, attempt: int, tail_lines: int) -> list[LogLine]:
         request = agent_pb2.GetWorkerLogsRequest(job_id=job_id, attempt=attempt, tail_lines=tail_lines)
@@ -104,6 +107,6 @@ class AgentClients:
         return [convert.log_line_from_pb(line) for line in reply.lines]
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             await channel.close()

@@ -3,7 +3,8 @@
 The job's placement (from the scheduler) names the nodes and their ranks; the node list gives each
 node's agent address; every agent is asked in parallel for its workers' lines. A node that cannot be
 reached does not fail the whole answer: its ranks are named in a trailing `[gateway]` note, and only
-when no node answers at all is the request failed (Unavailable → 503).
+when no node answers at all is the request failed (Unavailable → 503). An agent that has no workers of
+the job yet (NOT_FOUND: placed but not launched) contributes no lines.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trainyard_core.errors import TrainyardError, Unavailable
+from trainyard_core.errors import NotFound, TrainyardError, Unavailable
 
 from .clients import AgentClients, SchedulerClient
 from .schemas.jobs import NodeAssignment
@@ -63,6 +64,8 @@ async def job_logs(scheduler: SchedulerClient, agents: AgentClients, *, job_id: 
             return NodeLogs(assignment, [], "the node is not registered with the scheduler any more")
         try:
             lines = await agents.worker_logs(address, job_id=job_id, attempt=wanted, tail_lines=tail_lines)
+        except NotFound:
+            return NodeLogs(assignment, [])  # placed, but the agent has not started these workers yet
         except TrainyardError as exc:
             return NodeLogs(assignment, [], exc.message)
         return NodeLogs(assignment, lines)

@@ -164,13 +164,6 @@ class TokenStore:
             records = [r for r in records if r.team == team]
         return sorted(records, key=lambda r: (r.created_at, r.token_id))
 
-    async def get(self, token_id: str) -> TokenRecord:
-        kv = await self._store.get(self._by_id + token_id)
-        record = await self._store.get(self._by_hash + kv.value.decode()) if kv is not None else None
-        if record is None:
-            raise NotFound(f"token {token_id} not found")
-        return TokenRecord.from_json(record.value)
-
     async def revoke(self, token_id: str) -> TokenRecord:
         """Delete a token by its public id; NotFound when there is none (already revoked)."""
         id_key = self._by_id + token_id

@@ -25,8 +25,6 @@ _QUEUE_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 
 JobState = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "preempted",
                    "restarting", "unknown"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-
 
 
 class ResourcesRequest(ApiModel):

@@ -1,0 +1,212 @@
+"""The API commands: submit, jobs, status, logs, cancel, nodes, tokens. Each takes the parsed arguments
+and returns the exit code; failures are raised as CliError and printed by main."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import output
+from .api import Api
+from .config import resolve
+from .spec import build_spec, load_spec_file, parse_pairs
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+_RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
+
+
+def api_for(args: argparse.Namespace) -> Api:
+    target = resolve(url_flag=getattr(args, "url", None), token_flag=getattr(args, "token", None),
+                     environ=os.environ, cwd=Path.cwd())
+    return Api(target, timeout=getattr(args, "timeout", None) or 30.0)
+
+
+def _json_wanted(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    spec = build_spec(
+        file_spec=load_spec_file(args.file) if args.file else None, name=args.name, command=command,
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, accelerator=args.accelerator,
+        env=parse_pairs(args.env, "--env", os.environ), labels=parse_pairs(args.label, "--label"),
+        working_dir=args.working_dir, queue=args.queue, priority=args.priority, max_restarts=args.max_restarts)
+    with api_for(args) as api:
+        job = api.submit(spec, idempotency_key=args.idempotency_key or "")
+    if _json_wanted(args):
+        output.print_json(job)
+    else:
+        print(f"submitted job {job['id']} ({job['name']}, {output.gpus(job)} GPUs): {job['state']}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs: list[dict[str, Any]] = []
+    token = ""
+    with api_for(args) as api:
+        while True:
+            page = api.jobs_page(page_size=args.page_size, page_token=token, states=args.state)
+            jobs.extend(page["jobs"])
+            token = page.get("next_page_token", "")
+            if not token or not args.all:
+                break
+    if _json_wanted(args):
+        output.print_json({"jobs": jobs, "next_page_token": token})
+        return 0
+    if not jobs:
+        print("no jobs" + (" in state " + ", ".join(args.state) if args.state else ""))
+        return 0
+    output.jobs_table(jobs)
+    if token:
+        print(f"(first {len(jobs)} jobs shown; --all lists every one)", file=sys.stderr)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        job = api.job(args.job_id)
+        if not args.watch:
+            if _json_wanted(args):
+                output.print_json(job)
+            else:
+                output.job_details(job)
+            return 0
+        last = ""
+        while True:
+            if job["state"] != last and not _json_wanted(args):
+                note = f" ({job['message']})" if job.get("message") else ""
+                print(f"{time.strftime('%H:%M:%S')}  {job['id']}  {job['state']}{note}", flush=True)
+            last = job["state"]
+            if last in TERMINAL:
+                break
+            time.sleep(args.interval)
+            job = api.job(args.job_id)
+    if _json_wanted(args):
+        output.print_json(job)
+    else:
+        output.job_details(job)
+    return 0 if job["state"] == "succeeded" else 1
+
+
+def _by_rank(text: str) -> tuple[dict[int, list[str]], list[str]]:
+    ranks: dict[int, list[str]] = {}
+    notes: list[str] = []
+    for line in text.splitlines():
+        match = _RANK_PREFIX.match(line)
+        if match:
+            ranks.setdefault(int(match.group(1)), []).append(line)
+        elif line:
+            notes.append(line)
+    return ranks, notes
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        if not args.follow:
+            sys.stdout.write(api.logs(args.job_id, tail=args.tail, attempt=args.attempt))
+            return 0
+        # Follow by polling: the API answers every retained line ordered by rank, so new lines are those
+        # past the count already printed for each rank.
+        printed: dict[int, int] = {}
+        seen_notes: set[str] = set()
+        first = True
+        attempt = None
+        while True:
+            job = api.job(args.job_id)
+            state = job["state"]
+            if args.attempt is None and attempt is not None and job["attempt"] != attempt:
+                # A restart: the new attempt's lines start from zero for every rank.
+                print(f"[trainyard] job restarted: attempt {job['attempt']}", file=sys.stderr)
+                printed.clear()
+            attempt = job["attempt"]
+            ranks, notes = _by_rank(api.logs(args.job_id, attempt=args.attempt))
+            for rank in sorted(ranks):
+                lines = ranks[rank]
+                start = printed.get(rank, 0)
+                if first and args.tail:
+                    start = max(0, len(lines) - args.tail)
+                for line in lines[start:]:
+                    print(line)
+                printed[rank] = len(lines)
+            for note in notes:
+                if note not in seen_notes:
+                    seen_notes.add(note)
+                    print(note, file=sys.stderr)
+            sys.stdout.flush()
+            first = False
+            if state in TERMINAL:
+                return 0
+            time.sleep(args.interval)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        job = api.cancel(args.job_id, args.reason or "")
+    if _json_wanted(args):
+        output.print_json(job)
+    elif job["state"] == "cancelled":
+        print(f"job {job['id']} cancelled")
+    elif job["state"] in TERMINAL:
+        print(f"job {job['id']} had already ended: {job['state']}")
+    else:
+        print(f"cancelling job {job['id']} (state {job['state']}); `trainyard status --watch {job['id']}` "
+              "follows it")
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        nodes = api.nodes()
+    if _json_wanted(args):
+        output.print_json({"nodes": nodes})
+    elif not nodes:
+        print("no nodes registered")
+    else:
+        output.nodes_table(nodes)
+    return 0
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        created = api.create_token(team=args.team, user=args.user, admin=args.admin,
+                                   description=args.description or "")
+    if _json_wanted(args):
+        output.print_json(created)
+        return 0
+    token = created["token"]
+    print(f"token id:  {token['token_id']}")
+    print(f"team/user: {token['team']}/{token['user']}" + (" (admin)" if token["admin"] else ""))
+    print(f"secret:    {created['secret']}")
+    print("The secret is shown only now. Use it as TRAINYARD_TOKEN or `Authorization: Bearer <secret>`.",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        tokens = api.tokens(args.team or "")
+    if _json_wanted(args):
+        output.print_json({"tokens": tokens})
+        return 0
+    rows = [[t["token_id"], t["team"], t["user"], "yes" if t["admin"] else "", output.age(t["created_at"]),
+             t["description"]] for t in tokens]
+    output.table(["TOKEN ID", "TEAM", "USER", "ADMIN", "AGE", "DESCRIPTION"], rows)
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        token = api.revoke_token(args.token_id)
+    if _json_wanted(args):
+        output.print_json(token)
+    else:
+        print(f"revoked token {token['token_id']} ({token['team']}/{token['user']})")
+    return 0

@@ -1,0 +1,175 @@
+"""`trainyard`: the command-line client of the gateway.
+
+Exit codes: 0 success; 1 the API refused or the gateway could not be reached (`error: <message>` on
+stderr, never a traceback); 2 usage errors (bad flags, unreadable spec file, no URL or token configured).
+`status --watch` exits 0 when the job succeeded and 1 when it ended otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from . import commands
+from .errors import CliError, UsageError
+
+STATES = ["pending", "admitted", "running", "succeeded", "failed", "cancelled", "preempted", "restarting"]
+
+SUBMIT_EPILOG = """\
+examples:
+  trainyard submit --name hello --nodes 2 --gpus-per-node 1 -- python train.py --epochs 3
+  trainyard submit -f job.yaml
+  trainyard submit -f job.yaml --nodes 4 --env LR=3e-4      (flags override the file)
+
+spec file (YAML or JSON):
+  name: hello
+  command: [python, train.py]
+  env: {LR: "3e-4"}
+  resources: {nodes: 2, gpus_per_node: 1, accelerator: H100-SXM5-80GB}
+"""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    # SUPPRESS defaults let the options appear before or after the sub-command without one
+    # occurrence resetting the other.
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection and output")
+    group.add_argument("--url", default=argparse.SUPPRESS,
+                       help="gateway URL (default: $TRAINYARD_URL, else .trainyard/local.env)")
+    group.add_argument("--token", default=argparse.SUPPRESS,
+                       help="API token (default: $TRAINYARD_TOKEN, else .trainyard/local.env)")
+    group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print JSON instead of tables")
+    group.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
+                       help="HTTP timeout (default 30)")
+    return common
+
+
+def _local_missing(_: argparse.Namespace) -> int:
+    raise UsageError("`trainyard local` is not available: the module trainyard_cli.local is missing from "
+                     "this installation")
+
+
+def _add_local(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Imported here, not at the top, so the API commands work even where the local cluster code is absent.
+    try:
+        local = importlib.import_module("trainyard_cli.local")
+    except ModuleNotFoundError as exc:
+        if exc.name != "trainyard_cli.local":
+            raise
+        parser = subparsers.add_parser("local", help="local development cluster (not installed)")
+        parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        parser.set_defaults(func=_local_missing)
+        return
+    local.add_parser(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options()
+    parser = argparse.ArgumentParser(
+        prog="trainyard", parents=[common],
+        description="Command-line client of a Trainyard cluster's gateway.",
+        epilog="Configuration: TRAINYARD_URL and TRAINYARD_TOKEN, from flags, the environment, or "
+               ".trainyard/local.env in this directory or a parent (written by `make run`).")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
+
+    p = sub.add_parser("submit", parents=[common], help="submit a job",
+                       description="Submit a job from a spec file, flags, or both.", epilog=SUBMIT_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-f", "--file", help="YAML or JSON job spec ('-' reads standard input)")
+    p.add_argument("--name", help="job name (lower-case letters, digits, '.', '_', '-')")
+    p.add_argument("--nodes", type=int, help="nodes in the gang (default 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs, and workers, per node (default 1)")
+    p.add_argument("--accelerator", help="exact accelerator model; default any")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the workers (repeatable; a bare KEY copies it from here)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)")
+    p.add_argument("--working-dir", help="absolute working directory of the workers")
+    p.add_argument("--queue", help="queue name")
+    p.add_argument("--priority", type=int, help="priority within the queue")
+    p.add_argument("--max-restarts", type=int, help="restarts allowed after a failure")
+    p.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
+    p.set_defaults(func=commands.cmd_submit)
+
+    p = sub.add_parser("jobs", parents=[common], help="list jobs")
+    p.add_argument("--all", action="store_true", help="page through every job, not only the first page")
+    p.add_argument("--state", action="append", choices=STATES, help="only jobs in this state (repeatable)")
+    p.add_argument("--page-size", type=int, default=50, help="jobs per request (default 50)")
+    p.set_defaults(func=commands.cmd_jobs)
+
+    p = sub.add_parser("status", parents=[common], help="show a job",
+                       description="Show a job. With --watch, print each state change until the job ends; "
+                                   "the exit code is then 0 if it succeeded, else 1.")
+    p.add_argument("job_id")
+    p.add_argument("-w", "--watch", action="store_true", help="poll until the job ends")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    p.set_defaults(func=commands.cmd_status)
+
+    p = sub.add_parser("logs", parents=[common], help="print a job's logs, every rank",
+                       description="Print the output of every worker, each line prefixed with its rank.")
+    p.add_argument("job_id")
+    p.add_argument("--tail", type=int, default=0, metavar="N", help="last N lines of each rank (default all)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--attempt", type=int, help="attempt to show (default the current one; 0 every attempt)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    p.set_defaults(func=commands.cmd_logs)
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a job")
+    p.add_argument("job_id")
+    p.add_argument("--reason", help="recorded in the job's events")
+    p.set_defaults(func=commands.cmd_cancel)
+
+    p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
+    p.set_defaults(func=commands.cmd_nodes)
+
+    tokens = sub.add_parser("tokens", help="manage API tokens (admin)")
+    tsub = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)
+    p = tsub.add_parser("create", parents=[common], help="create a token; its secret is printed once")
+    p.add_argument("--team", required=True)
+    p.add_argument("--user", required=True)
+    p.add_argument("--admin", action="store_true", help="an admin token (sees every team, manages tokens)")
+    p.add_argument("--description", help="what the token is for")
+    p.set_defaults(func=commands.cmd_tokens_create)
+    p = tsub.add_parser("list", parents=[common], help="list tokens (never their secrets)")
+    p.add_argument("--team", help="only this team's tokens")
+    p.set_defaults(func=commands.cmd_tokens_list)
+    p = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
+    p.add_argument("token_id")
+    p.set_defaults(func=commands.cmd_tokens_revoke)
+
+    _add_local(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except CliError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`trainyard logs ... | head`): not an error. Point stdout at /dev/null so
+        # the interpreter's final flush does not complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

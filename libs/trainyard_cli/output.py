@@ -1,0 +1,113 @@
+"""Human output: aligned tables, ages, job details. Machine output is `--json` (see commands)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False), file=out or sys.stdout)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    stream = out or sys.stdout
+    for row in (headers, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=stream)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def age(value: str | None, now: datetime | None = None) -> str:
+    """'42s', '5m', '3h', '2d' since `value` (ISO 8601); '-' when unknown."""
+    when = parse_time(value)
+    if when is None:
+        return "-"
+    seconds = max(0, int(((now or datetime.now(UTC)) - when).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def local_time(value: str | None) -> str:
+    when = parse_time(value)
+    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S") if when else "-"
+
+
+def gpus(job: dict[str, Any]) -> str:
+    r = job.get("spec", {}).get("resources", {})
+    nodes, per = r.get("nodes", 0), r.get("gpus_per_node", 0)
+    return f"{nodes}x{per}" + (f" {r['accelerator']}" if r.get("accelerator") else "")
+
+
+def jobs_table(jobs: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+    rows = [[j["id"], j["name"], j["state"], gpus(j), f"{j['team']}/{j['user']}", age(j.get("created_at"))]
+            for j in jobs]
+    table(["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"], rows, out)
+
+
+def nodes_table(nodes: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+    rows = []
+    for n in nodes:
+        state = n["state"] + (",cordoned" if n.get("cordoned") and n["state"] != "cordoned" else "")
+        rows.append([n["node_id"], state, f"{n['gpus_free']}/{n['gpus_total']}", ",".join(n["models"]) or "-"])
+    table(["NODE", "STATE", "GPUS FREE/TOTAL", "MODEL"], rows, out)
+
+
+def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
+    stream = out or sys.stdout
+    spec = job.get("spec", {})
+    r = spec.get("resources", {})
+    lines = [
+        ("id", job["id"]),
+        ("name", job["name"]),
+        ("state", job["state"] + (f" (attempt {job['attempt']})" if job.get("attempt", 0) > 1 else "")
+         + (" — cancel requested" if job.get("cancel_requested") and job["state"] not in
+            ("cancelled", "succeeded", "failed") else "")),
+        ("team/user", f"{job['team']}/{job['user']}"),
+        ("resources", f"{r.get('nodes')} node(s) x {r.get('gpus_per_node')} GPU(s)"
+         + f" of {r.get('accelerator') or 'any model'}"),
+        ("command", " ".join(spec.get("command", []))),
+        ("created", local_time(job.get("created_at"))),
+    ]
+    if job.get("started_at"):
+        lines.append(("started", local_time(job["started_at"])))
+    if job.get("finished_at"):
+        lines.append(("finished", local_time(job["finished_at"])))
+    if job.get("exit_code") is not None:
+        lines.append(("exit code", str(job["exit_code"])))
+    if job.get("message"):
+        lines.append(("message", job["message"]))
+    width = max(len(k) for k, _ in lines) + 1
+    for key, value in lines:
+        print(f"{key + ':':<{width}} {value}", file=stream)
+    if job.get("placement"):
+        print("placement:", file=stream)
+        for a in job["placement"]:
+            print(f"  {a['node_id']}  node_rank {a['node_rank']}  gpus {','.join(map(str, a['gpu_indices']))}"
+                  f"  ranks {','.join(map(str, a['ranks']))}", file=stream)
+    failed = [e for e in job.get("exits", []) if e.get("exit_code") or e.get("signal")]
+    if failed:
+        print("failed workers:", file=stream)
+        for e in failed:
+            how = f"signal {e['signal']}" if e.get("signal") else f"exit code {e['exit_code']}"
+            print(f"  rank {e['rank']} on {e['node_id']}: {how}", file=stream)
+    if job.get("events"):
+        print("events:", file=stream)
+        for e in job["events"]:
+            print(f"  {local_time(e.get('at'))}  {e['kind']}: {e['message']}", file=stream)

@@ -1,0 +1,165 @@
+"""The gateway process: the FastAPI application (`create_app`) and its lifecycle (`GatewayApp`).
+
+`GatewayApp.start()` opens the etcd store, stores the bootstrap admin token (hashed) when one is
+configured, opens the scheduler channel, then serves HTTP with uvicorn inside the running event loop
+(on a socket bound here, so port 0 works and a busy port fails with a clear OSError) and the internal
+TokenService over grpc.aio. `stop()` undoes it in reverse order. Signals are the caller's business
+(trainyard_core.service.run), so uvicorn's own signal capture is turned off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import grpc.aio
+import uvicorn
+from fastapi import FastAPI
+
+from trainyard.gateway.v1 import gateway_pb2_grpc
+from trainyard_core.clock import Clock
+from trainyard_core.rpc.server import GrpcServer, insecure_channel, start_grpc_server
+from trainyard_core.store import Store
+from trainyard_core.store.etcd import EtcdStore
+
+from . import http_errors
+from .clients import AgentClients, SchedulerClient
+from .deps import GatewayDeps
+from .routers import health, jobs, nodes, tokens
+from .settings import GatewaySettings
+from .token_service import SERVICE_NAME, TokenServicer
+from .tokens import TokenStore
+
+log = logging.getLogger(__name__)
+STARTUP_TIMEOUT_S = 10.0
+SHUTDOWN_TIMEOUT_S = 10.0
+
+API_DESCRIPTION = """\
+Public API of Trainyard, the control plane of a GPU training cluster.
+
+Every route but `/healthz` needs `Authorization: Bearer <token>`. Non-admin tokens see and touch only
+their own team's jobs. Errors always answer `{"error": {"code": "...", "message": "..."}}`.
+"""
+
+
+def create_app(deps: GatewayDeps) -> FastAPI:
+    app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None)
+    app.state.deps = deps
+    http_errors.install(app)
+    for module in (health, jobs, nodes, tokens):
+        app.include_router(module.router)
+    return app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the service's stop event owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port} for HTTP: {exc.strerror or exc}") from exc
+
+
+class GatewayApp:
+    """The running gateway. `http_port` and `grpc_port` are the bound ports once `start()` returned."""
+
+    def __init__(self, settings: GatewaySettings, *, store: Store | None = None,
+                 clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.http_port = 0
+        self.grpc_port = 0
+        self._store = store
+        self._owns_store = store is None
+        self._clock = clock
+        self._channel: grpc.aio.Channel | None = None
+        self._agents: AgentClients | None = None
+        self._grpc: GrpcServer | None = None
+        self._http: _EmbeddedServer | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self.app: FastAPI | None = None
+
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        if self._store is None:
+            self._store = EtcdStore(s.etcd_endpoints)
+        token_store = TokenStore(self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock)
+        if s.bootstrap_admin_token is not None:
+            record = await token_store.ensure(s.bootstrap_admin_token.get_secret_value(), team="admin",
+                                              user="admin", admin=True,
+                                              description="bootstrap admin token (gateway setting)")
+            log.info("bootstrap admin token present", extra={"token_id": record.token_id})
+        self._channel = insecure_channel(s.scheduler_address)
+        self._agents = AgentClients(timeout_s=s.request_timeout_s)
+        deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
+                           scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s))
+        self.app = create_app(deps)
+
+        servicer = TokenServicer(token_store)
+        self._grpc = await start_grpc_server(
+            host=s.grpc_host, port=s.grpc_port, service_names=[SERVICE_NAME],
+            register=lambda server: gateway_pb2_grpc.add_TokenServiceServicer_to_server(servicer, server))
+        self.grpc_port = self._grpc.port
+
+        sock = _listen(s.http_host, s.http_port)
+        self.http_port = int(sock.getsockname()[1])
+        # access_log off: requests are logged by http_errors.AccessLogAndCatchAll, which never logs
+        # headers (so never the Authorization token). log_config None: keep the service's logging.
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
+                                server_header=False, timeout_graceful_shutdown=5)
+        self._http = _EmbeddedServer(config)
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="gateway-http")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self._http.started:
+            if self._http_task.done():
+                exc = self._http_task.exception()
+                raise OSError(f"HTTP server failed to start: {exc!r}")
+            if time.monotonic() > deadline:
+                raise OSError(f"HTTP server did not start within {STARTUP_TIMEOUT_S}s")
+            await asyncio.sleep(0.01)
+        log.info("gateway serving", extra={"http_url": f"http://{s.http_host}:{self.http_port}",
+                                           "grpc_port": self.grpc_port,
+                                           "scheduler_address": s.scheduler_address})
+
+    async def stop(self) -> None:
+        """Idempotent; safe after a failed start."""
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._http_task), SHUTDOWN_TIMEOUT_S)
+            except TimeoutError:
+                self._http.force_exit = True
+                with contextlib.suppress(Exception):
+                    await self._http_task
+            except Exception:
+                log.exception("HTTP server ended with an error")
+        self._http, self._http_task = None, None
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+            self._grpc = None
+        if self._agents is not None:
+            await self._agents.close()
+            self._agents = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        if self._store is not None and self._owns_store:
+            await self._store.close()
+            self._store = None

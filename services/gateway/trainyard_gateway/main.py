@@ -1,0 +1,40 @@
+"""`trainyard-gateway`: wiring only. Settings → GatewayApp → ready file → serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from trainyard_core.errors import TrainyardError
+from trainyard_core.service import run
+from trainyard_core.settings import write_ready_file
+
+from .app import GatewayApp
+from .settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
+    app = GatewayApp(settings)
+    try:
+        await app.start()
+    except TrainyardError as exc:
+        # e.g. etcd unreachable while storing the bootstrap token: service.run reports OSError as
+        # "cannot start" and exits 1, without a traceback.
+        raise OSError(exc.message) from exc
+    try:
+        write_ready_file(settings.ready_file, http_port=app.http_port, grpc_port=app.grpc_port)
+        await stop.wait()
+    finally:
+        await app.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(service="gateway", settings_cls=GatewaySettings, env_prefix="TRAINYARD_GATEWAY_", serve=serve,
+               argv=argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""The CLI against a real gateway (stub scheduler behind it): output, --json, exit codes, error messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainyard.agent.v1 import agent_pb2
+from trainyard.common.v1 import types_pb2
+from trainyard_core.testing.etcd import free_port
+from trainyard_core.testing.wait import eventually
+from trainyard_gateway.testing import RunningGateway, StubAgent, StubScheduler
+
+TRAINYARD = str(Path(sys.executable).parent / "trainyard")
+
+
+async def test_submit_with_flags(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    r = await cli("submit", "--name", "hello", "--nodes", "2", "--gpus-per-node", "1", "--env", "LR=0.1",
+                  "--", "python", "train.py", "--epochs", "3")
+    assert r.rc == 0, r.err
+    (job,) = stub_scheduler.jobs.values()
+    assert r.out.startswith(f"submitted job {job.id} (hello, 2x1 GPUs): pending")
+    assert list(job.spec.command) == ["python", "train.py", "--epochs", "3"]
+    assert (job.spec.resources.nodes, dict(job.spec.env), job.team, job.user) == (2, {"LR": "0.1"}, "admin", "admin")
+
+
+async def test_submit_from_a_spec_file_with_json_output(cli: Any, gateway: RunningGateway, clean_env: Path) -> None:
+    (clean_env / "job.yaml").write_text("name: from-file\ncommand: [python, t.py]\n"
+                                        "resources: {nodes: 1, gpus_per_node: 2}\nenv: {THREADS: 4}\n")
+    r = await cli("submit", "-f", "job.yaml", "--json")
+    assert r.rc == 0, r.err
+    job = json.loads(r.out)
+    assert (job["name"], job["spec"]["env"], job["spec"]["resources"]["gpus_per_node"]) == (
+        "from-file", {"THREADS": "4"}, 2)
+
+
+async def test_api_refusals_are_one_line_errors(cli: Any, gateway: RunningGateway) -> None:
+    r = await cli("submit", "--name", "Bad Name", "--nodes", "0", "--", "true")
+    assert r.rc == 1
+    assert r.err.startswith("error: name: must be") and "resources.nodes" in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    r = await cli("status", "job-does-not-exist")
+    assert (r.rc, r.err.strip()) == (1, "error: job job-does-not-exist not found")
+    r = await cli("jobs", "--token", "ty_" + "z" * 40)
+    assert r.rc == 1 and r.err.strip() == "error: invalid or revoked token (token from --token)"
+
+
+async def test_unreachable_gateway(cli: Any) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    r = await cli("jobs", "--url", url, "--token", "ty_x")
+    assert r.rc == 1
+    assert r.err.strip() == f"error: cannot reach the gateway at {url}: connection refused — is `make run` running?"
+
+
+def test_no_traceback_from_the_installed_command(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+    env["TRAINYARD_URL"] = f"http://127.0.0.1:{free_port()}"
+    env["TRAINYARD_TOKEN"] = "ty_x"
+    proc = subprocess.run([TRAINYARD, "nodes"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: cannot reach the gateway") and "Traceback" not in proc.stderr
+
+
+async def test_local_env_file_is_used(cli: Any, gateway: RunningGateway, clean_env: Path,
+                                      monkeypatch: Any) -> None:
+    monkeypatch.delenv("TRAINYARD_URL")
+    monkeypatch.delenv("TRAINYARD_TOKEN")
+    (clean_env / ".trainyard").mkdir()
+    (clean_env / ".trainyard" / "local.env").write_text(
+        f"TRAINYARD_URL={gateway.url}\nTRAINYARD_TOKEN={gateway.admin_token}\n")
+    sub = clean_env / "project"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    r = await cli("nodes")
+    assert (r.rc, r.out.strip()) == (0, "no nodes registered")
+
+
+async def test_jobs_table_and_paging(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    ids = [stub_scheduler.add_job(team="vision", user="alice", name=f"job{i}", job_id=f"job-{i:03d}").id
+           for i in range(5)]
+    r = await cli("jobs", "--page-size", "2")
+    assert r.rc == 0
+    lines = r.out.splitlines()
+    assert lines[0].split() == ["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"]
+    assert [line.split()[0] for line in lines[1:]] == ids[:2]
+    assert "--all" in r.err
+    r = await cli("jobs", "--page-size", "2", "--all", "--json")
+    assert [j["id"] for j in json.loads(r.out)["jobs"]] == ids
+    r = await cli("jobs", "--state", "running")
+    assert r.out.strip() == "no jobs in state running"
+
+
+async def test_status_cancel_and_watch(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    job = stub_scheduler.add_job(team="vision", name="watched")
+    r = await cli("status", job.id)
+    assert r.rc == 0 and f"id:        {job.id}" in r.out and "state:     pending" in r.out
+
+    watch = asyncio.create_task(cli("status", job.id, "--watch", "--interval", "0.05"))
+
+    async def polled_twice() -> bool:
+        return sum(1 for name, req in stub_scheduler.calls if name == "GetJob" and req.job_id == job.id) >= 3
+
+    await eventually(polled_twice, what="status --watch to poll")
+    job.state = types_pb2.JOB_STATE_FAILED
+    job.exit_code = 3
+    r = await asyncio.wait_for(watch, 30)
+    assert r.rc == 1  # ended, but not succeeded
+    assert "failed" in r.out and "exit code: 3" in r.out
+
+    other = stub_scheduler.add_job(team="vision")
+    r = await cli("cancel", other.id, "--reason", "typo")
+    assert (r.rc, r.out.strip()) == (0, f"job {other.id} cancelled")
+    assert other.message == "typo"
+    r = await cli("cancel", job.id)
+    assert r.out.strip() == f"job {job.id} had already ended: failed"
+
+
+async def test_logs_and_follow(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    agent = StubAgent()
+    await agent.start()
+    try:
+        stub_scheduler.nodes = [types_pb2.Node(node_id="node-a", agent_address=agent.address)]
+        job = stub_scheduler.add_job(team="vision", state=types_pb2.JOB_STATE_RUNNING, placement=[
+            types_pb2.NodeAssignment(node_id="node-a", gpu_indices=[0, 1], ranks=[0, 1])])
+        agent.lines[job.id] = [agent_pb2.LogLine(rank=r, attempt=1, text=f"r{r} line{i}")
+                               for i in range(3) for r in (0, 1)]
+        r = await cli("logs", job.id, "--tail", "1")
+        assert r.out.splitlines() == ["[rank 0] r0 line2", "[rank 1] r1 line2"]
+
+        follow = asyncio.create_task(cli("logs", job.id, "--follow", "--interval", "0.05", "--tail", "2"))
+
+        async def followed() -> bool:
+            return len(agent.calls) >= 3
+
+        await eventually(followed, what="logs --follow to poll")
+        agent.lines[job.id].append(agent_pb2.LogLine(rank=0, attempt=1, text="r0 late"))
+        polls = len(agent.calls)
+
+        async def polled_again() -> bool:
+            return len(agent.calls) >= polls + 2
+
+        await eventually(polled_again, what="logs --follow to poll again")
+        job.state = types_pb2.JOB_STATE_SUCCEEDED
+        r = await asyncio.wait_for(follow, 30)
+    finally:
+        await agent.stop()
+    assert r.rc == 0
+    lines = r.out.splitlines()
+    assert lines[:4] == ["[rank 0] r0 line1", "[rank 0] r0 line2", "[rank 1] r1 line1", "[rank 1] r1 line2"]
+    assert lines[4:] == ["[rank 0] r0 late"]
+
+
+async def test_nodes_table(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    stub_scheduler.nodes = [types_pb2.Node(
+        node_id="node-a", state=types_pb2.NODE_STATE_READY, allocated_gpus=[0, 1, 2],
+        gpus=[types_pb2.Gpu(index=i, model="A100-SXM4-40GB", health=types_pb2.GPU_HEALTH_HEALTHY) for i in range(4)])]
+    r = await cli("nodes")
+    assert r.out.splitlines() == ["NODE    STATE  GPUS FREE/TOTAL  MODEL",
+                                  "node-a  ready  1/4              A100-SXM4-40GB"]
+
+
+async def test_tokens(cli: Any, gateway: RunningGateway) -> None:
+    r = await cli("tokens", "create", "--team", "vision", "--user", "alice", "--description", "laptop")
+    assert r.rc == 0, r.err
+    fields = dict(line.split(":", 1) for line in r.out.splitlines())
+    secret, token_id = fields["secret"].strip(), fields["token id"].strip()
+    assert secret.startswith("ty_") and "shown only now" in r.err
+
+    r = await cli("nodes", "--token", secret)
+    assert r.rc == 0
+    r = await cli("tokens", "list", "--team", "vision")
+    assert token_id in r.out and "laptop" in r.out and secret not in r.out
+    r = await cli("tokens", "create", "--team", "x", "--user", "y", "--token", secret)
+    assert r.rc == 1 and "admin token" in r.err
+    r = await cli("tokens", "revoke", token_id)
+    assert r.out.strip() == f"revoked token {token_id} (vision/alice)"
+    r = await cli("nodes", "--token", secret)
+    assert r.rc == 1 and "invalid or revoked token" in r.err

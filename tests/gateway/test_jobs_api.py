@@ -1,0 +1,171 @@
+"""The jobs API end to end through the real scheduler (gRPC on port 0) and a real etcd; no node agents, so
+jobs stay pending unless a test registers a node."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trainyard_scheduler.app")
+
+import grpc.aio
+
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.rpc.server import insecure_channel
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.etcd import free_port
+from trainyard_core.testing.wait import eventually
+from trainyard_gateway.testing import RunningGateway, running_gateway
+from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.settings import SchedulerSettings
+
+SPEC: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
+                        "resources": {"nodes": 1, "gpus_per_node": 2}}
+
+
+@pytest.fixture
+async def scheduler(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
+    app = SchedulerApp(SchedulerSettings(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+                                         listen_port=0))
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+@pytest.fixture
+async def gw(etcd_endpoint: str, key_prefix: str, scheduler: SchedulerApp) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+                               scheduler_address=f"127.0.0.1:{scheduler.grpc_port}") as running:
+        yield running
+
+
+async def test_submit_get_list_cancel(gw: RunningGateway) -> None:
+    alice = await gw.create_token("vision", "alice")
+    async with gw.client(alice) as http:
+        submitted = await http.post("/v1/jobs", json=SPEC)
+        assert submitted.status_code == 201, submitted.text
+        job = submitted.json()
+        assert (job["state"], job["team"], job["user"], job["spec"]["env"]) == ("pending", "vision", "alice",
+                                                                                {"LR": "0.1"})
+        got = (await http.get(f"/v1/jobs/{job['id']}")).json()
+        assert got["id"] == job["id"] and got["created_at"] == job["created_at"]
+        listed = (await http.get("/v1/jobs")).json()
+        assert [j["id"] for j in listed["jobs"]] == [job["id"]] and listed["next_page_token"] == ""
+        cancelled = await http.post(f"/v1/jobs/{job['id']}:cancel", json={"reason": "not needed"})
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["state"] == "cancelled"
+        assert (await http.post(f"/v1/jobs/{job['id']}:cancel")).json()["state"] == "cancelled"  # idempotent
+        assert (await http.get(f"/v1/jobs/{job['id']}")).json()["state"] == "cancelled"
+        assert (await http.get("/v1/jobs", params={"state": "pending"})).json()["jobs"] == []
+        logs = await http.get(f"/v1/jobs/{job['id']}/logs")
+        assert logs.status_code == 200 and logs.text == ""
+
+
+async def test_teams_are_isolated(gw: RunningGateway) -> None:
+    alice = await gw.create_token("vision", "alice")
+    bob = await gw.create_token("nlp", "bob")
+    async with gw.client(alice) as a, gw.client(bob) as b, gw.client(gw.admin_token) as admin:
+        job_a = (await a.post("/v1/jobs", json=SPEC)).json()
+        job_b = (await b.post("/v1/jobs", json={**SPEC, "name": "bobs"})).json()
+        for path in (f"/v1/jobs/{job_a['id']}", f"/v1/jobs/{job_a['id']}/logs"):
+            reply = await b.get(path)
+            assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found", path
+        assert (await b.post(f"/v1/jobs/{job_a['id']}:cancel")).status_code == 404
+        assert (await a.get(f"/v1/jobs/{job_a['id']}")).json()["state"] == "pending"
+        assert [j["id"] for j in (await b.get("/v1/jobs")).json()["jobs"]] == [job_b["id"]]
+        everything = (await admin.get("/v1/jobs")).json()["jobs"]
+        assert {j["id"] for j in everything} == {job_a["id"], job_b["id"]}
+        assert (await admin.get(f"/v1/jobs/{job_b['id']}")).status_code == 200
+
+
+async def test_pagination_visits_every_job_once_in_submission_order(gw: RunningGateway) -> None:
+    async with gw.client(gw.admin_token) as http:
+        ids = [(await http.post("/v1/jobs", json={**SPEC, "name": f"job-{i}"})).json()["id"] for i in range(5)]
+        seen: list[str] = []
+        token = ""
+        while True:
+            page = (await http.get("/v1/jobs", params={"page_size": 2, "page_token": token})).json()
+            assert len(page["jobs"]) <= 2
+            seen += [j["id"] for j in page["jobs"]]
+            token = page["next_page_token"]
+            if not token:
+                break
+    assert seen == ids
+
+
+async def test_idempotency_key(gw: RunningGateway) -> None:
+    async with gw.client(gw.admin_token) as http:
+        first = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "retry-1"})
+        second = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "retry-1"})
+        jobs = (await http.get("/v1/jobs")).json()["jobs"]
+    assert first.status_code == 201 and second.status_code in (200, 201)
+    assert first.json()["id"] == second.json()["id"] and len(jobs) == 1
+
+
+async def _register_node(scheduler: SchedulerApp, gpus: int) -> None:
+    channel = insecure_channel(f"127.0.0.1:{scheduler.grpc_port}")
+    stub = scheduler_pb2_grpc.NodeServiceStub(channel)
+    node = types_pb2.Node(node_id="node-a", hostname="node-a", agent_address=f"127.0.0.1:{free_port()}",
+                          simulated=True, gpus=[types_pb2.Gpu(index=i, model="H100-SXM5-80GB", vendor="nvidia",
+                                                              health=types_pb2.GPU_HEALTH_HEALTHY)
+                                                for i in range(gpus)])
+
+    async def registered() -> bool:
+        try:
+            await stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=node), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # not the leader yet
+                return False
+            raise
+        return True
+
+    try:
+        await eventually(registered, timeout=15, what="the scheduler to accept a node registration")
+    finally:
+        await channel.close()
+
+
+async def test_bad_input_changes_nothing_in_etcd(gw: RunningGateway, scheduler: SchedulerApp,
+                                                 etcd_store: EtcdStore, key_prefix: str) -> None:
+    await _register_node(scheduler, gpus=8)
+    prefix = key_prefix.rstrip("/")
+
+    async def job_keys() -> list[tuple[str, int]]:
+        out = []
+        for sub in ("/jobs/", "/allocations/", "/idempotency/"):
+            out += [(kv.key, kv.mod_revision) for kv in (await etcd_store.range(prefix + sub)).kvs]
+        return out
+
+    before = await job_keys()
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"content": b'{"name": "x",', "headers": {"Content-Type": "application/json"}}, "not valid JSON"),
+        ({"json": {**SPEC, "gpu": 1}}, "gpu: unknown field"),
+        ({"json": {**SPEC, "resources": {"nodes": 0, "gpus_per_node": 1}}}, "resources.nodes"),
+        ({"json": {**SPEC, "resources": {"nodes": 1, "gpus_per_node": -1}}}, "resources.gpus_per_node"),
+        ({"json": {**SPEC, "resources": {"nodes": 1, "gpus_per_node": 64}}}, "gpus_per_node"),  # fleet max: 8
+        ({"json": {**SPEC, "resources": {"nodes": 3, "gpus_per_node": 1}}}, "resources.nodes"),  # one node
+        ({"json": {**SPEC, "resources": {"nodes": 1, "gpus_per_node": 1, "accelerator": "TPU-v5"}}},
+         "accelerator"),
+    ]
+    async with gw.client(gw.admin_token) as http, gw.client() as anonymous:
+        for request, needle in bad:
+            reply = await http.post("/v1/jobs", **request)
+            assert 400 <= reply.status_code < 500, (needle, reply.text)
+            assert needle in reply.json()["error"]["message"], (needle, reply.text)
+        missing = await anonymous.post("/v1/jobs", json=SPEC)
+        assert missing.status_code == 401 and "Authorization: Bearer" in missing.json()["error"]["message"]
+    assert await job_keys() == before
+
+
+async def test_nodes_and_health(gw: RunningGateway, scheduler: SchedulerApp) -> None:
+    await _register_node(scheduler, gpus=4)
+    async with gw.client(gw.admin_token) as http:
+        nodes = (await http.get("/v1/nodes")).json()["nodes"]
+        health = await http.get("/healthz")
+    assert [(n["node_id"], n["gpus_total"], n["models"]) for n in nodes] == [("node-a", 4, ["H100-SXM5-80GB"])]
+    assert health.status_code == 200 and health.json()["status"] == "ok"

@@ -1,0 +1,137 @@
+"""Bad input is refused by the gateway with 400, a message naming the field, and no call to the
+scheduler (so nothing can change in etcd)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainyard_gateway.testing import RunningGateway, StubScheduler
+
+GOOD: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
+                        "resources": {"nodes": 2, "gpus_per_node": 1}}
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    body = {**GOOD, "resources": dict(GOOD["resources"])}
+    for key, value in changes.items():
+        if key.startswith("resources__"):
+            body["resources"][key.removeprefix("resources__")] = value
+        else:
+            body[key] = value
+    return body
+
+
+def _assert_error(reply: Any, field: str, status: int = 400) -> str:
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert body["error"]["code"] == "invalid_argument"
+    message = str(body["error"]["message"])
+    assert field in message, message
+    return message
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (_with(resources__nodes=0), "resources.nodes"),
+    (_with(resources__nodes=-2), "resources.nodes"),
+    (_with(resources__gpus_per_node=0), "resources.gpus_per_node"),
+    (_with(resources__gpus_per_node=-1), "resources.gpus_per_node"),
+    (_with(resources__gpus_per_node="2"), "resources.gpus_per_node"),  # strict: no string → int
+    (_with(resources__nodes=True), "resources.nodes"),
+    (_with(resources__nodes=1.5), "resources.nodes"),
+    (_with(resources__nodes=2**40), "resources.nodes"),
+    (_with(resources__cpus=4), "resources.cpus"),
+    (_with(gpus=8), "gpus"),
+    (_with(name=""), "name"),
+    (_with(name="Train"), "name"),
+    (_with(name="my job"), "name"),
+    (_with(name="-leading-dash"), "name"),
+    (_with(name="x" * 64), "name"),
+    (_with(name=7), "name"),
+    (_with(command=[]), "command"),
+    (_with(command="python train.py"), "command"),
+    (_with(command=["", "x"]), "command"),
+    (_with(env={"1BAD": "x"}), "env"),
+    (_with(env={"OK": 1}), "env.OK"),
+    (_with(working_dir="relative/dir"), "working_dir"),
+    (_with(max_restarts=-1), "max_restarts"),
+    (_with(queue="Not A Queue"), "queue"),
+    ({k: v for k, v in GOOD.items() if k != "resources"}, "resources"),
+    ({k: v for k, v in GOOD.items() if k != "command"}, "command"),
+])
+async def test_bad_job_specs(stub_gateway: RunningGateway, stub_scheduler: StubScheduler,
+                             body: dict[str, Any], field: str) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.post("/v1/jobs", json=body)
+    _assert_error(reply, field)
+    assert stub_scheduler.calls == []
+
+
+async def test_every_problem_is_named(stub_gateway: RunningGateway) -> None:
+    body = _with(name="Bad", resources__nodes=0, extra_field=1)
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        message = _assert_error(await http.post("/v1/jobs", json=body), "name")
+    assert "resources.nodes" in message and "extra_field: unknown field" in message
+    assert "(got 0)" in message
+
+
+@pytest.mark.parametrize(("content", "headers", "expected"), [
+    (b'{"name": "x", ', {"Content-Type": "application/json"}, "not valid JSON"),
+    (b"[1, 2]", {"Content-Type": "application/json"}, "request body"),
+    (b"", {"Content-Type": "application/json"}, "request body is required"),
+    (b"name=x", {"Content-Type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),
+])
+async def test_malformed_bodies(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, content: bytes,
+                                headers: dict[str, str], expected: str) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.post("/v1/jobs", content=content, headers=headers)
+    _assert_error(reply, expected)
+    assert stub_scheduler.calls == []
+
+
+async def test_a_valid_spec_reaches_the_scheduler(stub_gateway: RunningGateway,
+                                                  stub_scheduler: StubScheduler) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.post("/v1/jobs", json=GOOD)
+    assert reply.status_code == 201, reply.text
+    assert [name for name, _ in stub_scheduler.calls] == ["SubmitJob"]
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("page_size=0", "page_size"),
+    ("page_size=-5", "page_size"),
+    ("page_size=100000", "page_size"),
+    ("page_size=ten", "page_size"),
+    ("state=bogus", "state"),
+    ("page_token=" + "x" * 2000, "page_token"),
+])
+async def test_list_parameters(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, query: str,
+                               field: str) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.get("/v1/jobs?" + query)
+    _assert_error(reply, field)
+    assert stub_scheduler.calls == []
+
+
+@pytest.mark.parametrize(("method", "path", "field"), [
+    ("GET", "/v1/jobs/NOT_AN_ID", "job id"),
+    ("GET", "/v1/jobs/ab", "job id"),
+    ("POST", "/v1/jobs/Job_X:cancel", "job id"),
+    ("GET", "/v1/jobs/job-abc/logs?tail=-1", "tail"),
+    ("GET", "/v1/jobs/job-abc/logs?attempt=-1", "attempt"),
+])
+async def test_path_and_query_checks(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, method: str,
+                                     path: str, field: str) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.request(method, path)
+    _assert_error(reply, field)
+    assert stub_scheduler.calls == []
+
+
+async def test_idempotency_key_is_bounded(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+    async with stub_gateway.client(stub_gateway.admin_token) as http:
+        reply = await http.post("/v1/jobs", json=GOOD, headers={"Idempotency-Key": "k" * 200})
+    _assert_error(reply, "Idempotency-Key")
+    assert stub_scheduler.calls == []
