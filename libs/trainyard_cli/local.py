@@ -156,11 +156,15 @@ class LocalCluster:
         self.url = f"http://127.0.0.1:{self.procs['gateway'].ports['http_port']}"
 
     def _agent_proc(self, node_id: str, profile: str) -> Proc:
-        return self._proc(node_id, "trainyard_agent.main", "TRAINYARD_AGENT_", {
+        proc = self._proc(node_id, "trainyard_agent.main", "TRAINYARD_AGENT_", {
             "node_id": node_id, "gpu_profile": profile, "scheduler_address": self.scheduler_address,
             "listen_port": "0", "state_dir": str(self.workdir / "agents" / node_id),
             "worker_env": "GLOO_SOCKET_IFNAME=lo", "stop_grace_s": str(self.stop_grace_s),
             "kill_workers_on_stop": "true", "labels": f"rack=local,switch=sw-{node_id}"})
+        # Workers find `python` (with torch) in the environment Trainyard runs from, as on a real host
+        # whose image carries the training environment.
+        proc.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), proc.env.get("PATH", "")])
+        return proc
 
     def restart(self, name: str, *, kill: bool = False) -> None:
         """Stop (SIGTERM, or SIGKILL with kill=True) and start one service again, same settings and ports."""

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from . import telemetry
+from .errors import TrainyardError
 from .logs import setup_logging
 from .settings import BaseSettings, SettingsError, load_settings, redacted
 
@@ -49,7 +50,7 @@ def run(
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
-    except OSError as e:
+    except (OSError, TrainyardError) as e:
         log.error("cannot start: %s", e)
         return 1
     log.info("stopped")
