@@ -1,0 +1,191 @@
+"""The node agent assembled: NVML (real or simulated), health, worker supervision, the gRPC server and the
+scheduler reporter. main.py builds one from settings; tests build one with a fake NVML and a tmp state dir.
+
+Start-up order matters: GPUs are read first (a host without NVML fails here, before anything listens);
+workers of a previous life are dealt with before the server accepts new launches; the scheduler hears
+of this node only once its gRPC server is reachable at the address it registers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+
+import grpc.aio
+
+from trainyard.agent.v1 import agent_pb2_grpc
+from trainyard_core.clock import Clock, SystemClock
+from trainyard_core.logs import log_context
+from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
+
+from .grpc.servicer import SERVICE_NAME, AgentServicer
+from .health.book import HealthBook
+from .health.faults import FaultInjector
+from .health.monitor import GpuMonitor
+from .model import Health, Inventory, NodeInfo, Vendor
+from .nvml.adapter import NvmlAdapter, NvmlModule
+from .nvml.fake import FakeNvml
+from .report import Backoff, ChannelFactory, ExitReporter, NodeView, Reporter
+from .settings import AgentSettings, state_path
+from .workers.fence import LeaderFence
+from .workers.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+# How long a shutdown that kills workers waits for their exits to reach the scheduler.
+EXIT_FLUSH_S = 3.0
+# grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
+_SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
+                              ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+def scheduler_channel(address: str) -> ChannelFactory:
+    return lambda: grpc.aio.insecure_channel(address, options=_SCHEDULER_CHANNEL_OPTIONS)
+
+
+def _host_memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0
+
+
+def _host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 0
+
+
+class AgentApp:
+    """One node agent. `start()` then `stop()`; attributes below are set by `start()`.
+
+    `nvml_module`: a pynvml-compatible module (tests pass `FakeNvml`); by default the real pynvml, or a
+    `FakeNvml` of `settings.gpu_profile` when one is set. `connect`: how to reach the scheduler (default:
+    an insecure channel to `settings.scheduler_address`). `base_env`: the environment workers inherit
+    (default: the agent's own).
+    """
+
+    def __init__(self, settings: AgentSettings, nvml_module: NvmlModule | None = None, *,
+                 connect: ChannelFactory | None = None, base_env: Mapping[str, str] | None = None,
+                 clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self._nvml_module = nvml_module
+        self._connect = connect or scheduler_channel(settings.scheduler_address)
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._clock = clock or SystemClock()
+        self.grpc_port = 0
+        self.simulated = False
+        self.fake: FakeNvml | None = None
+        self.inventory: Inventory | None = None
+        self.adapter: NvmlAdapter | None = None
+        self.health: HealthBook | None = None
+        self.monitor: GpuMonitor | None = None
+        self.fence = LeaderFence()
+        self.supervisor: Supervisor | None = None
+        self.exit_reporter: ExitReporter | None = None
+        self.reporter: Reporter | None = None
+        self.server: GrpcServer | None = None
+
+    async def start(self) -> None:
+        with log_context(node_id=self.node_id):
+            try:
+                await self._start()
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        module = self._open_nvml()
+        assert self.adapter is not None
+        self.adapter.open()  # raises NvmlUnavailable with what to do about it
+        self.inventory = self.adapter.inventory()
+        self.health = HealthBook(self.inventory.accelerators)
+        self.monitor = GpuMonitor(self.adapter, self.health, node_id=self.node_id, interval_s=s.heartbeat_interval_s)
+        if len(self.health):
+            await self.monitor.poll_once()  # GPUs already lost are known before the first registration
+        log.info("GPUs found", extra={"simulated": self.simulated, "vendor": self.inventory.vendor.value,
+                                      "gpus": len(self.health), "driver": self.inventory.driver_version,
+                                      "nvml": getattr(module, "__name__", type(module).__name__)})
+
+        self.exit_reporter = ExitReporter(node_id=self.node_id, connect=self._connect, backoff=self._backoff())
+        self.supervisor = Supervisor(
+            state_dir=state_path(s), node_id=self.node_id, vendor=self.inventory.vendor,
+            gpu_health=self._gpu_health, base_env=self._base_env, site_env=s.worker_env,
+            stop_grace_s=s.stop_grace_s, log_max_bytes=s.log_max_bytes, log_backups=s.log_backups,
+            fence=self.fence, exits=self.exit_reporter, clock=self._clock)
+        self.exit_reporter.on_done = self.supervisor.mark_reported
+        await self.supervisor.recover()
+
+        servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health))
+        self.server = await start_grpc_server(
+            host=s.listen_host, port=s.listen_port, service_names=[SERVICE_NAME],
+            register=lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server))
+        self.grpc_port = self.server.port
+        log.info("agent listening", extra={"address": s.agent_address(self.grpc_port)})
+
+        self.reporter = Reporter(
+            node_id=self.node_id, connect=self._connect, fence=self.fence, interval_s=s.heartbeat_interval_s,
+            backoff=self._backoff(), clock=self._clock,
+            view=NodeView(node_info=self.node_info, running=self.supervisor.running_allocations,
+                          metrics=lambda: self.monitor.latest if self.monitor else [], health=self.health))
+        self.monitor.start()
+        self.exit_reporter.start()
+        self.reporter.start()
+
+    def _open_nvml(self) -> NvmlModule:
+        module: NvmlModule
+        if self._nvml_module is not None:
+            module = self._nvml_module
+        elif self.settings.gpu_profile:
+            module = FakeNvml(self.settings.gpu_profile, seed=self.node_id)
+        else:
+            import pynvml
+
+            module = pynvml
+        self.fake = module if isinstance(module, FakeNvml) else None
+        self.simulated = self.fake is not None
+        vendor = self.fake.vendor if self.fake is not None else Vendor.NVIDIA
+        self.adapter = NvmlAdapter(module, vendor)
+        return module
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.reconnect_initial_s, self.settings.reconnect_max_s)
+
+    def _gpu_health(self) -> list[tuple[Health, str]]:
+        assert self.health is not None
+        return [(g.health, g.health_reason) for g in self.health.all()]
+
+    def node_info(self) -> NodeInfo:
+        assert self.health is not None and self.inventory is not None
+        return NodeInfo(
+            node_id=self.node_id, hostname=socket.gethostname(),
+            agent_address=self.settings.agent_address(self.grpc_port),
+            worker_address=self.settings.worker_address, accelerators=self.health.all(), cpus=_host_cpus(),
+            memory_mb=_host_memory_mb(), driver_version=self.inventory.driver_version, simulated=self.simulated,
+            labels=dict(self.settings.labels))
+
+    async def stop(self, kill_workers: bool = False) -> None:
+        """Stop serving and reporting. Workers keep running unless `kill_workers` (an agent restart must not
+        kill jobs; the local cluster and tests shut their workers down with it)."""
+        with log_context(node_id=self.node_id):
+            if self.server is not None:
+                # No new launches from here on; calls in flight get a second to finish.
+                await self.server.stop(grace=1.0)
+                self.server = None
+            if self.supervisor is not None:
+                await self.supervisor.close(kill=kill_workers)
+                reporter = self.exit_reporter
+                if kill_workers and reporter is not None and not await reporter.flush(EXIT_FLUSH_S):
+                    log.warning("some worker exits were not acknowledged before shutdown; the next agent "
+                                "start reports them", extra={"pending": len(reporter.pending)})
+            for part in (self.reporter, self.exit_reporter, self.monitor):
+                if part is not None:
+                    await part.stop()
+            if self.adapter is not None:
+                self.adapter.close()
+                self.adapter = None

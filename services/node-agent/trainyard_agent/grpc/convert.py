@@ -1,0 +1,114 @@
+"""The only place where the agent's domain objects meet protobuf, in both directions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from trainyard.agent.v1 import agent_pb2
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2
+from trainyard_core.errors import InvalidArgument
+
+from ..model import Accelerator, AcceleratorMetrics, Health, NodeInfo, RunningAllocation
+from ..workers.model import LaunchRequest, LaunchResult, LogLine, LogQuery, WorkerExit, WorkerSpec, WorkerStatus
+
+_HEALTH = {
+    Health.HEALTHY: types_pb2.GPU_HEALTH_HEALTHY,
+    Health.DEGRADED: types_pb2.GPU_HEALTH_DEGRADED,
+    Health.UNHEALTHY: types_pb2.GPU_HEALTH_UNHEALTHY,
+}
+
+
+def timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+# --- to the scheduler ------------------------------------------------------------------------------------
+
+
+def gpu_to_pb(gpu: Accelerator) -> types_pb2.Gpu:
+    return types_pb2.Gpu(index=gpu.index, uuid=gpu.uuid, vendor=gpu.vendor.value, model=gpu.model,
+                         memory_mb=gpu.memory_mb, pci_bus_id=gpu.pci_bus_id, compute_capability=gpu.capability,
+                         health=_HEALTH[gpu.health], health_reason=gpu.health_reason, numa_node=gpu.numa_node,
+                         nvlink_island=gpu.nvlink_island)
+
+
+def metrics_to_pb(m: AcceleratorMetrics) -> types_pb2.GpuMetrics:
+    return types_pb2.GpuMetrics(index=m.index, utilization_percent=m.utilization_percent,
+                                memory_used_mb=m.memory_used_mb, temperature_c=m.temperature_c, power_w=m.power_w)
+
+
+def node_to_pb(node: NodeInfo) -> types_pb2.Node:
+    return types_pb2.Node(node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address,
+                          worker_address=node.worker_address, gpus=[gpu_to_pb(g) for g in node.accelerators],
+                          cpus=node.cpus, memory_mb=node.memory_mb, labels=node.labels,
+                          driver_version=node.driver_version, simulated=node.simulated)
+
+
+def running_to_pb(running: Iterable[RunningAllocation]) -> list[scheduler_pb2.RunningAllocation]:
+    return [scheduler_pb2.RunningAllocation(job_id=r.job_id, attempt=r.attempt, ranks=list(r.ranks))
+            for r in running]
+
+
+def register_request(node: NodeInfo, running: Iterable[RunningAllocation]) -> scheduler_pb2.RegisterNodeRequest:
+    return scheduler_pb2.RegisterNodeRequest(node=node_to_pb(node), running=running_to_pb(running))
+
+
+def heartbeat_request(*, node_id: str, seq: int, sent_at: float, metrics: Sequence[AcceleratorMetrics],
+                      changed_gpus: Sequence[Accelerator],
+                      running: Iterable[RunningAllocation]) -> scheduler_pb2.HeartbeatRequest:
+    return scheduler_pb2.HeartbeatRequest(node_id=node_id, seq=seq, sent_at=timestamp(sent_at),
+                                          gpu_metrics=[metrics_to_pb(m) for m in metrics],
+                                          gpus=[gpu_to_pb(g) for g in changed_gpus],
+                                          running=running_to_pb(running))
+
+
+def exit_report(node_id: str, exit: WorkerExit) -> scheduler_pb2.ReportWorkerExitRequest:
+    return scheduler_pb2.ReportWorkerExitRequest(
+        node_id=node_id, job_id=exit.job_id, attempt=exit.attempt,
+        exit=types_pb2.WorkerExit(rank=exit.rank, node_id=node_id, exit_code=exit.exit_code, signal=exit.signal,
+                                  exited_at=timestamp(exit.exited_at)))
+
+
+# --- AgentService ------------------------------------------------------------------------------------------
+
+
+def launch_from_pb(req: agent_pb2.LaunchWorkersRequest) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=req.job_id, attempt=req.attempt, command=tuple(req.command), env=dict(req.env),
+        working_dir=req.working_dir, leader_epoch=req.leader_epoch,
+        workers=tuple(WorkerSpec(rank=w.rank, local_rank=w.local_rank, gpu_indices=tuple(w.gpu_indices))
+                      for w in req.workers))
+
+
+def launch_result_to_pb(result: LaunchResult) -> agent_pb2.LaunchWorkersResponse:
+    return agent_pb2.LaunchWorkersResponse(pids=list(result.pids), already_running=result.already_running)
+
+
+def grace_from_pb(grace_period_ms: int) -> float | None:
+    """Seconds of grace; None (the agent's default) when the request leaves it at 0."""
+    if grace_period_ms < 0:
+        raise InvalidArgument(f"grace_period_ms must be >= 0, got {grace_period_ms}")
+    return grace_period_ms / 1000 if grace_period_ms else None
+
+
+def worker_status_to_pb(s: WorkerStatus) -> agent_pb2.WorkerStatus:
+    return agent_pb2.WorkerStatus(job_id=s.job_id, attempt=s.attempt, rank=s.rank, pid=s.pid, running=s.running,
+                                  exit_code=s.exit_code, signal=s.signal)
+
+
+def log_query_from_pb(req: agent_pb2.GetWorkerLogsRequest) -> LogQuery:
+    if req.attempt < 0 or req.tail_lines < 0:
+        raise InvalidArgument("attempt and tail_lines must be >= 0")
+    if not req.job_id:
+        raise InvalidArgument("job_id is required")
+    return LogQuery(job_id=req.job_id, attempt=req.attempt, tail_lines=req.tail_lines)
+
+
+def log_lines_to_pb(lines: Iterable[LogLine]) -> list[agent_pb2.LogLine]:
+    return [agent_pb2.LogLine(rank=line.rank, stream=line.stream, text=line.text, attempt=line.attempt)
+            for line in lines]

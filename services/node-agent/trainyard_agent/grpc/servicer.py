@@ -1,0 +1,64 @@
+"""AgentService: translates requests and answers, nothing else. Domain errors raised below become status
+codes in trainyard_core's interceptor (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc.aio
+
+from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard_core.logs import log_context
+
+from ..health.faults import FaultInjector
+from ..workers.model import LogLine
+from ..workers.supervisor import Supervisor
+from . import convert
+
+# A LogChunk holds at most this many lines, so a burst of output streams as several messages.
+CHUNK_LINES = 2000
+
+SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, supervisor: Supervisor, faults: FaultInjector) -> None:
+        self._supervisor = supervisor
+        self._faults = faults
+
+    async def LaunchWorkers(self, request: agent_pb2.LaunchWorkersRequest,
+                            context: grpc.aio.ServicerContext) -> agent_pb2.LaunchWorkersResponse:
+        result = await self._supervisor.launch(convert.launch_from_pb(request))
+        return convert.launch_result_to_pb(result)
+
+    async def StopWorkers(self, request: agent_pb2.StopWorkersRequest,
+                          context: grpc.aio.ServicerContext) -> agent_pb2.StopWorkersResponse:
+        with log_context(job_id=request.job_id, reason=request.reason):
+            stopped = await self._supervisor.stop(request.job_id, request.attempt,
+                                                  convert.grace_from_pb(request.grace_period_ms))
+        return agent_pb2.StopWorkersResponse(stopped=stopped)
+
+    async def ListWorkers(self, request: agent_pb2.ListWorkersRequest,
+                          context: grpc.aio.ServicerContext) -> agent_pb2.ListWorkersResponse:
+        return agent_pb2.ListWorkersResponse(
+            workers=[convert.worker_status_to_pb(s) for s in self._supervisor.list_workers()])
+
+    async def GetWorkerLogs(self, request: agent_pb2.GetWorkerLogsRequest,
+                            context: grpc.aio.ServicerContext) -> agent_pb2.GetWorkerLogsResponse:
+        lines = await self._supervisor.read_logs(convert.log_query_from_pb(request))
+        return agent_pb2.GetWorkerLogsResponse(lines=convert.log_lines_to_pb(lines))
+
+    async def StreamWorkerLogs(self, request: agent_pb2.GetWorkerLogsRequest,
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.LogChunk]:
+        async for lines in self._supervisor.follow_logs(convert.log_query_from_pb(request)):
+            for chunk in _chunks(lines):
+                yield agent_pb2.LogChunk(lines=convert.log_lines_to_pb(chunk))
+
+    async def InjectFault(self, request: agent_pb2.InjectFaultRequest,
+                          context: grpc.aio.ServicerContext) -> agent_pb2.InjectFaultResponse:
+        gpu = self._faults.inject(request.gpu_index, request.kind, xid=request.xid, count=request.count)
+        return agent_pb2.InjectFaultResponse(gpu=convert.gpu_to_pb(gpu))
+
+
+def _chunks(lines: list[LogLine]) -> list[list[LogLine]]:
+    return [lines[i:i + CHUNK_LINES] for i in range(0, len(lines), CHUNK_LINES)]

@@ -1,0 +1,47 @@
+"""`trainyard-agent`: wiring only. Settings → AgentApp → serve until SIGTERM/SIGINT → stop.
+
+Exit codes: 0 stopped normally; 1 cannot start (no NVML without --gpu-profile, port in use, ...; the
+log says why); 2 invalid settings; 3 the scheduler refused this node's registration (a configuration
+error: restarting will not help, e.g. systemd's RestartPreventExitStatus=3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from trainyard_core.service import run
+from trainyard_core.settings import write_ready_file
+
+from .app import AgentApp
+from .settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+EXIT_REFUSED = 3
+
+
+async def serve(settings: AgentSettings, stop: asyncio.Event) -> None:
+    app = AgentApp(settings)
+    await app.start()
+    assert app.reporter is not None
+    write_ready_file(settings.ready_file, grpc_port=app.grpc_port)
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(app.reporter.fatal_event.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await app.stop(kill_workers=settings.kill_workers_on_stop)
+    if app.reporter.fatal is not None:
+        log.error("agent stopped: %s", app.reporter.fatal.message)
+        raise SystemExit(EXIT_REFUSED)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(service="agent", settings_cls=AgentSettings, env_prefix="TRAINYARD_AGENT_", serve=serve, argv=argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""Wake-ups between tasks of the agent's event loop without lost notifications."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Notifier:
+    """`notify()` wakes every task currently in `wait()`.
+
+    To never miss a change, read `version`, and if it did not move call `wait()` with no `await` in
+    between: `wait` registers its waiter before it first yields, so a notify that follows is seen.
+    Loop-agnostic until used (futures are created inside `wait`).
+    """
+
+    def __init__(self) -> None:
+        self._waiters: set[asyncio.Future[None]] = set()
+        self.version = 0
+
+    def notify(self) -> None:
+        self.version += 1
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """True when notified, False after `timeout` seconds."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(fut)

@@ -1,0 +1,290 @@
+"""Per-rank log files: bounded and rotated on write, read back (with a tail) or followed while written.
+
+Layout: `<state_dir>/jobs/<job_id>/attempt-<n>/rank-<r>.log`, rotated to `rank-<r>.log.1` … `.N`
+(`.1` newest). Each line is stored as a 2-byte tag (`O ` stdout, `E ` stderr) followed by the bytes the
+worker wrote and a newline, so the stream of every line survives in one file per rank and lines of both
+streams stay in the order the agent read them. A line longer than `MAX_LINE_BYTES`, or output without
+any newline, is cut into lines of that size instead of growing a buffer without bound.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from trainyard_core.errors import NotFound
+
+from .model import LogLine, LogQuery, Stream, check_job_id
+
+MAX_LINE_BYTES = 64 * 1024
+_TAGS = {Stream.STDOUT: b"O ", Stream.STDERR: b"E "}
+_STREAM_OF_TAG = {b"O": Stream.STDOUT.value, b"E": Stream.STDERR.value}
+_ATTEMPT_RE = re.compile(r"^attempt-(\d+)$")
+_RANK_RE = re.compile(r"^rank-(\d+)\.log(?:\.(\d+))?$")
+
+
+def job_dir(jobs_root: Path, job_id: str) -> Path:
+    check_job_id(job_id)
+    return jobs_root / job_id
+
+
+def attempt_dir(jobs_root: Path, job_id: str, attempt: int) -> Path:
+    return job_dir(jobs_root, job_id) / f"attempt-{attempt}"
+
+
+def rank_log_path(adir: Path, rank: int) -> Path:
+    return adir / f"rank-{rank}.log"
+
+
+class RankLog:
+    """Appends one rank's lines to its file, rotating at `max_bytes`. Used from the event loop only."""
+
+    def __init__(self, path: Path, *, max_bytes: int, backups: int) -> None:
+        self.path = path
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - closed by close()
+        self._size = self._file.tell()
+        # The last write failed (disk full, I/O error); the supervisor logs that once, not per line.
+        self.failed = False
+
+    def write(self, stream: Stream, line: bytes) -> None:
+        record = _TAGS[stream] + line + b"\n"
+        if self._size and self._size + len(record) > self._max_bytes:
+            self._rotate()
+        self._file.write(record)
+        self._size += len(record)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _rotate(self) -> None:
+        self._file.close()
+        try:
+            for n in range(self._backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{n}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
+            if self._backups:
+                os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        finally:
+            # Always end with an open file; without backups the file starts over. If a rename failed, the
+            # next write tries the rotation again.
+            self._file = open(self.path, "ab" if self._backups else "wb")  # noqa: SIM115
+            self._size = self._file.tell()
+
+
+class LineSplitter:
+    """Turns a stream's chunks into lines; holds an unterminated tail until its newline or `finish()`."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        out: list[bytes] = []
+        for line in lines:
+            out.extend(_cut(line))
+        while len(self._pending) >= MAX_LINE_BYTES:
+            out.append(self._pending[:MAX_LINE_BYTES])
+            self._pending = self._pending[MAX_LINE_BYTES:]
+        return out
+
+    def finish(self) -> list[bytes]:
+        rest, self._pending = self._pending, b""
+        return list(_cut(rest)) if rest else []
+
+
+def _cut(line: bytes) -> Iterator[bytes]:
+    if len(line) <= MAX_LINE_BYTES:
+        yield line
+        return
+    for i in range(0, len(line), MAX_LINE_BYTES):
+        yield line[i:i + MAX_LINE_BYTES]
+
+
+def parse_record(raw: bytes) -> tuple[str, str]:
+    """(stream, text) of one stored line (without its newline)."""
+    stream = _STREAM_OF_TAG.get(raw[:1], Stream.STDOUT.value)
+    return stream, raw[2:].decode(errors="replace")
+
+
+# --- reading -----------------------------------------------------------------------------------------
+
+
+def attempt_dirs(jobs_root: Path, job_id: str, attempt: int = 0) -> list[tuple[int, Path]]:
+    """(attempt, dir) of a job on this node, oldest attempt first; only `attempt` unless it is 0."""
+    jdir = job_dir(jobs_root, job_id)
+    if not jdir.is_dir():
+        return []
+    found = []
+    for entry in jdir.iterdir():
+        m = _ATTEMPT_RE.match(entry.name)
+        if m and entry.is_dir() and (attempt == 0 or int(m.group(1)) == attempt):
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def rank_files(adir: Path) -> dict[int, list[Path]]:
+    """rank → its files, oldest first (`.N` … `.1`, then the current one)."""
+    by_rank: dict[int, list[tuple[int, Path]]] = {}
+    for entry in adir.iterdir():
+        m = _RANK_RE.match(entry.name)
+        if m:
+            generation = int(m.group(2) or 0)
+            by_rank.setdefault(int(m.group(1)), []).append((generation, entry))
+    return {rank: [p for _, p in sorted(files, key=lambda t: -t[0])] for rank, files in sorted(by_rank.items())}
+
+
+def _records(paths: Iterable[Path]) -> Iterator[bytes]:
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                for raw in f:
+                    yield raw.rstrip(b"\n")
+        except FileNotFoundError:
+            continue  # rotated away while we read; the lines are in the next file
+
+
+def require_job(jobs_root: Path, query: LogQuery) -> list[tuple[int, Path]]:
+    """The job's attempt directories; NotFound when this node never ran it (or not that attempt)."""
+    dirs = attempt_dirs(jobs_root, query.job_id, query.attempt)
+    if not dirs:
+        which = f"attempt {query.attempt} of job" if query.attempt else "job"
+        raise NotFound(f"{which} {query.job_id} has no workers on this node")
+    return dirs
+
+
+def read_logs(jobs_root: Path, query: LogQuery, *, max_bytes: int) -> list[LogLine]:
+    """Retained lines of a job on this node, attempt by attempt and rank by rank.
+
+    Raises NotFound when this node never ran the job. When the lines exceed `max_bytes` (a gRPC
+    message has a size limit), the oldest lines of each rank are dropped and one line says so.
+    """
+    dirs = require_job(jobs_root, query)
+    groups: list[tuple[int, int, list[tuple[str, str]]]] = []
+    for attempt, adir in dirs:
+        for rank, paths in rank_files(adir).items():
+            keep: deque[tuple[str, str]] = deque(maxlen=query.tail_lines or None)
+            keep.extend(parse_record(r) for r in _records(paths))
+            groups.append((attempt, rank, list(keep)))
+    total = sum(len(text) + 16 for *_, lines in groups for _, text in lines)
+    out: list[LogLine] = []
+    budget = max_bytes // max(1, len(groups))
+    for attempt, rank, lines in groups:
+        if total > max_bytes:
+            lines, dropped = _trim(lines, budget)
+            if dropped:
+                out.append(LogLine(rank=rank, stream="agent", attempt=attempt,
+                                   text=f"[{dropped} earlier lines not shown: the answer is limited to "
+                                        f"{max_bytes // (1024 * 1024)} MiB; ask for tail_lines or stream]"))
+        out.extend(LogLine(rank=rank, stream=s, text=t, attempt=attempt) for s, t in lines)
+    return out
+
+
+def _trim(lines: list[tuple[str, str]], budget: int) -> tuple[list[tuple[str, str]], int]:
+    used = 0
+    start = len(lines)
+    while start > 0 and used + len(lines[start - 1][1]) + 16 <= budget:
+        start -= 1
+        used += len(lines[start][1]) + 16
+    return lines[start:], start
+
+
+# --- following ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cursor:
+    """Reads one rank's current file from where it left off and moves to the new file after a rotation."""
+
+    path: Path
+    file: BinaryIO | None = None
+    inode: int = -1
+    partial: bytes = b""
+
+    def read_new(self, limit: int) -> tuple[list[bytes], bool]:
+        """Complete lines written since the last call (about `limit` bytes at most); True if more wait."""
+        out: list[bytes] = []
+        for _ in range(3):  # a few rotations per poll at most; a faster writer loses lines, not the stream
+            if self.file is None:
+                try:
+                    self.file = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+                except FileNotFoundError:
+                    return out, False
+                self.inode = os.fstat(self.file.fileno()).st_ino
+            chunk = self.file.read(limit)
+            lines = (self.partial + chunk).split(b"\n")
+            self.partial = lines.pop()
+            out.extend(lines)
+            if len(chunk) == limit:
+                return out, True
+            try:
+                rotated = os.stat(self.path).st_ino != self.inode
+            except FileNotFoundError:
+                rotated = True
+            if not rotated:
+                return out, False
+            # Our handle holds the rotated-away file, now read to its end: continue with the new file.
+            self.close()
+        return out, False
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        self.partial = b""
+
+
+@dataclass
+class LogFollower:
+    """Yields a job's lines as they are written: first what is retained, then what follows.
+
+    New attempt directories and ranks that appear while following are picked up. It reads files only,
+    so it works for workers of a previous agent life too. `more` is True after a poll that left unread
+    bytes behind (the caller polls again at once instead of waiting for a change).
+    """
+
+    jobs_root: Path
+    query: LogQuery
+    read_limit: int = 1024 * 1024
+    more: bool = False
+    _cursors: dict[tuple[int, int], _Cursor] = field(default_factory=dict)
+
+    def poll(self) -> list[LogLine]:
+        out: list[LogLine] = []
+        self.more = False
+        for attempt, adir in attempt_dirs(self.jobs_root, self.query.job_id, self.query.attempt):
+            for rank, paths in rank_files(adir).items():
+                key = (attempt, rank)
+                cursor = self._cursors.get(key)
+                records: list[bytes] = []
+                if cursor is None:
+                    # First sight of this rank: its rotated files are history, then follow the current one.
+                    cursor = self._cursors[key] = _Cursor(rank_log_path(adir, rank))
+                    records.extend(_records(paths[:-1]))
+                    new, more = cursor.read_new(self.read_limit)
+                    records.extend(new)
+                    if self.query.tail_lines:
+                        records = records[-self.query.tail_lines:]
+                else:
+                    records, more = cursor.read_new(self.read_limit)
+                self.more = self.more or more
+                out.extend(LogLine(rank=rank, stream=s, text=t, attempt=attempt)
+                           for s, t in map(parse_record, records))
+        return out
+
+    def close(self) -> None:
+        for cursor in self._cursors.values():
+            cursor.close()
+        self._cursors.clear()

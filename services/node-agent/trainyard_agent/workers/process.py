@@ -1,0 +1,114 @@
+"""Process groups on Linux: signal them, find out whether any member is still alive.
+
+Each worker leads its own session and process group (pgid == its pid), so one `killpg` reaches it and
+everything it started (dataloader workers, shell pipelines) unless a descendant deliberately made a new
+session. "Alive" ignores zombies: orphans re-parented to a PID 1 that does not reap them (common in
+containers) stay zombies forever but hold no resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+
+log = logging.getLogger(__name__)
+
+_PROC = "/proc"
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (field 3 onwards), or None if gone."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; tells a process from a later one with its pid."""
+    fields = _read_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def live_groups() -> set[int]:
+    """Process groups that have at least one non-zombie member."""
+    groups: set[int] = set()
+    try:
+        entries = os.listdir(_PROC)
+    except OSError:
+        return groups
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _read_stat(int(entry))
+        if fields is not None and fields[0] not in ("Z", "X"):
+            groups.add(int(fields[2]))
+    return groups
+
+
+def group_alive(pgid: int) -> bool:
+    return pgid in live_groups()
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to every process of group `pgid`; False when the group is gone."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        # Never signal the agent's own group (or everything): a corrupt record must not kill the agent.
+        log.error("refusing to signal process group %s", pgid)
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.error("no permission to signal process group %s", pgid)
+        return False
+
+
+async def wait_groups_gone(pgids: Iterable[int], timeout: float, interval: float = 0.02) -> set[int]:
+    """Poll until no listed group has a live member or `timeout` passes; returns the groups still alive."""
+    pending = set(pgids)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending &= live_groups()
+        if not pending or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(interval)
+    return pending
+
+
+async def wait_for_exit(proc: asyncio.subprocess.Process) -> int:
+    """The return code of `proc` as soon as it ends.
+
+    `Process.wait()` only returns once the process's pipes are closed too, which never happens while a
+    descendant holds them; a pidfd (Linux >= 5.3) says when the process itself ends. asyncio's child
+    watcher reaps it and sets `returncode` a moment later. Without pidfds this falls back to polling.
+    """
+    loop = asyncio.get_running_loop()
+    fd: int | None = None
+    if proc.returncode is None:
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (OSError, AttributeError):
+            fd = None  # already reaped, or no pidfd support
+    if fd is not None:
+        ended: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda: None if ended.done() else ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    # asyncio has no event for "reaped" that fires before the pipes close, hence the short poll.
+    while proc.returncode is None:  # noqa: ASYNC110
+        await asyncio.sleep(0.005 if fd is not None else 0.1)
+    return proc.returncode

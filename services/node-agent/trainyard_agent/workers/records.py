@@ -1,0 +1,72 @@
+"""Worker record files: what a later agent life needs to find this life's workers.
+
+One JSON file per allocation, `<state_dir>/jobs/<job_id>/attempt-<n>/workers.json`, rewritten atomically
+(write a temporary file, fsync, rename) whenever a worker starts, ends or its exit is acknowledged by
+the scheduler. `start_time` (clock ticks since boot, from /proc) tells our worker from an unrelated
+process that got the same pid after a reboot or pid wrap-around.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "workers.json"
+
+
+@dataclass
+class WorkerRecord:
+    rank: int
+    local_rank: int
+    gpu_indices: list[int]
+    pid: int
+    pgid: int
+    start_time: int | None
+    exit_code: int | None = None
+    signal: int | None = None
+    exited_at: float | None = None
+    # The scheduler acknowledged the exit report; nothing is left to do for this worker.
+    reported: bool = False
+
+
+@dataclass
+class AllocationRecord:
+    job_id: str
+    attempt: int
+    node_id: str
+    created_at: float
+    workers: list[WorkerRecord] = field(default_factory=list)
+
+
+def save(path: Path, record: AllocationRecord) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(asdict(record), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> AllocationRecord | None:
+    """The record at `path`; None (and the file set aside as `.corrupt`) when it cannot be parsed."""
+    try:
+        data = json.loads(path.read_text())
+        workers = [WorkerRecord(**w) for w in data.pop("workers")]
+        return AllocationRecord(**data, workers=workers)
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError) as exc:
+        log.error("unreadable worker record %s (%s); setting it aside", path, exc)
+        os.replace(path, path.with_name(path.name + ".corrupt"))
+        return None
+
+
+def find_all(jobs_root: Path) -> list[Path]:
+    if not jobs_root.is_dir():
+        return []
+    return sorted(jobs_root.glob(f"*/attempt-*/{RECORD_NAME}"))
