@@ -21,7 +21,7 @@ COMMAND = [sys.executable, "-c", "import time; time.sleep(0.2)"]
 
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _direct_spawn() -> float:

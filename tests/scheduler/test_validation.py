@@ -48,7 +48,7 @@ def test_more_gpus_than_any_node_is_refused() -> None:
     fleet = [make_node("n-a", gpus=4), make_node("n-b", gpus=8)]
     with pytest.raises(InvalidArgument, match="more than any node has"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=1, gpus_per_node=9)), fleet)
-    with pytest.raises(InvalidArgument, match="resources.nodes=2"):
+    with pytest.raises(InvalidArgument, match=r"resources\.nodes=2"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=2, gpus_per_node=8)), fleet)
     with pytest.raises(InvalidArgument, match="matches no node"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=1, gpus_per_node=1, accelerator="B200")), fleet)
