@@ -149,3 +149,22 @@ async def test_standby_takes_over_and_the_old_epoch_is_fenced(leader: SchedulerA
             await stale.commit_placement(found[0], found[1], alloc)
     finally:
         await standby.stop()
+
+
+async def test_metrics_count_placements_and_are_served(leader: SchedulerApp, agent: AgentApp) -> None:
+    import httpx
+
+    from trainyard_core.telemetry import start_metrics_server
+    from trainyard_scheduler import metrics
+
+    before = metrics.GANGS_PLACED._value.get()
+    stub = job_service(leader)
+    await eventually(lambda: _nodes(leader), what="node registered")
+    sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec([sys.executable, "-c", "pass"])))
+    await wait_state(stub, sub.job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    assert metrics.GANGS_PLACED._value.get() == before + 1
+    port = start_metrics_server("127.0.0.1", 0)
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    assert "trainyard_scheduler_gangs_placed_total" in text
+    assert 'trainyard_scheduler_jobs_finished_total{state="succeeded"}' in text

@@ -14,6 +14,7 @@ from trainyard_core.store.election import LeaderElection
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.mirror import PrefixMirror
 
+from . import metrics
 from .grpc.agent_client import GrpcAgents
 from .grpc.servicer import JobServicer, NodeServicer
 from .leadership import Leadership
@@ -83,6 +84,7 @@ class SchedulerApp:
             self.liveness.reset()
             self.leadership.epoch = epoch
             self.leadership.leader = election.identity
+            metrics.IS_LEADER.set(1)
             self.reconciler = Reconciler(
                 repo=repo, mirror=self._mirror, liveness=self.liveness, agents=self._agents,
                 profile=build_profile(), clock=self.clock, epoch=lambda: election.epoch,
@@ -101,6 +103,7 @@ class SchedulerApp:
             await self.reconciler.run(stop_term)
             watcher.cancel()
             self.leadership.epoch = 0
+            metrics.IS_LEADER.set(0)
             log.warning("leadership ended", extra={"epoch": epoch})
 
     async def _safe_leader(self, election: LeaderElection) -> str:

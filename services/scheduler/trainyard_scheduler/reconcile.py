@@ -20,6 +20,7 @@ from trainyard_core.errors import Conflict, TrainyardError, Unavailable
 from trainyard_core.logs import log_context
 from trainyard_core.store.mirror import PrefixMirror
 
+from . import metrics
 from .domain.jobs import admit
 from .domain.models import Allocation, Job, Node
 from .domain.progress import progress
@@ -133,8 +134,13 @@ class Reconciler:
 
     async def cycle(self) -> None:
         self.cycles += 1
+        with metrics.RECONCILE_SECONDS.time():
+            await self._cycle()
+
+    async def _cycle(self) -> None:
         now = self._clock.now()
         snap = self._snapshots.build(self._liveness)
+        self._observe(snap)
         await self._place(snap, now)
         for job_id, alloc in snap.allocations.items():
             job = snap.jobs.get(job_id)
@@ -146,6 +152,19 @@ class Reconciler:
                 continue
             with log_context(job_id=job_id):
                 await self._progress(snap, job, alloc, now)
+
+    @staticmethod
+    def _observe(snap: ClusterSnapshot) -> None:
+        by_state: dict[str, int] = {}
+        for job in snap.jobs.values():
+            by_state[job.state.value] = by_state.get(job.state.value, 0) + 1
+        for state in ("pending", "admitted", "running"):
+            metrics.JOBS.labels(state).set(by_state.get(state, 0))
+        metrics.GPUS_ALLOCATED.set(sum(len(a.gpu_indices) for al in snap.allocations.values() for a in al.assignments))
+        metrics.GPUS_TOTAL.set(sum(1 for n in snap.nodes.values() if n.node_id in snap.alive for g in n.gpus
+                                   if g.healthy))
+        metrics.NODES.labels("true").set(len(snap.alive))
+        metrics.NODES.labels("false").set(len(snap.nodes) - len(snap.alive))
 
     async def _place(self, snap: ClusterSnapshot, now: float) -> None:
         if not any(True for _ in snap.jobs):
@@ -159,6 +178,7 @@ class Reconciler:
             with log_context(job_id=job.id):
                 if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
                                                                snap.job_revisions[job.id], alloc)):
+                    metrics.GANGS_PLACED.inc()
                     log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size})
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
@@ -172,6 +192,8 @@ class Reconciler:
                 return
             if step.job is not None and step.job.state != job.state:
                 log.info("job %s", step.job.state.value, extra={"reason": step.job.message})
+                if step.job.state.terminal:
+                    metrics.JOBS_FINISHED.labels(step.job.state.value).inc()
         current = step.alloc or alloc
         for node_id in step.launch:
             launch = next(x for x in node_launches(job, current) if x.node_id == node_id)
@@ -186,6 +208,7 @@ class Reconciler:
             await write
             return True
         except Conflict as exc:
+            metrics.PLACEMENT_CONFLICTS.inc()
             log.debug("write lost a race, will retry next cycle: %s", exc)
         except Unavailable as exc:
             log.warning("write failed, store unavailable: %s", exc)
@@ -213,6 +236,7 @@ class Reconciler:
         try:
             await self._agents.launch(node, launch, self._epoch())
         except Unavailable as exc:
+            metrics.AGENT_CALL_FAILURES.labels("launch").inc()
             # Retried next cycle; if the node stays unreachable its heartbeats stop and it is lost.
             log.warning("launch on %s failed, will retry: %s", node.node_id, exc)
             return
@@ -233,6 +257,7 @@ class Reconciler:
             await self._agents.stop(node, alloc.job_id, alloc.attempt, self._settings.stop_grace_s,
                                     alloc.stop_reason)
         except Unavailable as exc:
+            metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("stop on %s failed, will retry: %s", node.node_id, exc)
             return
         await self._repo.modify_allocation(

@@ -1,0 +1,20 @@
+"""Prometheus metrics of the scheduler (served when --metrics-port is set)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILE_SECONDS = Histogram(
+    "trainyard_scheduler_reconcile_seconds", "Duration of one reconcile cycle (snapshot, decide, commit)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+GANGS_PLACED = Counter("trainyard_scheduler_gangs_placed_total", "Gangs committed to an allocation")
+PLACEMENT_CONFLICTS = Counter("trainyard_scheduler_write_conflicts_total",
+                              "Leader writes that lost a compare-and-swap (retried next cycle)")
+JOBS = Gauge("trainyard_scheduler_jobs", "Active jobs by state", ["state"])
+JOBS_FINISHED = Counter("trainyard_scheduler_jobs_finished_total", "Jobs that reached a terminal state", ["state"])
+GPUS_ALLOCATED = Gauge("trainyard_scheduler_gpus_allocated", "GPUs held by allocations")
+GPUS_TOTAL = Gauge("trainyard_scheduler_gpus_healthy", "Healthy GPUs on live nodes")
+NODES = Gauge("trainyard_scheduler_nodes", "Registered nodes by liveness", ["alive"])
+IS_LEADER = Gauge("trainyard_scheduler_is_leader", "1 while this replica leads")
+AGENT_CALL_FAILURES = Counter("trainyard_scheduler_agent_call_failures_total", "Failed launch/stop calls to agents",
+                              ["kind"])
