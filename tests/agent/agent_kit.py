@@ -1,20 +1,33 @@
 """Helpers of the node agent's tests: builders for launch requests and supervisors, a recording exit sink,
-and a process-tree script. Worker processes are real (`sys.executable`)."""
+a process-tree script, and `Scheduler`, the real scheduler the agent talks to. Worker processes are real
+(`sys.executable`)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+import grpc.aio
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.model import Health, Vendor
 from trainyard_agent.notify import Notifier
 from trainyard_agent.settings import AgentSettings
 from trainyard_agent.workers.model import LaunchRequest, WorkerExit, WorkerSpec
 from trainyard_agent.workers.supervisor import Supervisor
 from trainyard_core.testing.wait import eventually
+from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.domain.models import WorkerExit as RecordedExit
+from trainyard_scheduler.settings import SchedulerSettings
+from trainyard_scheduler.state.repository import Repository
 
 PY = sys.executable
 
@@ -88,3 +101,138 @@ def agent_settings(state_dir: Path, scheduler_address: str, **overrides: object)
         worker_env={"GLOO_SOCKET_IFNAME": "lo"}, reconnect_initial_s=0.05, reconnect_max_s=0.3)
     values.update(overrides)
     return AgentSettings.model_validate(values)
+
+
+class Scheduler:
+    """The real scheduler (`SchedulerApp`) on the session's etcd, under the test's own key prefix, serving on a
+    real port. `stop()` then `start()` (or `restart()`) brings a new one up on the same port and prefix, as a
+    restarted scheduler process would. What it records is read through its own APIs (NodeService, JobService)
+    and through its repository in etcd."""
+
+    def __init__(self, etcd_endpoint: str, key_prefix: str, **options: object) -> None:
+        values: dict[str, object] = dict(
+            etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
+            reconcile_interval_s=0.2, node_timeout_s=3.0, stop_grace_s=1.0, heartbeat_interval_ms=200)
+        values.update(options)
+        self._values = values
+        self.app: SchedulerApp | None = None
+        self.port = 0
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> SchedulerApp:
+        assert self.app is not None, "the scheduler is stopped"
+        return self.app
+
+    @property
+    def epoch(self) -> int:
+        """The leader epoch of the running scheduler (its etcd election key's create revision)."""
+        return self.running.leadership.epoch
+
+    @property
+    def repo(self) -> Repository:
+        return Repository(self.running.store, self.running.keys)
+
+    @property
+    def nodes(self) -> scheduler_pb2_grpc.NodeServiceStub:
+        assert self._channel is not None, "the scheduler is stopped"
+        return scheduler_pb2_grpc.NodeServiceStub(self._channel)
+
+    @property
+    def jobs(self) -> scheduler_pb2_grpc.JobServiceStub:
+        assert self._channel is not None, "the scheduler is stopped"
+        return scheduler_pb2_grpc.JobServiceStub(self._channel)
+
+    async def start(self, timeout: float = 10.0) -> None:
+        """Start on `self.port` (0 the first time: a free port) and wait until this replica leads."""
+        settings = SchedulerSettings.model_validate({**self._values, "listen_port": self.port})
+        deadline = time.monotonic() + timeout
+        while True:
+            app = SchedulerApp(settings)
+            try:
+                await app.start()
+                break
+            except OSError:
+                await app.stop()
+                if not self.port or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)  # the previous server's port may linger for a moment
+        self.app, self.port = app, app.grpc_port
+        self._channel = grpc.aio.insecure_channel(self.address)
+
+        async def leads() -> bool:
+            return app.leadership.is_leader
+
+        await eventually(leads, timeout=timeout, what="the scheduler to lead")
+
+    async def stop(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        if self.app is not None:
+            await self.app.stop()
+            self.app = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def node(self, node_id: str = "node-a") -> types_pb2.Node | None:
+        """NodeService.GetNode, None while the node is not registered."""
+        try:
+            got: scheduler_pb2.GetNodeResponse = await self.nodes.GetNode(
+                scheduler_pb2.GetNodeRequest(node_id=node_id))
+            return got.node
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    async def registered(self, node_id: str = "node-a", *, after: float = 0.0,
+                         timeout: float = 10.0) -> types_pb2.Node:
+        """Wait until `node_id` is registered (with a registration time later than `after`, in seconds)."""
+        async def probe() -> types_pb2.Node | None:
+            node = await self.node(node_id)
+            return node if node is not None and seconds(node.registered_at) > after else None
+
+        return await eventually(probe, timeout=timeout, what=f"node {node_id} to register")
+
+    async def submit(self, command: list[str], *, gpus: int = 1) -> str:
+        """JobService.SubmitJob of a one-node job; returns its id. The scheduler places it and launches its
+        workers through the agent."""
+        spec = types_pb2.JobSpec(name="agent-test", command=command,
+                                 resources=types_pb2.Resources(nodes=1, gpus_per_node=gpus))
+        sub: scheduler_pb2.SubmitJobResponse = await self.jobs.SubmitJob(
+            scheduler_pb2.SubmitJobRequest(spec=spec, team="agent-tests", user="t"))
+        return sub.job.id
+
+    async def job(self, job_id: str) -> types_pb2.Job:
+        got: scheduler_pb2.GetJobResponse = await self.jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id))
+        return got.job
+
+    async def job_in(self, job_id: str, state: types_pb2.JobState.ValueType,
+                     timeout: float = 10.0) -> types_pb2.Job:
+        async def probe() -> types_pb2.Job | None:
+            job = await self.job(job_id)
+            return job if job.state == state else None
+
+        return await eventually(probe, timeout=timeout,
+                                what=f"job {job_id} to be {types_pb2.JobState.Name(state)}")
+
+    async def recorded_exits(self, job_id: str) -> list[RecordedExit]:
+        """The worker exits the scheduler has recorded for the job, read without a race: from the live
+        allocation, or once that is released, from the terminal job (written in the same transaction)."""
+        found = await self.repo.get_allocation(job_id)
+        if found is not None:
+            return sorted(found[0].exits, key=lambda e: e.rank)
+        job = await self.repo.get_job(job_id)
+        return list(job[0].exits) if job is not None else []
+
+
+def seconds(ts: Timestamp) -> float:
+    """A protobuf Timestamp as float seconds (0.0 when unset)."""
+    return ts.ToNanoseconds() / 1e9

@@ -1,4 +1,5 @@
-"""Fixtures of the node agent's tests (helpers live in agent_kit.py)."""
+"""Fixtures of the node agent's tests (helpers live in agent_kit.py). The agent talks to the real scheduler
+(`agent_kit.Scheduler`) on the session's etcd; the only fake is the simulated NVML."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from tests.agent.agent_kit import TREE, RecordingSink, agent_settings, make_supervisor
-from tests.agent.scheduler_double import RecordingNodeService, serve
+from tests.agent.agent_kit import TREE, RecordingSink, Scheduler, agent_settings, make_supervisor
 from trainyard.agent.v1 import agent_pb2_grpc
 from trainyard_agent.app import AgentApp
 from trainyard_agent.workers.supervisor import Supervisor
@@ -36,29 +36,17 @@ def tree_script(tmp_path: Path) -> Path:
     return path
 
 
-class Scheduler:
-    """The recording NodeService on a real port; `restart()` brings a new server up on the same port."""
-
-    def __init__(self, service: RecordingNodeService, server: grpc.aio.Server, port: int) -> None:
-        self.service, self.server, self.port = service, server, port
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def stop(self) -> None:
-        await self.server.stop(grace=None)
-
-    async def restart(self) -> None:
-        await self.stop()
-        self.server, _ = await serve(self.service, self.port)
+@pytest.fixture
+def scheduler_options() -> dict[str, object]:
+    """SchedulerSettings overrides; a test changes them with `@pytest.mark.parametrize("scheduler_options", ...)`."""
+    return {}
 
 
 @pytest.fixture
-async def scheduler() -> AsyncIterator[Scheduler]:
-    service = RecordingNodeService()
-    server, port = await serve(service)
-    sched = Scheduler(service, server, port)
+async def scheduler(etcd_endpoint: str, key_prefix: str,
+                    scheduler_options: dict[str, object]) -> AsyncIterator[Scheduler]:
+    sched = Scheduler(etcd_endpoint, key_prefix, **scheduler_options)
+    await sched.start()
     try:
         yield sched
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -168,3 +169,21 @@ async def test_metrics_count_placements_and_are_served(leader: SchedulerApp, age
         text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     assert "trainyard_scheduler_gangs_placed_total" in text
     assert 'trainyard_scheduler_jobs_finished_total{state="succeeded"}' in text
+
+
+async def test_exits_reported_after_the_gang_was_released_still_land_on_the_job(leader: SchedulerApp) -> None:
+    from trainyard_scheduler.domain.models import WorkerExit
+
+    repo = Repository(leader.store, leader.keys)
+    stub = job_service(leader)
+    sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(["true"])))
+    job, rev = await repo.get_job(sub.job.id) or (None, 0)
+    assert job is not None
+    finished = replace(job, state=JobState.FAILED, exits=(WorkerExit(0, "node-a", 3, 0, 1.0),))
+    await repo.update_job(finished, rev)
+    late = WorkerExit(1, "node-a", 143, 15, 2.0)
+    assert await repo.record_exit(job.id, 0, late)
+    assert await repo.record_exit(job.id, 0, late)  # idempotent
+    assert not await repo.record_exit(job.id, 1, late)  # another attempt: not this job's
+    final = await repo.get_job(job.id)
+    assert final is not None and [(e.rank, e.exit_code) for e in final[0].exits] == [(0, 3), (1, 143)]

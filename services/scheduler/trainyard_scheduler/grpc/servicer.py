@@ -57,6 +57,10 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         if not job.state.terminal and job.state is not JobState.PENDING:
             found = await self._repo.get_allocation(job.id)
             alloc = found[0] if found else None
+            if alloc is None:
+                # Released between the two reads: the job record has moved on too; show that one.
+                again = await self._repo.get_job(job.id)
+                job = again[0] if again else job
         return convert.job_to_pb(job, alloc)
 
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,

@@ -135,15 +135,36 @@ class Repository:
                 continue
         raise Conflict(f"allocation of {job_id} kept changing; giving up after {tries} tries")
 
-    async def record_exit(self, job_id: str, attempt: int, exit: WorkerExit) -> bool:
-        """Idempotent per rank: a repeated report changes nothing."""
+    async def record_exit(self, job_id: str, attempt: int, exit: WorkerExit, tries: int = 10) -> bool:
+        """Idempotent per rank: a repeated report changes nothing. Lands in the gang's allocation; when
+        the gang has already been released (its stop was confirmed before this report arrived), the exit
+        is added to the finished job's record instead, so a job's exits end up complete.
+        Returns False when neither the allocation nor the job of that attempt exists."""
 
         def add(alloc: Allocation) -> Allocation | None:
             if any(e.rank == exit.rank for e in alloc.exits):
                 return None
             return replace(alloc, exits=(*alloc.exits, exit))
 
-        return await self.modify_allocation(job_id, attempt, add)
+        if await self.modify_allocation(job_id, attempt, add):
+            return True
+        for _ in range(tries):
+            found = await self.get_job(job_id)
+            if found is None or found[0].attempt != attempt:
+                return False
+            job, rev = found
+            if await self.get_allocation(job_id) is not None:
+                # Re-placed meanwhile (a new allocation of the same attempt): record it there.
+                return await self.modify_allocation(job_id, attempt, add)
+            if any(e.rank == exit.rank for e in job.exits):
+                return True
+            exits = tuple(sorted((*job.exits, exit), key=lambda e: e.rank))
+            try:
+                await self.update_job(replace(job, exits=exits), rev)
+                return True
+            except Conflict:
+                continue
+        raise Conflict(f"job {job_id} kept changing; exit of rank {exit.rank} not recorded yet")
 
     # -- nodes ---------------------------------------------------------------------------------------
     async def list_nodes(self) -> list[Node]:
