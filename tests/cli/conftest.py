@@ -1,6 +1,7 @@
 """CLI fixtures: the CLI runs in a worker thread (it is synchronous) against a real gateway on a free port,
-backed by a stub scheduler over real gRPC. The environment is cleared of TRAINYARD_* and the working
-directory is a fresh temporary one, so no developer's .trainyard/local.env leaks in."""
+backed by a real scheduler with no nodes (tests that need nodes add real agents to it). The environment
+is cleared of TRAINYARD_* and the working directory is a fresh temporary one, so no developer's
+.trainyard/local.env leaks in."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.support import Cluster, RunningGateway, running_cluster, running_gateway
 from trainyard_cli.main import main
-from trainyard_gateway.testing import RunningGateway, StubScheduler, running_gateway
 
 
 @dataclass
@@ -49,21 +50,20 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
 
 
 @pytest.fixture
-async def stub_scheduler() -> AsyncIterator[StubScheduler]:
-    stub = StubScheduler()
-    await stub.start()
-    try:
-        yield stub
-    finally:
-        await stub.stop()
+async def scheduler(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    """A real scheduler of its own per test (about 0.1 s), so `trainyard jobs` as admin sees only this
+    test's jobs; no nodes until the test adds agents."""
+    async with running_cluster(etcd_endpoint=etcd_endpoint, prefix=key_prefix + "scheduler",
+                               state_root=tmp_path / "nodes") as cluster:
+        yield cluster
 
 
 @pytest.fixture
-async def gateway(etcd_endpoint: str, key_prefix: str, stub_scheduler: StubScheduler,
+async def gateway(etcd_endpoint: str, key_prefix: str, scheduler: Cluster,
                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
     """A gateway the CLI finds through TRAINYARD_URL / TRAINYARD_TOKEN (the bootstrap admin token)."""
     async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
-                               scheduler_address=stub_scheduler.address) as gw:
+                               scheduler_address=scheduler.address) as gw:
         monkeypatch.setenv("TRAINYARD_URL", gw.url)
         monkeypatch.setenv("TRAINYARD_TOKEN", gw.admin_token)
         yield gw

@@ -1,4 +1,5 @@
-"""The CLI against a real gateway (stub scheduler behind it): output, --json, exit codes, error messages."""
+"""The CLI against a real gateway, with a real scheduler behind it and, where jobs must run, real agents on
+simulated GPUs: output, --json, exit codes, error messages."""
 
 from __future__ import annotations
 
@@ -10,20 +11,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainyard.agent.v1 import agent_pb2
+from tests.gateway.support import Cluster, RunningGateway, python, wait_for_file
 from trainyard.common.v1 import types_pb2
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.wait import eventually
-from trainyard_gateway.testing import RunningGateway, StubAgent, StubScheduler
 
 TRAINYARD = str(Path(sys.executable).parent / "trainyard")
+SLEEP = python("import time; time.sleep(120)")
 
 
-async def test_submit_with_flags(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
+async def test_submit_with_flags(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
     r = await cli("submit", "--name", "hello", "--nodes", "2", "--gpus-per-node", "1", "--env", "LR=0.1",
                   "--", "python", "train.py", "--epochs", "3")
     assert r.rc == 0, r.err
-    (job,) = stub_scheduler.jobs.values()
+    (job,) = await scheduler.list_jobs()
     assert r.out.startswith(f"submitted job {job.id} (hello, 2x1 GPUs): pending")
     assert list(job.spec.command) == ["python", "train.py", "--epochs", "3"]
     assert (job.spec.resources.nodes, dict(job.spec.env), job.team, job.user) == (2, {"LR": "0.1"}, "admin", "admin")
@@ -80,9 +81,8 @@ async def test_local_env_file_is_used(cli: Any, gateway: RunningGateway, clean_e
     assert (r.rc, r.out.strip()) == (0, "no nodes registered")
 
 
-async def test_jobs_table_and_paging(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    ids = [stub_scheduler.add_job(team="vision", user="alice", name=f"job{i}", job_id=f"job-{i:03d}").id
-           for i in range(5)]
+async def test_jobs_table_and_paging(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
+    ids = [(await scheduler.submit(["true"], team="vision", user="alice", name=f"job{i}")).id for i in range(5)]
     r = await cli("jobs", "--page-size", "2")
     assert r.rc == 0
     lines = r.out.splitlines()
@@ -95,70 +95,84 @@ async def test_jobs_table_and_paging(cli: Any, gateway: RunningGateway, stub_sch
     assert r.out.strip() == "no jobs in state running"
 
 
-async def test_status_cancel_and_watch(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    job = stub_scheduler.add_job(team="vision", name="watched")
+async def test_status_cancel_and_watch(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
+    # No node yet: the job waits, pending, until one joins; then it runs and exits with 3.
+    job = await scheduler.submit(python("import sys; sys.exit(3)"), team="vision", name="watched")
     r = await cli("status", job.id)
     assert r.rc == 0 and f"id:        {job.id}" in r.out and "state:     pending" in r.out
+
+    other = await scheduler.submit(["true"], team="vision")
+    r = await cli("cancel", other.id, "--reason", "typo")
+    assert (r.rc, r.out.strip()) == (0, f"job {other.id} cancelled")
+    assert (await scheduler.job(other.id)).message == "typo"
 
     watch = asyncio.create_task(cli("status", job.id, "--watch", "--interval", "0.05"))
 
     async def polled_twice() -> bool:
-        return sum(1 for name, req in stub_scheduler.calls if name == "GetJob" and req.job_id == job.id) >= 3
+        return sum(1 for req in scheduler.calls.requests("GetJob") if req.job_id == job.id) >= 3
 
     await eventually(polled_twice, what="status --watch to poll")
-    job.state = types_pb2.JOB_STATE_FAILED
-    job.exit_code = 3
+    await scheduler.add_agent("node-a")
     r = await asyncio.wait_for(watch, 30)
     assert r.rc == 1  # ended, but not succeeded
     assert "failed" in r.out and "exit code: 3" in r.out
 
-    other = stub_scheduler.add_job(team="vision")
-    r = await cli("cancel", other.id, "--reason", "typo")
-    assert (r.rc, r.out.strip()) == (0, f"job {other.id} cancelled")
-    assert other.message == "typo"
     r = await cli("cancel", job.id)
     assert r.out.strip() == f"job {job.id} had already ended: failed"
 
 
-async def test_logs_and_follow(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    agent = StubAgent()
-    await agent.start()
-    try:
-        stub_scheduler.nodes = [types_pb2.Node(node_id="node-a", agent_address=agent.address)]
-        job = stub_scheduler.add_job(team="vision", state=types_pb2.JOB_STATE_RUNNING, placement=[
-            types_pb2.NodeAssignment(node_id="node-a", gpu_indices=[0, 1], ranks=[0, 1])])
-        agent.lines[job.id] = [agent_pb2.LogLine(rank=r, attempt=1, text=f"r{r} line{i}")
-                               for i in range(3) for r in (0, 1)]
-        r = await cli("logs", job.id, "--tail", "1")
-        assert r.out.splitlines() == ["[rank 0] r0 line2", "[rank 1] r1 line2"]
+async def test_logs_and_follow(cli: Any, gateway: RunningGateway, scheduler: Cluster, tmp_path: Path) -> None:
+    await scheduler.add_agent("node-a")
+    late, end = tmp_path / "late", tmp_path / "end"
+    job = await scheduler.submit(python("""
+        import os
+        rank = int(os.environ["RANK"])
+        for i in range(3):
+            print(f"r{rank} line{i}")
+    """, wait_for_file(late), """
+        if rank == 0:
+            print("r0 late")
+    """, wait_for_file(end)), gpus=2, team="vision")
+    agent = scheduler.agent_calls["node-a"]
 
-        follow = asyncio.create_task(cli("logs", job.id, "--follow", "--interval", "0.05", "--tail", "2"))
+    async def logs() -> str:
+        async with gateway.client(gateway.admin_token) as http:
+            return (await http.get(f"/v1/jobs/{job.id}/logs")).text
 
-        async def followed() -> bool:
-            return len(agent.calls) >= 3
+    async def printed(count: int) -> bool:
+        return (await logs()).count("\n") == count
 
-        await eventually(followed, what="logs --follow to poll")
-        agent.lines[job.id].append(agent_pb2.LogLine(rank=0, attempt=1, text="r0 late"))
-        polls = len(agent.calls)
+    await eventually(lambda: printed(6), what="every rank's first lines")
+    r = await cli("logs", job.id, "--tail", "1")
+    assert r.out.splitlines() == ["[rank 0] r0 line2", "[rank 1] r1 line2"]
 
-        async def polled_again() -> bool:
-            return len(agent.calls) >= polls + 2
+    def polls() -> int:
+        return sum(1 for req in agent.requests("GetWorkerLogs") if req.job_id == job.id)
 
-        await eventually(polled_again, what="logs --follow to poll again")
-        job.state = types_pb2.JOB_STATE_SUCCEEDED
-        r = await asyncio.wait_for(follow, 30)
-    finally:
-        await agent.stop()
+    follow = asyncio.create_task(cli("logs", job.id, "--follow", "--interval", "0.05", "--tail", "2"))
+    before = polls()
+
+    async def followed() -> bool:
+        return polls() >= before + 2
+
+    await eventually(followed, what="logs --follow to poll")
+    late.touch()
+    await eventually(lambda: printed(7), what="rank 0's late line")
+    before = polls()
+    await eventually(followed, what="logs --follow to poll again")
+    end.touch()
+    await scheduler.wait_state(job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    r = await asyncio.wait_for(follow, 30)
     assert r.rc == 0
     lines = r.out.splitlines()
     assert lines[:4] == ["[rank 0] r0 line1", "[rank 0] r0 line2", "[rank 1] r1 line1", "[rank 1] r1 line2"]
     assert lines[4:] == ["[rank 0] r0 late"]
 
 
-async def test_nodes_table(cli: Any, gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    stub_scheduler.nodes = [types_pb2.Node(
-        node_id="node-a", state=types_pb2.NODE_STATE_READY, allocated_gpus=[0, 1, 2],
-        gpus=[types_pb2.Gpu(index=i, model="A100-SXM4-40GB", health=types_pb2.GPU_HEALTH_HEALTHY) for i in range(4)])]
+async def test_nodes_table(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
+    await scheduler.add_agent("node-a", "a100x4")
+    job = await scheduler.submit(SLEEP, gpus=3)
+    await scheduler.wait_state(job.id, types_pb2.JOB_STATE_RUNNING)
     r = await cli("nodes")
     assert r.out.splitlines() == ["NODE    STATE  GPUS FREE/TOTAL  MODEL",
                                   "node-a  ready  1/4              A100-SXM4-40GB"]

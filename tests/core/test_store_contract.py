@@ -134,3 +134,4 @@ async def test_unreachable_etcd_is_unavailable() -> None:
     with pytest.raises(Unavailable, match="unavailable"):
         await store.get("/x")
     await store.close()
+

@@ -11,8 +11,9 @@ import pytest
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.wait import eventually
-from trainyard_gateway.testing import RunningGateway, running_gateway
 from trainyard_gateway.tokens import new_secret
+
+from .support import RunningGateway, running_gateway
 
 
 def _assert_401(reply: httpx.Response, *, invalid: bool) -> str:

@@ -1,47 +1,23 @@
 """The jobs API end to end through the real scheduler (gRPC on port 0) and a real etcd; no node agents, so
-jobs stay pending unless a test registers a node."""
+jobs stay pending, unless a test starts real agents (simulated GPUs) to give the fleet a shape."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-pytest.importorskip("trainyard_scheduler.app")
-
-import grpc.aio
-
-from trainyard.common.v1 import types_pb2
-from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from trainyard_core.rpc.server import insecure_channel
 from trainyard_core.store.etcd import EtcdStore
-from trainyard_core.testing.etcd import free_port
-from trainyard_core.testing.wait import eventually
-from trainyard_gateway.testing import RunningGateway, running_gateway
-from trainyard_scheduler.app import SchedulerApp
-from trainyard_scheduler.settings import SchedulerSettings
+
+from .support import Cluster, RunningGateway
 
 SPEC: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
                         "resources": {"nodes": 1, "gpus_per_node": 2}}
 
 
 @pytest.fixture
-async def scheduler(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
-    app = SchedulerApp(SchedulerSettings(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
-                                         listen_port=0))
-    await app.start()
-    try:
-        yield app
-    finally:
-        await app.stop()
-
-
-@pytest.fixture
-async def gw(etcd_endpoint: str, key_prefix: str, scheduler: SchedulerApp) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
-                               scheduler_address=f"127.0.0.1:{scheduler.grpc_port}") as running:
-        yield running
+def gw(live_gateway: RunningGateway) -> RunningGateway:
+    return live_gateway
 
 
 async def test_submit_get_list_cancel(gw: RunningGateway) -> None:
@@ -107,33 +83,10 @@ async def test_idempotency_key(gw: RunningGateway) -> None:
     assert first.json()["id"] == second.json()["id"] and len(jobs) == 1
 
 
-async def _register_node(scheduler: SchedulerApp, gpus: int) -> None:
-    channel = insecure_channel(f"127.0.0.1:{scheduler.grpc_port}")
-    stub = scheduler_pb2_grpc.NodeServiceStub(channel)
-    node = types_pb2.Node(node_id="node-a", hostname="node-a", agent_address=f"127.0.0.1:{free_port()}",
-                          simulated=True, gpus=[types_pb2.Gpu(index=i, model="H100-SXM5-80GB", vendor="nvidia",
-                                                              health=types_pb2.GPU_HEALTH_HEALTHY)
-                                                for i in range(gpus)])
-
-    async def registered() -> bool:
-        try:
-            await stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=node), timeout=5)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # not the leader yet
-                return False
-            raise
-        return True
-
-    try:
-        await eventually(registered, timeout=15, what="the scheduler to accept a node registration")
-    finally:
-        await channel.close()
-
-
-async def test_bad_input_changes_nothing_in_etcd(gw: RunningGateway, scheduler: SchedulerApp,
-                                                 etcd_store: EtcdStore, key_prefix: str) -> None:
-    await _register_node(scheduler, gpus=8)
-    prefix = key_prefix.rstrip("/")
+async def test_bad_input_changes_nothing_in_etcd(gw: RunningGateway, scheduler: Cluster,
+                                                 etcd_store: EtcdStore) -> None:
+    await scheduler.add_agent("node-a", "h100x8")
+    prefix = scheduler.settings.etcd_prefix
 
     async def job_keys() -> list[tuple[str, int]]:
         out = []
@@ -162,10 +115,10 @@ async def test_bad_input_changes_nothing_in_etcd(gw: RunningGateway, scheduler: 
     assert await job_keys() == before
 
 
-async def test_nodes_and_health(gw: RunningGateway, scheduler: SchedulerApp) -> None:
-    await _register_node(scheduler, gpus=4)
+async def test_nodes_and_health(gw: RunningGateway, scheduler: Cluster) -> None:
+    await scheduler.add_agent("node-a", "a100x4")
     async with gw.client(gw.admin_token) as http:
         nodes = (await http.get("/v1/nodes")).json()["nodes"]
         health = await http.get("/healthz")
-    assert [(n["node_id"], n["gpus_total"], n["models"]) for n in nodes] == [("node-a", 4, ["H100-SXM5-80GB"])]
+    assert [(n["node_id"], n["gpus_total"], n["models"]) for n in nodes] == [("node-a", 4, ["A100-SXM4-40GB"])]
     assert health.status_code == 200 and health.json()["status"] == "ok"

@@ -1,26 +1,31 @@
-"""The gateway's own behaviour over a stub scheduler (real gRPC): what it sends the scheduler (team scoping,
-idempotency key, pagination), how jobs and nodes look in JSON, the `:cancel` route, /healthz, OpenAPI."""
+"""The gateway's own behaviour over the real scheduler (and real agents where jobs must run): what it sends
+the scheduler (team scoping, idempotency key, pagination), how jobs and nodes look in JSON, the `:cancel`
+route, /healthz, OpenAPI."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 
 from trainyard.common.v1 import types_pb2
-from trainyard_gateway.testing import RunningGateway, StubScheduler
+from trainyard_core.testing.wait import eventually
+
+from .support import Cluster, RunningGateway, python, running_cluster, running_gateway
 
 SPEC = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
         "resources": {"nodes": 2, "gpus_per_node": 4, "accelerator": "H100-SXM5-80GB"},
         "labels": {"project": "llm"}}
 JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code", "message", "cancel_requested",
             "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at"}
+SLEEP = python("import time; time.sleep(120)")
 
 
-async def test_submit_passes_team_user_and_idempotency_key(stub_gateway: RunningGateway,
-                                                           stub_scheduler: StubScheduler) -> None:
-    secret = await stub_gateway.create_token("vision", "alice")
-    async with stub_gateway.client(secret) as http:
+async def test_submit_passes_team_user_and_idempotency_key(live_gateway: RunningGateway,
+                                                           scheduler: Cluster) -> None:
+    secret = await live_gateway.create_token("vision", "alice")
+    async with live_gateway.client(secret) as http:
         first = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "abc-1"})
         again = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "abc-1"})
     assert first.status_code == 201, first.text
@@ -28,20 +33,22 @@ async def test_submit_passes_team_user_and_idempotency_key(stub_gateway: Running
     assert again.json()["id"] == job["id"]
     assert set(job) == JOB_KEYS
     assert (job["state"], job["team"], job["user"], job["name"]) == ("pending", "vision", "alice", "train-1")
-    assert job["spec"] == {**SPEC, "working_dir": "", "queue": "", "priority": 0, "max_restarts": 0}
+    # The scheduler files a job without a queue under "default".
+    assert job["spec"] == {**SPEC, "working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0}
     assert job["exit_code"] is None and job["placement"] == [] and job["finished_at"] is None
     assert datetime.fromisoformat(job["created_at"]).tzinfo is not None
-    _, request = stub_scheduler.calls[0]
+    method, request = scheduler.calls.calls[0]
+    assert method == "SubmitJob"
     assert (request.team, request.user, request.idempotency_key) == ("vision", "alice", "abc-1")
     assert request.spec.resources.gpus_per_node == 4 and dict(request.spec.env) == {"LR": "0.1"}
 
 
-async def test_teams_see_only_their_jobs_and_admins_see_all(stub_gateway: RunningGateway,
-                                                            stub_scheduler: StubScheduler) -> None:
-    mine = stub_scheduler.add_job(team="vision", name="mine")
-    theirs = stub_scheduler.add_job(team="nlp", name="theirs")
-    alice = await stub_gateway.create_token("vision", "alice")
-    async with stub_gateway.client(alice) as http, stub_gateway.client(stub_gateway.admin_token) as admin:
+async def test_teams_see_only_their_jobs_and_admins_see_all(live_gateway: RunningGateway,
+                                                            scheduler: Cluster) -> None:
+    mine = await scheduler.submit(["true"], name="mine", team="vision")
+    theirs = await scheduler.submit(["true"], name="theirs", team="nlp")
+    alice = await live_gateway.create_token("vision", "alice")
+    async with live_gateway.client(alice) as http, live_gateway.client(live_gateway.admin_token) as admin:
         assert (await http.get(f"/v1/jobs/{mine.id}")).status_code == 200
         other = await http.get(f"/v1/jobs/{theirs.id}")
         assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
@@ -50,33 +57,40 @@ async def test_teams_see_only_their_jobs_and_admins_see_all(stub_gateway: Runnin
         assert [j["id"] for j in (await http.get("/v1/jobs")).json()["jobs"]] == [mine.id]
         assert (await admin.get(f"/v1/jobs/{theirs.id}")).status_code == 200
         assert {j["id"] for j in (await admin.get("/v1/jobs")).json()["jobs"]} == {mine.id, theirs.id}
-    teams = {(name, getattr(req, "team", None)) for name, req in stub_scheduler.calls}
+    teams = {(name, getattr(req, "team", None)) for name, req in scheduler.calls.calls}
     assert ("GetJob", "vision") in teams and ("GetJob", "") in teams and ("CancelJob", "vision") in teams
-    assert theirs.state == types_pb2.JOB_STATE_PENDING  # the refused cancel changed nothing
+    assert (await scheduler.job(theirs.id)).state == types_pb2.JOB_STATE_PENDING  # the refused cancel changed nothing
 
 
-async def test_cancel_route_with_a_colon(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    job = stub_scheduler.add_job(team="vision")
-    alice = await stub_gateway.create_token("vision", "alice")
-    async with stub_gateway.client(alice) as http:
+async def test_cancel_route_with_a_colon(cluster_gateway: RunningGateway, cluster: Cluster) -> None:
+    job = await cluster.submit(SLEEP, team="vision")
+    await cluster.wait_state(job.id, types_pb2.JOB_STATE_RUNNING)
+    alice = await cluster_gateway.create_token("vision", "alice")
+    async with cluster_gateway.client(alice) as http:
         reply = await http.post(f"/v1/jobs/{job.id}:cancel", json={"reason": "wrong data"})
+        stopped = await cluster.wait_state(job.id, types_pb2.JOB_STATE_CANCELLED)
         again = await http.post(f"/v1/jobs/{job.id}:cancel")
         plain = await http.get(f"/v1/jobs/{job.id}:cancel")
     assert reply.status_code == 200, reply.text
-    assert reply.json()["state"] == "cancelled" and reply.json()["cancel_requested"] is True
+    # A running job is cancelled once its workers have stopped; the first answer says a cancel is under way.
+    assert reply.json()["state"] == "running" and reply.json()["cancel_requested"] is True
+    assert ("cancel_requested", "wrong data") in [(e.kind, e.message) for e in stopped.events]
     assert again.status_code == 200 and again.json()["state"] == "cancelled"
+    assert again.json()["cancel_requested"] is True
     assert plain.status_code == 400  # GET on the cancel path is a (bad) job id, not a cancel
-    cancels = [req for name, req in stub_scheduler.calls if name == "CancelJob"]
+    cancels = cluster.calls.requests("CancelJob")
     assert [(c.job_id, c.team, c.reason) for c in cancels] == [(job.id, "vision", "wrong data"),
                                                                 (job.id, "vision", "")]
 
 
-async def test_list_pages_through_every_job(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    ids = [stub_scheduler.add_job(team="vision", job_id=f"job-{i:03d}").id for i in range(5)]
-    stub_scheduler.add_job(team="vision", job_id="job-run", state=types_pb2.JOB_STATE_RUNNING)
+async def test_list_pages_through_every_job(cluster_gateway: RunningGateway, cluster: Cluster) -> None:
+    # One job takes all 8 GPUs, so the 5 submitted after it wait.
+    running = await cluster.submit(SLEEP, nodes=2, gpus=4, team="vision")
+    await cluster.wait_state(running.id, types_pb2.JOB_STATE_RUNNING)
+    ids = [(await cluster.submit(["true"], name=f"job{i}", team="vision")).id for i in range(5)]
     seen: list[str] = []
     token = ""
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with cluster_gateway.client(cluster_gateway.admin_token) as http:
         while True:
             page = (await http.get("/v1/jobs", params={"page_size": 2, "page_token": token,
                                                        "state": "pending"})).json()
@@ -88,55 +102,72 @@ async def test_list_pages_through_every_job(stub_gateway: RunningGateway, stub_s
         both = await http.get("/v1/jobs", params=[("state", "pending"), ("state", "running")])
     assert seen == ids
     assert len(both.json()["jobs"]) == 6
-    lists = [req for name, req in stub_scheduler.calls if name == "ListJobs"]
+    lists = cluster.calls.requests("ListJobs")
     assert list(lists[0].states) == [types_pb2.JOB_STATE_PENDING] and lists[0].page_size == 2
     assert list(lists[-1].states) == [types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING]
 
 
-async def test_job_json_of_a_finished_job(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    job = stub_scheduler.add_job(
-        team="vision", state=types_pb2.JOB_STATE_FAILED, exit_code=3, message="rank 1 exited with 3",
-        placement=[types_pb2.NodeAssignment(node_id="node-a", node_rank=0, gpu_indices=[0, 1], ranks=[0, 1])],
-        exits=[types_pb2.WorkerExit(rank=1, node_id="node-a", exit_code=3)],
-        events=[types_pb2.JobEvent(kind="failed", message="rank 1 exited with 3")])
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+async def test_job_json_of_a_finished_job(cluster_gateway: RunningGateway, cluster: Cluster) -> None:
+    job = await cluster.submit(python("""
+        import os, sys
+        sys.exit(3 if os.environ["RANK"] == "1" else 0)
+    """), gpus=2, team="vision")
+    await cluster.wait_state(job.id, types_pb2.JOB_STATE_FAILED)
+    async with cluster_gateway.client(cluster_gateway.admin_token) as http:
         body = (await http.get(f"/v1/jobs/{job.id}")).json()
-    assert (body["state"], body["exit_code"], body["message"]) == ("failed", 3, "rank 1 exited with 3")
-    assert body["placement"] == [{"node_id": "node-a", "node_rank": 0, "gpu_indices": [0, 1], "ranks": [0, 1]}]
-    assert body["exits"] == [{"rank": 1, "node_id": "node-a", "exit_code": 3, "signal": 0, "exited_at": None}]
-    assert body["events"] == [{"at": None, "kind": "failed", "message": "rank 1 exited with 3"}]
+    node = body["placement"][0]["node_id"]
+    assert node in cluster.agents
+    assert (body["state"], body["exit_code"], body["message"]) == ("failed", 3, f"rank 1 on {node} exited with code 3")
+    assert body["placement"] == [{"node_id": node, "node_rank": 0, "gpu_indices": [0, 1], "ranks": [0, 1]}]
+    assert [e["rank"] for e in body["exits"]] == [0, 1]
+    failed = body["exits"][1]
+    assert datetime.fromisoformat(failed.pop("exited_at")).tzinfo is not None
+    assert failed == {"rank": 1, "node_id": node, "exit_code": 3, "signal": 0}
+    assert body["events"][0]["kind"] == "admitted"
+    last = body["events"][-1]
+    assert datetime.fromisoformat(last.pop("at")).tzinfo is not None
+    assert last == {"kind": "failed", "message": f"rank 1 on {node} exited with code 3"}
+    assert datetime.fromisoformat(body["finished_at"]) >= datetime.fromisoformat(body["created_at"])
 
 
-def _node(node_id: str, *, gpus: int, allocated: list[int], state: int = types_pb2.NODE_STATE_READY,
-          unhealthy: tuple[int, ...] = ()) -> types_pb2.Node:
-    return types_pb2.Node(
-        node_id=node_id, hostname=node_id, agent_address="127.0.0.1:1", state=state,  # type: ignore[arg-type]
-        gpus=[types_pb2.Gpu(index=i, model="H100-SXM5-80GB", vendor="nvidia",
-                            health=types_pb2.GPU_HEALTH_UNHEALTHY if i in unhealthy else types_pb2.GPU_HEALTH_HEALTHY)
-              for i in range(gpus)],
-        allocated_gpus=allocated, simulated=True)
+async def test_nodes(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> None:
+    async with running_cluster(etcd_endpoint=etcd_endpoint, prefix=key_prefix + "nodes", state_root=tmp_path,
+                               agents={"node-a": "h100x8", "node-b": "a100x4"}, node_timeout_s=1.5) as cluster, \
+            running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+                            scheduler_address=cluster.address) as gw:
+        # node-a: GPU 7 off the bus, GPUs 0 and 1 held by a job; node-b: its agent gone.
+        await cluster.inject_fault("node-a", 7, "fall_off_bus")
+        job = await cluster.submit(SLEEP, gpus=2, accelerator="H100-80GB-HBM3")
+        await cluster.wait_state(job.id, types_pb2.JOB_STATE_RUNNING)
+        await cluster.stop_agent("node-b")
 
+        async def settled() -> bool:
+            a, b = await cluster.list_nodes()
+            return a.gpus[7].health == types_pb2.GPU_HEALTH_UNHEALTHY and b.state == types_pb2.NODE_STATE_NOT_READY
 
-async def test_nodes(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    stub_scheduler.nodes = [_node("node-a", gpus=8, allocated=[0, 1], unhealthy=(7,)),
-                            _node("node-b", gpus=4, allocated=[], state=types_pb2.NODE_STATE_NOT_READY)]
-    secret = await stub_gateway.create_token("vision", "alice")
-    async with stub_gateway.client(secret) as http:
-        nodes = (await http.get("/v1/nodes")).json()["nodes"]
+        await eventually(settled, what="GPU 7 of node-a unhealthy and node-b not ready")
+        assert (await cluster.job(job.id)).state == types_pb2.JOB_STATE_RUNNING
+        secret = await gw.create_token("vision", "alice")
+        async with gw.client(secret) as http:
+            nodes = (await http.get("/v1/nodes")).json()["nodes"]
     summary = [(n["node_id"], n["state"], n["gpus_free"], n["gpus_total"], n["models"]) for n in nodes]
-    assert summary == [("node-a", "ready", 5, 8, ["H100-SXM5-80GB"]), ("node-b", "not_ready", 0, 4, ["H100-SXM5-80GB"])]
+    assert summary == [("node-a", "ready", 5, 8, ["H100-80GB-HBM3"]), ("node-b", "not_ready", 0, 4, ["A100-SXM4-40GB"])]
     assert nodes[0]["gpus"][7]["health"] == "unhealthy" and nodes[0]["gpus"][0]["allocated"] is True
 
 
-async def test_healthz_needs_no_token(stub_gateway: RunningGateway, gateway: RunningGateway) -> None:
-    async with httpx.AsyncClient(base_url=stub_gateway.url) as http:
+async def test_healthz_needs_no_token(live_gateway: RunningGateway, scheduler: Cluster,
+                                      gateway: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=live_gateway.url) as http:
         ok = await http.get("/healthz")
+        await scheduler.stop_scheduler()
+        stopped = await http.get("/healthz")
     async with httpx.AsyncClient(base_url=gateway.url) as http:
         down = await http.get("/healthz")
     assert ok.status_code == 200 and ok.json()["status"] == "ok"
-    assert down.status_code == 503
-    assert down.json()["status"] == "degraded" and not down.json()["scheduler"]["reachable"]
-    assert down.json()["etcd"]["reachable"]
+    for reply in (stopped, down):  # the scheduler stopped, or never there
+        assert reply.status_code == 503
+        assert reply.json()["status"] == "degraded" and not reply.json()["scheduler"]["reachable"]
+        assert reply.json()["etcd"]["reachable"]
 
 
 async def test_openapi_document(gateway: RunningGateway) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from trainyard.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from trainyard_core.rpc.server import insecure_channel
-from trainyard_gateway.testing import RunningGateway
+
+from .support import RunningGateway
 
 
 @pytest.fixture

@@ -1,16 +1,48 @@
 """Bad input is refused by the gateway with 400, a message naming the field, and no call to the
-scheduler (so nothing can change in etcd)."""
+scheduler (so nothing can change in etcd). One real scheduler (no nodes) and one gateway serve the whole
+module: every test here only reads what the gateway answers and what the scheduler was asked."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
-from trainyard_gateway.testing import RunningGateway, StubScheduler
+from trainyard_core.testing.etcd import EtcdProcess
+
+from .support import CallLog, Cluster, RunningGateway, running_cluster, running_gateway
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 GOOD: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
                         "resources": {"nodes": 2, "gpus_per_node": 1}}
+
+
+MODULE_PREFIX = f"/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def scheduler(etcd_server: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    async with running_cluster(etcd_endpoint=etcd_server.endpoint, prefix=f"{MODULE_PREFIX}/scheduler",
+                               state_root=tmp_path_factory.mktemp("nodes")) as cluster:
+        yield cluster
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def live_gateway(etcd_server: EtcdProcess, scheduler: Cluster) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(etcd_endpoints=etcd_server.endpoint, etcd_prefix=MODULE_PREFIX,
+                               scheduler_address=scheduler.address) as gw:
+        yield gw
+
+
+@pytest.fixture
+def calls(scheduler: Cluster) -> CallLog:
+    """What the scheduler is asked during this test."""
+    scheduler.calls.clear()
+    return scheduler.calls
 
 
 def _with(**changes: Any) -> dict[str, Any]:
@@ -61,17 +93,17 @@ def _assert_error(reply: Any, field: str, status: int = 400) -> str:
     ({k: v for k, v in GOOD.items() if k != "resources"}, "resources"),
     ({k: v for k, v in GOOD.items() if k != "command"}, "command"),
 ])
-async def test_bad_job_specs(stub_gateway: RunningGateway, stub_scheduler: StubScheduler,
+async def test_bad_job_specs(live_gateway: RunningGateway, calls: CallLog,
                              body: dict[str, Any], field: str) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.post("/v1/jobs", json=body)
     _assert_error(reply, field)
-    assert stub_scheduler.calls == []
+    assert calls.calls == []
 
 
-async def test_every_problem_is_named(stub_gateway: RunningGateway) -> None:
+async def test_every_problem_is_named(live_gateway: RunningGateway) -> None:
     body = _with(name="Bad", resources__nodes=0, extra_field=1)
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         message = _assert_error(await http.post("/v1/jobs", json=body), "name")
     assert "resources.nodes" in message and "extra_field: unknown field" in message
     assert "(got 0)" in message
@@ -83,20 +115,19 @@ async def test_every_problem_is_named(stub_gateway: RunningGateway) -> None:
     (b"", {"Content-Type": "application/json"}, "request body is required"),
     (b"name=x", {"Content-Type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),
 ])
-async def test_malformed_bodies(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, content: bytes,
+async def test_malformed_bodies(live_gateway: RunningGateway, calls: CallLog, content: bytes,
                                 headers: dict[str, str], expected: str) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.post("/v1/jobs", content=content, headers=headers)
     _assert_error(reply, expected)
-    assert stub_scheduler.calls == []
+    assert calls.calls == []
 
 
-async def test_a_valid_spec_reaches_the_scheduler(stub_gateway: RunningGateway,
-                                                  stub_scheduler: StubScheduler) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+async def test_a_valid_spec_reaches_the_scheduler(live_gateway: RunningGateway, calls: CallLog) -> None:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.post("/v1/jobs", json=GOOD)
     assert reply.status_code == 201, reply.text
-    assert [name for name, _ in stub_scheduler.calls] == ["SubmitJob"]
+    assert calls.methods == ["SubmitJob"]
 
 
 @pytest.mark.parametrize(("query", "field"), [
@@ -107,12 +138,12 @@ async def test_a_valid_spec_reaches_the_scheduler(stub_gateway: RunningGateway,
     ("state=bogus", "state"),
     ("page_token=" + "x" * 2000, "page_token"),
 ])
-async def test_list_parameters(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, query: str,
+async def test_list_parameters(live_gateway: RunningGateway, calls: CallLog, query: str,
                                field: str) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.get("/v1/jobs?" + query)
     _assert_error(reply, field)
-    assert stub_scheduler.calls == []
+    assert calls.calls == []
 
 
 @pytest.mark.parametrize(("method", "path", "field"), [
@@ -122,16 +153,16 @@ async def test_list_parameters(stub_gateway: RunningGateway, stub_scheduler: Stu
     ("GET", "/v1/jobs/job-abc/logs?tail=-1", "tail"),
     ("GET", "/v1/jobs/job-abc/logs?attempt=-1", "attempt"),
 ])
-async def test_path_and_query_checks(stub_gateway: RunningGateway, stub_scheduler: StubScheduler, method: str,
+async def test_path_and_query_checks(live_gateway: RunningGateway, calls: CallLog, method: str,
                                      path: str, field: str) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.request(method, path)
     _assert_error(reply, field)
-    assert stub_scheduler.calls == []
+    assert calls.calls == []
 
 
-async def test_idempotency_key_is_bounded(stub_gateway: RunningGateway, stub_scheduler: StubScheduler) -> None:
-    async with stub_gateway.client(stub_gateway.admin_token) as http:
+async def test_idempotency_key_is_bounded(live_gateway: RunningGateway, calls: CallLog) -> None:
+    async with live_gateway.client(live_gateway.admin_token) as http:
         reply = await http.post("/v1/jobs", json=GOOD, headers={"Idempotency-Key": "k" * 200})
     _assert_error(reply, "Idempotency-Key")
-    assert stub_scheduler.calls == []
+    assert calls.calls == []

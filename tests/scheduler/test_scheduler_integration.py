@@ -3,6 +3,7 @@ GPUs (fake NVML): submission to success, input errors, leader election, fencing.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -187,3 +188,25 @@ async def test_exits_reported_after_the_gang_was_released_still_land_on_the_job(
     assert not await repo.record_exit(job.id, 1, late)  # another attempt: not this job's
     final = await repo.get_job(job.id)
     assert final is not None and [(e.rank, e.exit_code) for e in final[0].exits] == [(0, 3), (1, 143)]
+
+
+async def test_scheduler_answers_unavailable_when_etcd_dies() -> None:
+    """Regression: after etcd died, closing the broken client waited on aetcd's watch stream, so
+    GetJob hung past any client deadline instead of answering UNAVAILABLE."""
+    from trainyard_core.testing import etcd as etcd_proc
+
+    member = etcd_proc.start_single()
+    app = SchedulerApp(sched_settings(member.endpoint, "/dying"))
+    await app.start()
+    try:
+        # Straight after start, while the election and the mirror's watch are busy: the window where the
+        # hang showed up.
+        etcd_proc.stop_and_clean(member)
+        stub = job_service(app)
+        for _ in range(3):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetJob(scheduler_pb2.GetJobRequest(job_id="job-gone"), timeout=8)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+    finally:
+        etcd_proc.stop_and_clean(member)
+        await asyncio.wait_for(app.stop(), 20)

@@ -63,6 +63,7 @@ class EtcdStore:
         self._timeout = timeout
         self._client: aetcd.Client | None = None
         self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -85,11 +86,19 @@ class EtcdStore:
         client, self._client = self._client, None
         self._current = (self._current + 1) % len(self._endpoints)
         if client is not None:
-            try:
-                await client.close()
-            except Exception:  # closing a broken channel may fail too; nothing to do about it
-                log.debug("closing etcd client failed", exc_info=True)
+            # Closing may wait on aetcd's watch stream of a dead member; never let the failing call (and
+            # its caller's deadline) wait for that.
+            task = asyncio.create_task(self._close_quietly(client))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         return err
+
+    @staticmethod
+    async def _close_quietly(client: aetcd.Client) -> None:
+        try:
+            await asyncio.wait_for(client.close(), 2.0)
+        except Exception:  # TimeoutError included; a broken channel may fail to close; nothing to do
+            log.debug("closing etcd client failed", exc_info=True)
 
     async def _read_range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
         # Reads are safe to retry on the next endpoint.
