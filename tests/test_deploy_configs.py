@@ -48,3 +48,11 @@ def test_bad_settings_name_the_setting(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(SettingsError, match="mapping"):
         load_settings(SchedulerSettings, prog="s", env_prefix="P_", argv=["--config", str(bad)], env={})
+
+
+def test_node_timeout_must_cover_several_heartbeats() -> None:
+    from trainyard_core.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="at least 3 heartbeat intervals"):
+        load_settings(SchedulerSettings, prog="s", env_prefix="P_",
+                      argv=["--node-timeout-s", "1", "--heartbeat-interval-ms", "1000"], env={})

@@ -59,34 +59,46 @@ async def test_launch_logs_exit_report_and_list(agent: AgentApp, scheduler: Sche
 
 async def test_stop_over_grpc(agent: AgentApp, agent_stub: agent_pb2_grpc.AgentServiceStub,
                               scheduler: Scheduler) -> None:
-    launched = await agent_stub.LaunchWorkers(launch_req("job-stop", "import time; time.sleep(300)", scheduler.epoch,
-                                                         ranks=2))
-    assert len(launched.pids) == 2 and not launched.already_running
-    resp = await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="job-stop", attempt=1,
+    # Workers of a job the scheduler placed (workers nobody placed would be stopped by the scheduler itself).
+    await scheduler.registered()
+    job_id = await scheduler.submit([PY, "-c", "import time; time.sleep(300)"], gpus=2)
+    await scheduler.job_in(job_id, types_pb2.JOB_STATE_RUNNING)
+    resp = await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id=job_id, attempt=1,
                                                                       grace_period_ms=500, reason="cancel"))
     assert resp.stopped == 2
     listed = await agent_stub.ListWorkers(agent_pb2.ListWorkersRequest())
-    assert {(w.running, w.signal, w.exit_code) for w in listed.workers} == {(False, 15, 143)}
-    # The scheduler acknowledges the exits (it records them only for jobs it placed: see test_agent_report).
+    assert {(w.running, w.signal, w.exit_code) for w in listed.workers if w.job_id == job_id} == {(False, 15, 143)}
     assert agent.supervisor is not None
-    path = agent.supervisor.jobs_root / "job-stop" / "attempt-1" / records.RECORD_NAME
+    path = agent.supervisor.jobs_root / job_id / "attempt-1" / records.RECORD_NAME
     await until(lambda: [w.reported for w in records.load(path).workers] == [True, True],  # type: ignore[union-attr]
                 "the stopped workers' exits to be acknowledged")
-    assert (await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="job-stop", attempt=1))).stopped == 0
+    job = await scheduler.job_in(job_id, types_pb2.JOB_STATE_FAILED)
+    assert {(e.signal, e.exit_code) for e in job.exits} == {(15, 143)}
+    assert (await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id=job_id, attempt=1))).stopped == 0
     assert (await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="nope", attempt=1))).stopped == 0
 
 
 async def test_stream_logs_follows_until_the_workers_exit(agent_stub: agent_pb2_grpc.AgentServiceStub,
                                                           scheduler: Scheduler) -> None:
-    code = "import time\nfor i in range(10):\n    print(i)\n    time.sleep(0.05)\n"
-    await agent_stub.LaunchWorkers(launch_req("job-stream", code, scheduler.epoch))
+    # The worker waits for the follower to attach (a gate file), so the stream sees lines as they come.
+    import tempfile
+    from pathlib import Path
+
+    gate = Path(tempfile.mkdtemp()) / "go"
+    code = (f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\n"
+            "for i in range(10):\n    print(i, flush=True)\n    time.sleep(0.05)\n")
+    await scheduler.registered()
+    job_id = await scheduler.submit([PY, "-c", code], gpus=1)
+    await scheduler.job_in(job_id, types_pb2.JOB_STATE_RUNNING)
     texts: list[str] = []
 
     async def follow() -> None:
-        async for chunk in agent_stub.StreamWorkerLogs(agent_pb2.GetWorkerLogsRequest(job_id="job-stream")):
+        async for chunk in agent_stub.StreamWorkerLogs(agent_pb2.GetWorkerLogsRequest(job_id=job_id)):
             texts.extend(ln.text for ln in chunk.lines)
 
-    await asyncio.wait_for(follow(), timeout=20)
+    follower = asyncio.ensure_future(follow())
+    gate.touch()
+    await asyncio.wait_for(follower, timeout=20)
     assert texts == [str(i) for i in range(10)]
 
 
@@ -128,7 +140,7 @@ async def test_a_stale_leader_is_refused_after_a_newer_epoch_was_seen(
     assert "stale scheduler leader" in (info.value.details() or "")
 
 
-@pytest.mark.parametrize("scheduler_options", [{"heartbeat_interval_ms": 60_000}])
+@pytest.mark.parametrize("scheduler_options", [{"heartbeat_interval_ms": 60_000, "node_timeout_s": 300.0}])
 async def test_injected_xid_reaches_the_scheduler_at_once(agent: AgentApp, scheduler: Scheduler,
                                                           agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
     # The scheduler asks for a beat a minute: only an immediate push can deliver the change in time.

@@ -82,3 +82,24 @@ def test_master_port_avoids_ports_in_use() -> None:
     first = choose_master_port("job-1", 0, set(), (29500, 29502))
     second = choose_master_port("job-1", 0, {first}, (29500, 29502))
     assert first != second and 29500 <= second <= 29502
+
+
+def test_node_running_workers_of_a_released_gang_takes_no_new_gang() -> None:
+    from dataclasses import replace
+
+    snap = snapshot([make_node("n-a"), make_node("n-b")], [make_job(gpus=1)])
+    snap = replace(snap, reported_running={"n-a": frozenset({("job-gone", 1)}), "n-b": frozenset()})
+    assert snap.orphans() == {"n-a": {("job-gone", 1)}}
+    (d,) = place(snap, PROFILE, NOW).decisions
+    assert [a.node_id for a in d.assignments] == ["n-b"]
+
+
+def test_reported_workers_of_a_live_allocation_are_not_orphans() -> None:
+    from dataclasses import replace
+
+    alloc = alloc_on("job-x", "n-a", (0,))
+    snap = replace(snapshot([make_node("n-a")], allocations=[alloc]),
+                   reported_running={"n-a": frozenset({("job-x", 0)})})
+    assert snap.orphans() == {}
+    snap = replace(snap, reported_running={"n-a": frozenset({("job-x", 7)})})  # another attempt
+    assert snap.orphans() == {"n-a": {("job-x", 7)}}

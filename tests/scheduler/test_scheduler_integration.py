@@ -183,9 +183,10 @@ async def test_exits_reported_after_the_gang_was_released_still_land_on_the_job(
     finished = replace(job, state=JobState.FAILED, exits=(WorkerExit(0, "node-a", 3, 0, 1.0),))
     await repo.update_job(finished, rev)
     late = WorkerExit(1, "node-a", 143, 15, 2.0)
-    assert await repo.record_exit(job.id, 0, late)
-    assert await repo.record_exit(job.id, 0, late)  # idempotent
-    assert not await repo.record_exit(job.id, 1, late)  # another attempt: not this job's
+    assert job.attempt == 1  # attempts count from 1
+    assert await repo.record_exit(job.id, 1, late)
+    assert await repo.record_exit(job.id, 1, late)  # idempotent
+    assert not await repo.record_exit(job.id, 2, late)  # another attempt: not this job's
     final = await repo.get_job(job.id)
     assert final is not None and [(e.rank, e.exit_code) for e in final[0].exits] == [(0, 3), (1, 143)]
 
@@ -210,3 +211,38 @@ async def test_scheduler_answers_unavailable_when_etcd_dies() -> None:
     finally:
         etcd_proc.stop_and_clean(member)
         await asyncio.wait_for(app.stop(), 20)
+
+
+async def test_workers_no_allocation_accounts_for_are_stopped(leader: SchedulerApp, agent: AgentApp) -> None:
+    """A node declared lost has its gang released; when it comes back still running those workers, the
+    scheduler stops them and places nothing on the node meanwhile (no GPU in two gangs)."""
+    from trainyard_core.store import Delete
+
+    repo = Repository(leader.store, leader.keys)
+    stub = job_service(leader)
+    await eventually(lambda: _nodes(leader), what="node registered")
+    sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
+        spec=spec([sys.executable, "-c", "import time; time.sleep(600)"], gpus=4)))
+    await wait_state(stub, sub.job.id, types_pb2.JOB_STATE_RUNNING)
+    assert agent.supervisor is not None
+
+    # A returning node reports what it runs in the same message that makes it alive again.
+    await eventually(lambda: _true((sub.job.id, 1) in leader.liveness.running().get("node-a", ())),
+                     what="agent reported the job running")
+    # The state a lost node leaves behind: the job finished as FAILED, its allocation gone.
+    found = await repo.get_job(sub.job.id)
+    assert found is not None
+    job, rev = found
+    await leader.store.txn([], [Delete(leader.keys.allocation(job.id))])
+    await repo.update_job(replace(job, state=JobState.FAILED, message="node node-a lost contact"), rev)
+
+    waiting = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec([sys.executable, "-c", "pass"], gpus=4)))
+
+    async def stray_gone() -> bool:
+        assert agent.supervisor is not None
+        return not any(w.job_id == job.id and w.running for w in agent.supervisor.list_workers())
+
+    await eventually(stray_gone, timeout=20, what="stray workers stopped")
+    # Only then does the node take the next gang: it never shared the GPUs with the strays.
+    done = await wait_state(stub, waiting.job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    assert done.started_at.ToNanoseconds() > 0

@@ -17,17 +17,27 @@ class NodeLiveness:
         self._timeout = timeout_s
         self._last: dict[str, float] = {}
         self._since = clock.monotonic()
+        # What each agent last said it runs: {(job_id, attempt)}.
+        self._running: dict[str, frozenset[tuple[str, int]]] = {}
 
     def reset(self) -> None:
         """Start of a term as leader."""
         self._last.clear()
+        self._running.clear()
         self._since = self._clock.monotonic()
+
+    def report_running(self, node_id: str, running: frozenset[tuple[str, int]]) -> None:
+        self._running[node_id] = running
+
+    def running(self) -> dict[str, frozenset[tuple[str, int]]]:
+        return dict(self._running)
 
     def seen(self, node_id: str) -> None:
         self._last[node_id] = self._clock.monotonic()
 
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
+        self._running.pop(node_id, None)
 
     def last_seen_age(self, node_id: str) -> float | None:
         t = self._last.get(node_id)

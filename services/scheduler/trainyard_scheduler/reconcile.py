@@ -94,7 +94,8 @@ class SnapshotBuilder:
         for stale in [key for key in self._cache if key not in live]:
             del self._cache[stale]
         return ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
-                               job_revisions=job_revs, allocation_revisions=alloc_revs)
+                               job_revisions=job_revs, allocation_revisions=alloc_revs,
+                               reported_running=liveness.running())
 
 
 class Reconciler:
@@ -152,6 +153,13 @@ class Reconciler:
                 continue
             with log_context(job_id=job_id):
                 await self._progress(snap, job, alloc, now)
+        for node_id, strays in snap.orphans().items():
+            node = snap.nodes.get(node_id)
+            if node is None or node_id not in snap.alive:
+                continue
+            for job_id, attempt in strays:
+                self._spawn((job_id, attempt, node_id, "stop-orphan"),
+                            functools.partial(self._stop_orphan, node, job_id, attempt))
 
     @staticmethod
     def _observe(snap: ClusterSnapshot) -> None:
@@ -251,6 +259,15 @@ class Reconciler:
             launch.job_id, launch.attempt,
             lambda a: None if node.node_id in a.launched else replace(a, launched=a.launched | {node.node_id}))
         log.info("workers launched", extra={"ranks": [w.rank for w in launch.workers]})
+
+    async def _stop_orphan(self, node: Node, job_id: str, attempt: int) -> None:
+        log.warning("stopping workers no allocation accounts for", extra={"attempt": attempt})
+        try:
+            await self._agents.stop(node, job_id, attempt, self._settings.stop_grace_s,
+                                    "no allocation accounts for these workers (gang released)")
+        except Unavailable as exc:
+            metrics.AGENT_CALL_FAILURES.labels("stop").inc()
+            log.warning("orphan stop on %s failed, will retry: %s", node.node_id, exc)
 
     async def _stop(self, node: Node, alloc: Allocation) -> None:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainyard_core.settings import BaseSettings
 
@@ -28,6 +28,16 @@ class SchedulerSettings(BaseSettings):
         if not sep or not lo.isdigit() or not hi.isdigit() or not 1024 <= int(lo) <= int(hi) <= 65535:
             raise ValueError("must look like LOW-HIGH with 1024 <= LOW <= HIGH <= 65535")
         return v
+
+    @model_validator(mode="after")
+    def _timeout_covers_heartbeats(self) -> SchedulerSettings:
+        # Agents heartbeat at the interval the scheduler hands them; a timeout shorter than a few
+        # intervals would declare healthy nodes lost between two beats.
+        if self.node_timeout_s * 1000 < 3 * self.heartbeat_interval_ms:
+            raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be at least 3 heartbeat intervals "
+                             f"({3 * self.heartbeat_interval_ms / 1000:g}s with heartbeat_interval_ms="
+                             f"{self.heartbeat_interval_ms})")
+        return self
 
     @property
     def port_range(self) -> tuple[int, int]:

@@ -85,7 +85,8 @@ class Job:
     user: str
     created_at: float
     updated_at: float
-    attempt: int = 0
+    # Attempts count from 1; 0 means "every attempt" in the agents' and gateway's log APIs.
+    attempt: int = 1
     exit_code: int = 0
     message: str = ""
     cancel_requested: bool = False

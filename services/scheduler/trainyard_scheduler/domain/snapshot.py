@@ -18,6 +18,20 @@ class ClusterSnapshot:
     # Store revision each record was read at (for compare-and-swap when committing).
     job_revisions: Mapping[str, int] = field(default_factory=dict)
     allocation_revisions: Mapping[str, int] = field(default_factory=dict)
+    # What each node's agent last reported running: {(job_id, attempt)}.
+    reported_running: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+
+    def orphans(self) -> dict[str, set[tuple[str, int]]]:
+        """Workers an agent runs that no allocation accounts for on that node (e.g. a node that was
+        declared lost, whose gang was released, and that came back). Their GPUs are not free: the node
+        takes no new gang until they are stopped."""
+        out: dict[str, set[tuple[str, int]]] = {}
+        for node_id, running in self.reported_running.items():
+            for job_id, attempt in running:
+                alloc = self.allocations.get(job_id)
+                if alloc is None or alloc.attempt != attempt or node_id not in alloc.node_ids:
+                    out.setdefault(node_id, set()).add((job_id, attempt))
+        return out
 
     def used_gpus(self) -> dict[str, set[int]]:
         used: dict[str, set[int]] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 
 import grpc.aio
@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+
+
+def _running(running: Iterable[scheduler_pb2.RunningAllocation]) -> frozenset[tuple[str, int]]:
+    return frozenset((r.job_id, r.attempt) for r in running)
 
 
 def _check_job_id(job_id: str) -> None:
@@ -166,6 +170,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             pass
         await self._repo.put_node(node)
         self._liveness.seen(node.node_id)
+        self._liveness.report_running(node.node_id, _running(request.running))
         self._last_heartbeat[node.node_id] = self._clock.now()
         with log_context(node_id=node.node_id):
             log.info("node registered", extra={"gpus": len(node.gpus), "agent": node.agent_address})
@@ -185,6 +190,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                     yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
                     continue
             self._liveness.seen(req.node_id)
+            self._liveness.report_running(req.node_id, _running(req.running))
             self._last_heartbeat[req.node_id] = self._clock.now()
             if req.gpus:
                 await self._update_health(req)

@@ -22,6 +22,8 @@ class NodeView:
     node: Node
     free_gpus: tuple[int, ...]
     alive: bool
+    # The node still runs workers no allocation accounts for; they are being stopped.
+    has_orphans: bool = False
 
 
 class FilterPlugin(Protocol):

@@ -65,8 +65,9 @@ def place(snapshot: ClusterSnapshot, profile: Profile, now: float,
 
     decisions: list[Decision] = []
     unplaced: list[Unplaced] = []
+    orphaned = frozenset(snapshot.orphans())
     for job in pending_in_order(snapshot.jobs):
-        decision, reason = _place_one(job, snapshot, free, ports, profile, port_range)
+        decision, reason = _place_one(job, snapshot, free, ports, profile, port_range, orphaned)
         if decision is None:
             unplaced.append(Unplaced(job.id, reason))
             continue
@@ -79,12 +80,13 @@ def place(snapshot: ClusterSnapshot, profile: Profile, now: float,
 
 def _place_one(job: Job, snapshot: ClusterSnapshot, free: Mapping[str, Sequence[int]],
                ports: Mapping[str, set[int]], profile: Profile,
-               port_range: tuple[int, int]) -> tuple[Decision | None, str]:
+               port_range: tuple[int, int], orphaned: frozenset[str]) -> tuple[Decision | None, str]:
     res = job.spec.resources
     candidates: list[tuple[float, str, NodeView]] = []
     reasons: dict[str, int] = {}
     for node_id, node in snapshot.nodes.items():
-        view = NodeView(node=node, free_gpus=tuple(free[node_id]), alive=node_id in snapshot.alive)
+        view = NodeView(node=node, free_gpus=tuple(free[node_id]), alive=node_id in snapshot.alive,
+                        has_orphans=node_id in orphaned)
         rejected = next((r for f in profile.filters if (r := f.filter(job, view)) is not None), None)
         if rejected is not None:
             reasons[rejected] = reasons.get(rejected, 0) + 1

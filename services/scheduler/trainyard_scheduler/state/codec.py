@@ -71,7 +71,7 @@ def decode_job(raw: bytes) -> Job:
                    priority=s.get("priority", 0), max_restarts=s.get("max_restarts", 0),
                    labels=s.get("labels", {}))
     return Job(id=d["id"], spec=spec, state=JobState(d["state"]), team=d["team"], user=d["user"],
-               created_at=d["created_at"], updated_at=d["updated_at"], attempt=d.get("attempt", 0),
+               created_at=d["created_at"], updated_at=d["updated_at"], attempt=d.get("attempt", 1),
                exit_code=d.get("exit_code", 0), message=d.get("message", ""),
                cancel_requested=d.get("cancel_requested", False),
                placement=tuple(_assignment_from(a) for a in d.get("placement", [])),

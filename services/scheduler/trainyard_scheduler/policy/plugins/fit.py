@@ -23,6 +23,8 @@ class NodeReady:
             return "node not ready"
         if view.node.cordoned:
             return "node cordoned"
+        if view.has_orphans:
+            return "node still runs workers of a released gang"
         return None
 
 
