@@ -38,7 +38,7 @@ etcd:
 	fi
 
 $(GEN_STAMP): $(PROTOS) tools/gen_proto.py $(STAMP)
-	$(PY) tools/gen_proto.py
+	@set -o pipefail; $(PY) tools/gen_proto.py 2>&1 | { grep -v "^Writing mypy to" || true; }
 	@touch $(GEN_STAMP)
 
 proto: $(GEN_STAMP)
