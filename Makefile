@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml requirements.lock
 	  { echo "Trainyard needs Python >= 3.11 (found $$($(PYTHON) --version 2>&1)). Install python3.11 or set PYTHON=..."; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || \
 	  { echo "cannot create a virtual environment: install the python3-venv package (apt-get install python3-venv)"; exit 1; }
+	@# gen/ must exist before the editable install, or the install does not map the generated package.
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock grpcio-tools mypy-protobuf
+	@set -o pipefail; $(PY) tools/gen_proto.py 2>&1 | { grep -v "^Writing mypy to" || true; }
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	@touch $(STAMP)
 
