@@ -190,7 +190,7 @@ class Reconciler:
                     log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size})
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
-        step = progress(job, alloc, snap.alive, now)
+        step = progress(job, alloc, snap.alive, now, snap.nodes)
         if step.writes:
             ok = await self._try(self._repo.write(
                 job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,

@@ -124,6 +124,10 @@ class Allocation:
         return tuple(a.node_id for a in self.assignments)
 
 
+# Health-policy actions (decided by the node agent's policy table) that take the whole node out of service.
+NODE_ACTIONS = frozenset({"drain_node", "reboot_host"})
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     index: int
@@ -133,6 +137,20 @@ class Gpu:
     memory_mb: int
     healthy: bool = True
     health_reason: str = ""
+    # "none", "restart_job", "reset_gpu", "drain_node" or "reboot_host" (the agent's policy).
+    health_action: str = "none"
+    compute_capability: str = ""
+    pci_bus_id: str = ""
+    numa_node: int = -1
+    nvlink_island: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLink:
+    gpu_a: int
+    gpu_b: int
+    level: str
+    nvlinks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +167,9 @@ class Node:
     memory_mb: int = 0
     driver_version: str = ""
     simulated: bool = False
+    cuda_version: str = ""
+    gpu_links: tuple[GpuLink, ...] = ()
+    cordon_reason: str = ""
+
+    def unhealthy_gpus(self) -> frozenset[int]:
+        return frozenset(g.index for g in self.gpus if not g.healthy)

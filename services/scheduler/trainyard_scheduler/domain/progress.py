@@ -7,10 +7,11 @@ stop or reported every rank's exit, so no GPU is handed out while a worker may s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .jobs import describe_exit, first_failure, transition
-from .models import Allocation, Job, JobState
+from .models import Allocation, Job, JobState, Node
 
 
 @dataclass(frozen=True)
@@ -27,19 +28,23 @@ class Step:
         return self.job is not None or self.alloc is not None or self.release
 
 
-def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float) -> Step:
+def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
+             nodes: Mapping[str, Node] | None = None) -> Step:
     exited = {e.rank for e in alloc.exits}
     reason = alloc.stop_reason
     new_alloc: Allocation | None = None
     if not reason:
         failure = first_failure(alloc.exits)
         lost = [n for n in alloc.node_ids if n not in alive]
+        sick = _unhealthy_gpu(alloc, nodes or {})
         if job.cancel_requested:
             reason = "cancelled"
         elif failure is not None:
             reason = describe_exit(failure)
         elif lost:
             reason = f"node {lost[0]} lost contact"
+        elif sick:
+            reason = sick
         if reason:
             new_alloc = replace(alloc, stop_reason=reason)
 
@@ -62,6 +67,18 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float) -> 
         return Step(job=transition(job, JobState.RUNNING, now,
                                    f"{alloc.world_size} worker(s) running on {len(alloc.assignments)} node(s)"))
     return Step()
+
+
+def _unhealthy_gpu(alloc: Allocation, nodes: Mapping[str, Node]) -> str:
+    """The first GPU of the gang that its node reports unhealthy, as a reason; "" when none."""
+    for a in alloc.assignments:
+        node = nodes.get(a.node_id)
+        if node is None:
+            continue
+        for gpu in node.gpus:
+            if gpu.index in a.gpu_indices and not gpu.healthy:
+                return f"GPU {gpu.index} on {a.node_id} became unhealthy: {gpu.health_reason or 'no reason given'}"
+    return ""
 
 
 def _finish(job: Job, alloc: Allocation, now: float) -> Job:

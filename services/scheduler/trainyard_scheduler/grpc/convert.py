@@ -8,7 +8,18 @@ from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard_core.errors import InvalidArgument
 
-from ..domain.models import Allocation, Gpu, Job, JobSpec, JobState, Node, NodeAssignment, Resources, WorkerExit
+from ..domain.models import (
+    Allocation,
+    Gpu,
+    GpuLink,
+    Job,
+    JobSpec,
+    JobState,
+    Node,
+    NodeAssignment,
+    Resources,
+    WorkerExit,
+)
 from ..launch import NodeLaunch
 
 _STATE_TO_PB = {
@@ -91,8 +102,17 @@ def exit_from_pb(pb: types_pb2.WorkerExit, node_id: str, now: float) -> WorkerEx
 
 def gpu_from_pb(g: types_pb2.Gpu) -> Gpu:
     # Degraded GPUs stay schedulable; only UNHEALTHY ones are taken out of placement.
+    action = g.health_action or "none"
+    if action not in HEALTH_ACTIONS:
+        raise InvalidArgument(f"gpu {g.index}: health_action {action!r} is not one of "
+                              f"{', '.join(sorted(HEALTH_ACTIONS))}")
     return Gpu(index=g.index, uuid=g.uuid, vendor=g.vendor, model=g.model, memory_mb=g.memory_mb,
-               healthy=g.health != types_pb2.GPU_HEALTH_UNHEALTHY, health_reason=g.health_reason)
+               healthy=g.health != types_pb2.GPU_HEALTH_UNHEALTHY, health_reason=g.health_reason,
+               health_action=action, compute_capability=g.compute_capability, pci_bus_id=g.pci_bus_id,
+               numa_node=g.numa_node, nvlink_island=g.nvlink_island)
+
+
+HEALTH_ACTIONS = frozenset({"none", "ignore", "restart_job", "reset_gpu", "drain_node", "reboot_host"})
 
 
 def node_from_pb(pb: types_pb2.Node, now: float) -> Node:
@@ -103,10 +123,15 @@ def node_from_pb(pb: types_pb2.Node, now: float) -> Node:
         raise InvalidArgument("node.gpus indices must be >= 0")
     if not pb.agent_address or ":" not in pb.agent_address:
         raise InvalidArgument("node.agent_address must be host:port")
+    indices = {g.index for g in gpus}
+    links = tuple(GpuLink(x.gpu_a, x.gpu_b, x.level, x.nvlinks) for x in pb.gpu_links)
+    if any(x.gpu_a not in indices or x.gpu_b not in indices for x in links):
+        raise InvalidArgument("node.gpu_links names a GPU index the node does not have")
     return Node(node_id=pb.node_id, hostname=pb.hostname or pb.node_id, agent_address=pb.agent_address,
                 worker_address=pb.worker_address or pb.agent_address.rsplit(":", 1)[0], gpus=gpus,
                 registered_at=now, labels=dict(pb.labels), cordoned=pb.cordoned, cpus=pb.cpus,
-                memory_mb=pb.memory_mb, driver_version=pb.driver_version, simulated=pb.simulated)
+                memory_mb=pb.memory_mb, driver_version=pb.driver_version, simulated=pb.simulated,
+                cuda_version=pb.cuda_version, gpu_links=links)
 
 
 def node_to_pb(node: Node, *, alive: bool, allocated: set[int], last_heartbeat: float | None) -> types_pb2.Node:
@@ -119,10 +144,15 @@ def node_to_pb(node: Node, *, alive: bool, allocated: set[int], last_heartbeat: 
         worker_address=node.worker_address, cpus=node.cpus, memory_mb=node.memory_mb, labels=dict(node.labels),
         state=state, cordoned=node.cordoned, registered_at=_ts(node.registered_at),
         last_heartbeat=_ts(last_heartbeat), allocated_gpus=sorted(allocated),
-        driver_version=node.driver_version, simulated=node.simulated,
+        driver_version=node.driver_version, simulated=node.simulated, cuda_version=node.cuda_version,
+        cordon_reason=node.cordon_reason,
+        gpu_links=[types_pb2.GpuLink(gpu_a=x.gpu_a, gpu_b=x.gpu_b, level=x.level, nvlinks=x.nvlinks)
+                   for x in node.gpu_links],
         gpus=[types_pb2.Gpu(index=g.index, uuid=g.uuid, vendor=g.vendor, model=g.model, memory_mb=g.memory_mb,
                             health=types_pb2.GPU_HEALTH_HEALTHY if g.healthy else types_pb2.GPU_HEALTH_UNHEALTHY,
-                            health_reason=g.health_reason) for g in node.gpus])
+                            health_reason=g.health_reason, health_action=g.health_action,
+                            compute_capability=g.compute_capability, pci_bus_id=g.pci_bus_id,
+                            numa_node=g.numa_node, nvlink_island=g.nvlink_island) for g in node.gpus])
 
 
 def launch_to_pb(launch: NodeLaunch, epoch: int) -> agent_pb2.LaunchWorkersRequest:

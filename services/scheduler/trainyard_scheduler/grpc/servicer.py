@@ -18,6 +18,7 @@ from trainyard_core.errors import Conflict, InvalidArgument, NotFound
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
 
+from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
 from ..domain.models import Job, JobState
 from ..domain.validation import check_fits_fleet, validate_spec, validate_team
@@ -165,10 +166,15 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         node = convert.node_from_pb(request.node, self._clock.now())
         try:
             old = await self._repo.get_node(node.node_id)
-            node = replace(node, cordoned=old.cordoned)  # cordon is the operator's, not the agent's
+            # Cordon is the operator's (or the health policy's), not the agent's to lift.
+            node = replace(node, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
         except NotFound:
-            pass
+            old = None
+        node = cordon_for_health(node)
         await self._repo.put_node(node)
+        if node.cordoned and (old is None or not old.cordoned):
+            with log_context(node_id=node.node_id):
+                log.warning("node cordoned by the health policy", extra={"reason": node.cordon_reason})
         self._liveness.seen(node.node_id)
         self._liveness.report_running(node.node_id, _running(request.running))
         self._last_heartbeat[node.node_id] = self._clock.now()
@@ -198,14 +204,15 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def _update_health(self, req: scheduler_pb2.HeartbeatRequest) -> None:
         node = await self._repo.get_node(req.node_id)
-        changed = {g.index: convert.gpu_from_pb(g) for g in req.gpus}
-        gpus = tuple(replace(g, healthy=changed[g.index].healthy, health_reason=changed[g.index].health_reason)
-                     if g.index in changed else g for g in node.gpus)
-        if gpus != node.gpus:
-            await self._repo.put_node(replace(node, gpus=gpus))
+        updated = apply_gpu_health(node, {g.index: convert.gpu_from_pb(g) for g in req.gpus})
+        if updated != node:
+            await self._repo.put_node(updated)
             with log_context(node_id=node.node_id):
                 log.warning("GPU health changed", extra={
-                    "unhealthy": [g.index for g in gpus if not g.healthy]})
+                    "unhealthy": sorted(updated.unhealthy_gpus()),
+                    "reasons": {g.index: g.health_reason for g in updated.gpus if not g.healthy}})
+                if updated.cordoned and not node.cordoned:
+                    log.warning("node cordoned by the health policy", extra={"reason": updated.cordon_reason})
 
     async def ReportWorkerExit(self, request: scheduler_pb2.ReportWorkerExitRequest,
                                context: grpc.aio.ServicerContext) -> scheduler_pb2.ReportWorkerExitResponse:
@@ -239,7 +246,10 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     async def CordonNode(self, request: scheduler_pb2.CordonNodeRequest,
                          context: grpc.aio.ServicerContext) -> scheduler_pb2.CordonNodeResponse:
         self._leadership.require()
-        node = replace(await self._repo.get_node(request.node_id), cordoned=request.cordoned)
+        if len(request.reason) > 1024:
+            raise InvalidArgument("reason must be at most 1024 characters")
+        node = replace(await self._repo.get_node(request.node_id), cordoned=request.cordoned,
+                       cordon_reason=(request.reason or "cordoned by an operator") if request.cordoned else "")
         await self._repo.put_node(node)
         with log_context(node_id=node.node_id):
             log.info("node cordon changed", extra={"cordoned": node.cordoned, "reason": request.reason})

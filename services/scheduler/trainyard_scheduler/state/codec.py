@@ -8,6 +8,7 @@ from typing import Any
 from ..domain.models import (
     Allocation,
     Gpu,
+    GpuLink,
     Job,
     JobEvent,
     JobSpec,
@@ -107,9 +108,13 @@ def encode_node(n: Node) -> bytes:
         "v": 1, "node_id": n.node_id, "hostname": n.hostname, "agent_address": n.agent_address,
         "worker_address": n.worker_address, "registered_at": n.registered_at, "labels": dict(n.labels),
         "cordoned": n.cordoned, "cpus": n.cpus, "memory_mb": n.memory_mb,
-        "driver_version": n.driver_version, "simulated": n.simulated,
+        "driver_version": n.driver_version, "simulated": n.simulated, "cuda_version": n.cuda_version,
+        "cordon_reason": n.cordon_reason,
+        "links": [[x.gpu_a, x.gpu_b, x.level, x.nvlinks] for x in n.gpu_links],
         "gpus": [{"index": g.index, "uuid": g.uuid, "vendor": g.vendor, "model": g.model,
-                  "memory_mb": g.memory_mb, "healthy": g.healthy, "health_reason": g.health_reason}
+                  "memory_mb": g.memory_mb, "healthy": g.healthy, "health_reason": g.health_reason,
+                  "health_action": g.health_action, "cc": g.compute_capability, "pci": g.pci_bus_id,
+                  "numa": g.numa_node, "island": g.nvlink_island}
                  for g in n.gpus],
     })
 
@@ -120,7 +125,12 @@ def decode_node(raw: bytes) -> Node:
                 worker_address=d["worker_address"], registered_at=d["registered_at"],
                 labels=d.get("labels", {}), cordoned=d.get("cordoned", False), cpus=d.get("cpus", 0),
                 memory_mb=d.get("memory_mb", 0), driver_version=d.get("driver_version", ""),
-                simulated=d.get("simulated", False),
+                simulated=d.get("simulated", False), cuda_version=d.get("cuda_version", ""),
+                cordon_reason=d.get("cordon_reason", ""),
+                gpu_links=tuple(GpuLink(a, b, level, nv) for a, b, level, nv in d.get("links", [])),
                 gpus=tuple(Gpu(index=g["index"], uuid=g["uuid"], vendor=g["vendor"], model=g["model"],
                                memory_mb=g["memory_mb"], healthy=g.get("healthy", True),
-                               health_reason=g.get("health_reason", "")) for g in d["gpus"]))
+                               health_reason=g.get("health_reason", ""),
+                               health_action=g.get("health_action", "none"), compute_capability=g.get("cc", ""),
+                               pci_bus_id=g.get("pci", ""), numa_node=g.get("numa", -1),
+                               nvlink_island=g.get("island", -1)) for g in d["gpus"]))
