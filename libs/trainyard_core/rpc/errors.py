@@ -74,7 +74,8 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
     if isinstance(exc, errors.TrainyardError):
         code = status_for(exc)
         if isinstance(exc, errors.NotLeader) and exc.leader:
-            await context.send_initial_metadata((("trainyard-leader", exc.leader),))
+            # Trailing, not initial, metadata: a stream may already have sent its initial metadata.
+            context.set_trailing_metadata((("trainyard-leader", exc.leader),))
         await context.abort(code, exc.message)
     log.error("unhandled error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the service log")

@@ -73,6 +73,16 @@ class SchedulerClient:
                                                                timeout=self._timeout))
         return [convert.node_from_pb(n) for n in reply.nodes]
 
+    async def get_node(self, node_id: str) -> Node:
+        reply = await _call("scheduler", self._nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
+                                                             timeout=self._timeout))
+        return convert.node_from_pb(reply.node)
+
+    async def cordon_node(self, node_id: str, *, cordoned: bool, reason: str) -> Node:
+        request = scheduler_pb2.CordonNodeRequest(node_id=node_id, cordoned=cordoned, reason=reason)
+        reply = await _call("scheduler", self._nodes.CordonNode(request, timeout=self._timeout))
+        return convert.node_from_pb(reply.node)
+
     async def check_health(self, timeout_s: float) -> str:
         """'' when the scheduler answers SERVING, else why not."""
         try:
@@ -105,6 +115,12 @@ class AgentClients:
         reply = await _call(f"node agent at {address}",
                             self._stub(address).GetWorkerLogs(request, timeout=self._timeout))
         return [convert.log_line_from_pb(line) for line in reply.lines]
+
+    async def set_gpu_health(self, address: str, *, gpu_index: int, healthy: bool, operator: str,
+                             reason: str) -> None:
+        request = agent_pb2.SetGpuHealthRequest(gpu_index=gpu_index, healthy=healthy, operator=operator,
+                                                reason=reason)
+        await _call(f"node agent at {address}", self._stub(address).SetGpuHealth(request, timeout=self._timeout))
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}

@@ -91,12 +91,13 @@ def node_from_pb(node: types_pb2.Node) -> ns.Node:
                    compute_capability=g.compute_capability,
                    health=cast(ns.GpuHealth, _enum_name(g.health, "GPU_HEALTH", _GPU_HEALTH,
                                                         types_pb2.GpuHealth.DESCRIPTOR)),
-                   health_reason=g.health_reason, numa_node=g.numa_node, nvlink_island=g.nvlink_island,
+                   health_reason=g.health_reason, health_action=g.health_action or "none",
+                   numa_node=g.numa_node, nvlink_island=g.nvlink_island,
                    allocated=g.index in allocated) for g in node.gpus]
     free = sum(1 for g in gpus if schedulable and not g.allocated and g.health in ("healthy", "unknown"))
     return ns.Node(
         node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address, state=state,
-        cordoned=node.cordoned, gpus_total=len(gpus), gpus_free=free,
+        cordoned=node.cordoned, cordon_reason=node.cordon_reason, gpus_total=len(gpus), gpus_free=free,
         models=sorted({g.model for g in gpus if g.model}), gpus=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
         labels=dict(node.labels), driver_version=node.driver_version, simulated=node.simulated,
         registered_at=_time(node.registered_at), last_heartbeat=_time(node.last_heartbeat))

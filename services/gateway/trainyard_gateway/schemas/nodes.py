@@ -22,6 +22,7 @@ class Gpu(ApiModel):
     compute_capability: str
     health: GpuHealth
     health_reason: str
+    health_action: str = Field("none", description="what the node's health policy asks for this GPU's state")
     numa_node: int
     nvlink_island: int = Field(description="GPUs joined by NVLink share an island id; -1 when none")
     allocated: bool = Field(description="held by a job's allocation")
@@ -33,6 +34,7 @@ class Node(ApiModel):
     agent_address: str = Field(description="host:port of the node agent's gRPC API")
     state: NodeState
     cordoned: bool
+    cordon_reason: str = ""
     gpus_total: int
     gpus_free: int = Field(description="healthy GPUs not held by any allocation (0 unless the node is ready)")
     models: list[str] = Field(description="distinct accelerator models on the node")
@@ -48,3 +50,12 @@ class Node(ApiModel):
 
 class NodeList(ApiModel):
     nodes: list[Node]
+
+
+class CordonRequest(ApiModel):
+    reason: str = Field("", max_length=1024, description="why; shown on the node and in the scheduler's log")
+
+
+class GpuHealthRequest(ApiModel):
+    healthy: bool = Field(description="true: back in service (after repair); false: take it out of service")
+    reason: str = Field(min_length=1, max_length=1024, description="why; written to the node's audit log")
