@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -20,6 +21,7 @@ from ..errors import FailedPrecondition, InvalidArgument, Unavailable
 from .api import Compare, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, prefix_end
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _TARGETS = {"version": rpc.Compare.VERSION, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE,
             "value": rpc.Compare.VALUE}
@@ -112,21 +114,51 @@ class EtcdStore:
         assert last is not None
         raise last
 
-    async def get(self, key: str) -> KeyValue | None:
+    async def _get_impl(self, key: str) -> KeyValue | None:
         resp = await self._read_range(rpc.RangeRequest(key=key.encode()))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
-    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
+    async def _range_impl(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
         start = (start_after.encode() + b"\0") if start_after is not None else prefix.encode()
         end = prefix_end(prefix).encode(errors="surrogateescape")
         resp = await self._read_range(rpc.RangeRequest(key=start, range_end=end, limit=limit))
         return RangeResult([_kv(kv) for kv in resp.kvs], bool(resp.more), resp.header.revision)
+
+    # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
+    # member), the caller gets Unavailable within a bounded time, never a hang.
+    async def _bounded(self, what: str, call: Awaitable[T]) -> T:
+        try:
+            return await asyncio.wait_for(call, self._timeout + 1)
+        except TimeoutError as exc:
+            raise await self._fail(TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s")) from exc
+
+    async def get(self, key: str) -> KeyValue | None:
+        return await self._bounded("get", self._get_impl(key))
+
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
+        return await self._bounded("range", self._range_impl(prefix, start_after=start_after, limit=limit))
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         result = await self.txn([], [Put(key, value, lease)])
         return result.revision
 
     async def delete(self, key: str) -> bool:
+        return await self._bounded("delete", self._delete_impl(key))
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+                  failure: Sequence[Op] = ()) -> TxnResult:
+        return await self._bounded("txn", self._txn_impl(compares, success, failure))
+
+    async def grant_lease(self, ttl_seconds: int) -> int:
+        return await self._bounded("grant_lease", self._grant_lease_impl(ttl_seconds))
+
+    async def keepalive(self, lease_id: int) -> int:
+        return await self._bounded("keepalive", self._keepalive_impl(lease_id))
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        await self._bounded("revoke_lease", self._revoke_lease_impl(lease_id))
+
+    async def _delete_impl(self, key: str) -> bool:
         try:
             client = await self._get_client()
             resp = await client.kvstub.DeleteRange(rpc.DeleteRangeRequest(key=key.encode()),
@@ -158,7 +190,7 @@ class EtcdStore:
             msg.create_revision = int(c.value)
         return msg
 
-    async def txn(self, compares: Sequence[Compare], success: Sequence[Op],
+    async def _txn_impl(self, compares: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = ()) -> TxnResult:
         request = rpc.TxnRequest(compare=[self._compare(c) for c in compares],
                                  success=[self._request_op(o) for o in success],
@@ -199,7 +231,7 @@ class EtcdStore:
             except Exception:  # the stream may already be gone
                 log.debug("watch cancel failed", exc_info=True)
 
-    async def grant_lease(self, ttl_seconds: int) -> int:
+    async def _grant_lease_impl(self, ttl_seconds: int) -> int:
         try:
             client = await self._get_client()
             lease = await client.lease(ttl_seconds)
@@ -207,7 +239,7 @@ class EtcdStore:
             raise await self._fail(exc) from exc
         return int(lease.id)
 
-    async def keepalive(self, lease_id: int) -> int:
+    async def _keepalive_impl(self, lease_id: int) -> int:
         try:
             client = await self._get_client()
             reply = await client.refresh_lease(lease_id)
@@ -215,7 +247,7 @@ class EtcdStore:
             raise await self._fail(exc) from exc
         return int(reply.TTL) if reply is not None else 0
 
-    async def revoke_lease(self, lease_id: int) -> None:
+    async def _revoke_lease_impl(self, lease_id: int) -> None:
         try:
             client = await self._get_client()
             await client.revoke_lease(lease_id)
