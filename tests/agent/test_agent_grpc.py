@@ -157,8 +157,92 @@ async def test_injected_xid_reaches_the_scheduler_at_once(agent: AgentApp, sched
         return gpu if gpu is not None and gpu.health == types_pb2.GPU_HEALTH_UNHEALTHY else None
 
     gpu = await eventually(gpu_3_unhealthy, timeout=2.0, what="the scheduler to see GPU 3 unhealthy")
-    assert "fallen off the bus" in gpu.health_reason
+    assert "fallen off the bus" in gpu.health_reason and gpu.health_action == "reboot_host"
     assert agent.reporter.seq <= beats + 2
     # An application XID changes nothing.
     ok = await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=1, kind="xid", xid=13))
     assert ok.gpu.health == types_pb2.GPU_HEALTH_HEALTHY
+
+
+async def test_xid_79_on_a_running_jobs_gpu_cordons_the_node_and_stops_the_job(
+        agent: AgentApp, scheduler: Scheduler, agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    await scheduler.registered()
+    job_id = await scheduler.submit([PY, "-c", "import time; time.sleep(300)"], gpus=4)
+    job = await scheduler.job_in(job_id, types_pb2.JOB_STATE_RUNNING)
+    (placed,) = job.placement
+    assert agent.supervisor is not None
+    assert sum(w.running for w in agent.supervisor.list_workers()) == 4
+    victim = placed.gpu_indices[3]
+
+    # An application error on one of the job's GPUs: nothing is drained, the job keeps running.
+    app_error = await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=placed.gpu_indices[2],
+                                                                          kind="xid", xid=13))
+    assert (app_error.gpu.health, app_error.gpu.health_action) == (types_pb2.GPU_HEALTH_HEALTHY, "none")
+    node = await scheduler.node()
+    assert node is not None and not node.cordoned and node.state == types_pb2.NODE_STATE_READY
+
+    loop = asyncio.get_running_loop()
+    injected = loop.time()
+    await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=victim, kind="xid", xid=79))
+
+    async def gpu_unhealthy() -> types_pb2.Node | None:
+        n = await scheduler.node()
+        return n if n is not None and n.gpus[victim].health == types_pb2.GPU_HEALTH_UNHEALTHY else None
+
+    seen = await eventually(gpu_unhealthy, timeout=2.0, interval=0.02,
+                            what=f"the scheduler to see GPU {victim} unhealthy")
+    assert loop.time() - injected <= 2.0
+    assert seen.gpus[victim].health_action == "reboot_host"
+
+    async def cordoned() -> types_pb2.Node | None:
+        n = await scheduler.node()
+        return n if n is not None and n.cordoned else None
+
+    node = await eventually(cordoned, timeout=5.0, what="the node to be cordoned per policy")
+    assert f"GPU {victim}" in node.cordon_reason
+    await until(lambda: not any(w.running for w in agent.supervisor.list_workers()),  # type: ignore[union-attr]
+                "the job's workers to be stopped")
+    # The scheduler finishes the job once the agent has confirmed the stop (a moment after the workers end).
+    failed = await scheduler.job_in(job_id, types_pb2.JOB_STATE_FAILED)
+    assert f"GPU {victim}" in failed.message
+
+
+async def test_other_fault_kinds_reach_the_scheduler(agent: AgentApp, scheduler: Scheduler,
+                                                     agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    await scheduler.registered()
+    ecc = await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=1, kind="ecc", count=12))
+    assert (ecc.gpu.health, ecc.gpu.health_action) == (types_pb2.GPU_HEALTH_UNHEALTHY, "reset_gpu")
+    assert ecc.gpu.health_reason == "12 uncorrectable ECC errors (limit 10)"
+    hot = await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=2, kind="thermal", temperature_c=94))
+    assert (hot.gpu.health, hot.gpu.health_action) == (types_pb2.GPU_HEALTH_DEGRADED, "none")
+    lost = await agent_stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=5, kind="fall_off_bus"))
+    assert (lost.gpu.health, lost.gpu.health_action) == (types_pb2.GPU_HEALTH_UNHEALTHY, "reboot_host")
+
+    async def seen() -> types_pb2.Node | None:
+        n = await scheduler.node()
+        ok = n is not None and [g.health for g in n.gpus][:6] == [
+            types_pb2.GPU_HEALTH_HEALTHY, types_pb2.GPU_HEALTH_UNHEALTHY, types_pb2.GPU_HEALTH_HEALTHY,
+            types_pb2.GPU_HEALTH_HEALTHY, types_pb2.GPU_HEALTH_HEALTHY, types_pb2.GPU_HEALTH_UNHEALTHY]
+        # GPU 5's XID 79 and its silence may arrive in two pushes.
+        return n if ok and "GpuIsLost" in n.gpus[5].health_reason else None
+
+    await eventually(seen, what="the scheduler to see GPUs 1 and 5 unhealthy (degraded is schedulable)")
+    # The lost GPU's metrics are missing from the beats; the others' counters travel with them.
+    assert agent.monitor is not None
+    metrics = {m.index: m for m in agent.monitor.latest}
+    assert 5 not in metrics and metrics[1].counters.ecc_volatile_uncorrected == 12
+    assert metrics[2].temperature_c == 94 and "hw_thermal" in metrics[2].throttle_reasons
+
+
+async def test_a_stop_from_a_stale_leader_is_refused(agent: AgentApp, scheduler: Scheduler,
+                                                     agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    await until(lambda: agent.fence.highest == scheduler.epoch, "the leader's epoch to reach the fence")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="j", attempt=1,
+                                                                  leader_epoch=scheduler.epoch - 1))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "stale scheduler leader" in (info.value.details() or "")
+    # The current leader, and an operator's unfenced call (epoch 0), are served.
+    ok = await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="j", attempt=1, leader_epoch=scheduler.epoch))
+    assert ok.stopped == 0
+    assert (await agent_stub.StopWorkers(agent_pb2.StopWorkersRequest(job_id="j", attempt=1))).stopped == 0

@@ -31,14 +31,54 @@ async def test_registration_carries_the_whole_node(agent: AgentApp, scheduler: S
     assert node.state == types_pb2.NODE_STATE_READY
     assert [g.index for g in node.gpus] == list(range(8))
     gpu = node.gpus[0]
-    assert (gpu.vendor, gpu.model, gpu.memory_mb, gpu.health) == (
-        "nvidia", "H100-80GB-HBM3", 81559, types_pb2.GPU_HEALTH_HEALTHY)
-    assert gpu.uuid.startswith("GPU-")
+    assert (gpu.vendor, gpu.model, gpu.memory_mb, gpu.health, gpu.health_action) == (
+        "nvidia", "H100-80GB-HBM3", 81559, types_pb2.GPU_HEALTH_HEALTHY, "none")
+    assert gpu.uuid.startswith("GPU-") and gpu.compute_capability == "9.0" and gpu.pci_bus_id == "00000000:18:00.0"
+    # Topology: one NVLink island of 8 (NVSwitch, NV18), two NUMA nodes, PCIe levels per pair.
+    assert node.cuda_version == "12.4"
+    assert [g.nvlink_island for g in node.gpus] == [0] * 8
+    assert [g.numa_node for g in node.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    links = {(x.gpu_a, x.gpu_b): (x.level, x.nvlinks) for x in node.gpu_links}
+    assert len(links) == 28 and links[(0, 1)] == ("NODE", 18) and links[(3, 4)] == ("SYS", 18)
     # The scheduler keeps no record of these GPU fields (its node model has none): check what the agent
     # puts into RegisterNode for them.
-    sent = convert.node_to_pb(agent.node_info()).gpus[0]
-    assert (sent.compute_capability, sent.health) == ("9.0", types_pb2.GPU_HEALTH_HEALTHY)
-    assert sent.pci_bus_id and sent.nvlink_island == -1
+    sent = convert.node_to_pb(agent.node_info()).gpus
+    assert not any(g.mig_enabled for g in sent)
+    assert agent.inventory is not None
+    for g, known in zip(sent, agent.inventory.accelerators, strict=True):
+        assert list(g.cpu_affinity) == list(known.cpu_affinity) and g.cpu_affinity
+
+
+async def test_rack_and_switch_labels_come_from_the_topology_file(tmp_path: Path, scheduler: Scheduler) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("labels: {site: dc1}\nnodes:\n  node-a: {rack: r12, switch: leaf-3}\n"
+                        "  node-b: {rack: r13, switch: leaf-4}\n")
+    settings = agent_settings(tmp_path / "state", scheduler.address, topology_file=str(topology),
+                              labels={"switch": "leaf-9"})  # the agent's own setting wins over the file
+    app = AgentApp(settings)
+    await app.start()
+    try:
+        node = await scheduler.registered()
+        assert dict(node.labels) == {"site": "dc1", "rack": "r12", "switch": "leaf-9"}
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize("profile,islands,cuda", [("l40sx4", [-1] * 4, "12.4"), ("mi300x8", [0] * 8, ""),
+                                                  ("cpu", [], "")])
+async def test_other_profiles_register_their_topology(tmp_path: Path, scheduler: Scheduler, profile: str,
+                                                      islands: list[int], cuda: str) -> None:
+    app = AgentApp(agent_settings(tmp_path / "state", scheduler.address, gpu_profile=profile))
+    await app.start()
+    try:
+        node = await scheduler.registered()
+        assert [g.nvlink_island for g in node.gpus] == islands and node.cuda_version == cuda
+        n = len(islands)
+        assert len(node.gpu_links) == n * (n - 1) // 2
+        assert all((x.nvlinks > 0) == (islands[0] >= 0) for x in node.gpu_links)
+        assert {g.vendor for g in node.gpus} <= {"amd" if profile == "mi300x8" else "nvidia"}
+    finally:
+        await app.stop()
 
 
 async def test_heartbeats_reach_the_scheduler_and_are_answered(agent: AgentApp, scheduler: Scheduler) -> None:
@@ -63,6 +103,17 @@ async def test_heartbeats_reach_the_scheduler_and_are_answered(agent: AgentApp, 
     # The scheduler does not keep GPU metrics: check what the agent's beats carry.
     assert agent.monitor is not None
     assert [m.index for m in agent.monitor.latest] == list(range(8)) and agent.monitor.latest[0].power_w == 72
+    assert agent.fake is not None
+    agent.fake.add_link_errors(2, nvlink=3, pcie_replays=4)
+    agent.fake.add_ecc_errors(2, 1)  # its event triggers a counter read at once
+    await until(lambda: agent.monitor is not None and agent.monitor.latest[2].counters.pcie_replays == 4,
+                "the counters to be read")
+    beat = convert.heartbeat_request(node_id="node-a", seq=1, sent_at=0.0, metrics=agent.monitor.latest,
+                                     changed_gpus=[], running=[])
+    m2 = beat.gpu_metrics[2]
+    assert (m2.sm_clock_mhz, m2.memory_clock_mhz, list(m2.throttle_reasons)) == (1980, 2619, [])
+    assert (m2.ecc_volatile_uncorrected, m2.ecc_aggregate_uncorrected, m2.nvlink_errors, m2.pcie_replays) == (
+        1, 1, 3, 4)
 
 
 async def test_reregister_keeps_workers_running(agent: AgentApp, scheduler: Scheduler,
@@ -128,7 +179,7 @@ async def test_exit_reports_are_retried_until_acknowledged(agent: AgentApp, sche
 
 
 async def test_unreported_exits_of_a_previous_life_are_reported(tmp_path: Path, scheduler: Scheduler) -> None:
-    settings = agent_settings(tmp_path / "state", scheduler.address)
+    settings = agent_settings(tmp_path / "state", scheduler.address, worker_restart_policy="stop")
     first = AgentApp(settings)
     await first.start()
     assert first.supervisor is not None

@@ -68,3 +68,41 @@ def test_state_dir_must_be_a_directory(tmp_path: Path) -> None:
                                               ("GPU_NODE_7", "gpu-node-7"), ("42", "node-42"), ("a", "a-node")])
 def test_node_id_from_host_name(hostname: str, node_id: str) -> None:
     assert default_node_id(hostname) == node_id
+
+
+def test_topology_file_labels_merge_under_the_agents_own(tmp_path: Path) -> None:
+    f = tmp_path / "topology.yaml"
+    f.write_text("nodes:\n  gpu-node-01: {rack: r12, switch: leaf-3}\n")
+    s = load("--node-id", "gpu-node-01", "--topology-file", str(f), "--labels", "switch=leaf-7,pool=batch",
+             "--state-dir", str(tmp_path / "state"))
+    assert s.labels == {"rack": "r12", "switch": "leaf-7", "pool": "batch"} and s.topology_file == str(f)
+
+
+def test_a_topology_file_without_this_node_stops_the_agent(tmp_path: Path) -> None:
+    f = tmp_path / "topology.yaml"
+    f.write_text("nodes:\n  gpu-node-01: {rack: r12}\n")
+    with pytest.raises(SettingsError) as info:
+        load("--node-id", "gpu-node-02", "--topology-file", str(f), "--state-dir", str(tmp_path))
+    assert f"topology file {f} does not list node 'gpu-node-02'" in info.value.message
+
+
+def test_a_bad_health_policy_file_stops_the_agent(tmp_path: Path) -> None:
+    f = tmp_path / "policy.yaml"
+    f.write_text("xids:\n  79: {action: nuke}\n")
+    with pytest.raises(SettingsError) as info:
+        load("--health-policy-file", str(f), "--state-dir", str(tmp_path))
+    assert "health_policy_file: Value error, health policy file" in info.value.message
+    assert "xids.79.action: Input should be 'ignore'" in info.value.message
+    f.write_text("xids:\n  79: {action: drain_node}\n")
+    assert load("--health-policy-file", str(f), "--state-dir", str(tmp_path)).health_policy_file == str(f)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--health-counters-interval-s", "0"], "health_counters_interval_s: Input should be greater than 0"),
+    (["--health-policy-file", "/no/such/policy.yaml"], "cannot read health policy file /no/such/policy.yaml"),
+    (["--topology-file", "/no/such/topology.yaml"], "cannot read topology file /no/such/topology.yaml"),
+])
+def test_more_invalid_settings_are_named(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load(*argv, "--state-dir", "/tmp/unused-agent-state")
+    assert message in info.value.message

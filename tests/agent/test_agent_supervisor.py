@@ -1,4 +1,5 @@
-"""Worker supervision with real processes: environment, logs, exits, stop, idempotency, previous lives."""
+"""Worker supervision with real processes: environment, CPU binding, logs, exits, stop, idempotency.
+Previous agent lives: test_agent_workers_restart.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 
 from tests.agent.agent_kit import PY, RecordingSink, launch, make_supervisor, read_pids, until
 from trainyard_agent.model import Health, Vendor
-from trainyard_agent.workers import process, records
-from trainyard_agent.workers.model import EXIT_UNKNOWN, LaunchRequest, LogQuery
+from trainyard_agent.workers import affinity, process, records, shim
+from trainyard_agent.workers.model import LaunchRequest, LogQuery
 from trainyard_agent.workers.supervisor import Supervisor
 from trainyard_core.errors import FailedPrecondition, InvalidArgument
 
@@ -153,6 +154,23 @@ async def test_launch_is_idempotent_per_job_and_attempt(supervisor: Supervisor, 
     assert len(read_pids(pid_file)) == 2
 
 
+async def test_a_launch_whose_caller_goes_away_still_completes(supervisor: Supervisor, tmp_path: Path,
+                                                               tree_script: Path) -> None:
+    # E.g. LaunchWorkers past its deadline: half a launch would leave shims waiting for their commit.
+    pid_file = tmp_path / "pids"
+    req = launch("job-gone", [PY, str(tree_script), "0", str(pid_file), "sleep"], ranks=2)
+    call = asyncio.create_task(supervisor.launch(req))
+    await asyncio.sleep(0)  # let the launch begin
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    again = await supervisor.launch(req)  # the scheduler's retry
+    assert again.already_running and len(again.pids) == 2
+    await until(lambda: len(read_pids(pid_file)) == 2, "both workers to start")
+    assert await supervisor.stop("job-gone", 1, 2.0) == 2
+    assert gone(read_pids(pid_file))
+
+
 async def test_a_stale_scheduler_leader_is_refused(supervisor: Supervisor) -> None:
     await supervisor.launch(launch("job-e5", [PY, "-c", "pass"], epoch=5))
     with pytest.raises(FailedPrecondition, match="stale scheduler leader"):
@@ -187,6 +205,18 @@ async def test_bad_launches_are_refused_with_a_message(supervisor: Supervisor, b
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         await supervisor.launch(build())
     assert supervisor.list_workers() == []
+
+
+async def test_a_gang_starts_whole_or_not_at_all(supervisor: Supervisor) -> None:
+    # Rank 1's log cannot be opened (a directory holds its name), so rank 1 is not started: rank 0, started
+    # already, must not run on alone.
+    adir = supervisor.jobs_root / "job-half" / "attempt-1"
+    (adir / "rank-1.log").mkdir(parents=True)
+    with pytest.raises(FailedPrecondition, match="the worker's shim could not start it: cannot open the log"):
+        await supervisor.launch(launch("job-half", [PY, "-c", "import time; time.sleep(300)"], ranks=2))
+    assert supervisor.list_workers() == [] and not (adir / records.RECORD_NAME).exists()
+    status = shim.read_status(records.status_path(adir, 0))
+    assert status is not None and status[0] == -signal.SIGKILL, "rank 0 was not stopped"
 
 
 async def test_unhealthy_or_busy_gpus_are_refused(tmp_path: Path, sink: RecordingSink, tree_script: Path) -> None:
@@ -231,40 +261,94 @@ async def test_follow_streams_lines_until_the_workers_exit(supervisor: Superviso
         assert [t for r, t in seen if r == rank] == [f"line {i}" for i in range(20)]
 
 
-async def test_previous_life_workers_are_stopped_and_reported(tmp_path: Path, tree_script: Path) -> None:
-    state = tmp_path / "state"
-    first_sink = RecordingSink()
-    first = make_supervisor(state, first_sink, grace=1.0)
-    pid_file, pid_file2 = tmp_path / "pids", tmp_path / "pids2"
-    await first.launch(launch("job-alive", [PY, str(tree_script), "1", str(pid_file), "sleep"]))
-    await first.launch(launch("job-dead", [PY, str(tree_script), "0", str(pid_file2), "sleep"],
-                              gpus_per_rank=0))
-    await until(lambda: len(read_pids(pid_file)) == 2 and len(read_pids(pid_file2)) == 1, "workers to start")
-    await first.close(kill=False)  # the agent goes away; workers keep running
-    assert not gone(read_pids(pid_file))
-    # One worker dies while no agent watches it.
-    os.kill(read_pids(pid_file2)[0], signal.SIGKILL)
-    await until(lambda: gone(read_pids(pid_file2)), "the unwatched worker to die")
+async def test_a_partial_last_line_is_kept_when_the_worker_is_stopped(supervisor: Supervisor, sink: RecordingSink,
+                                                                      tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = ("import sys, time, pathlib; sys.stdout.write('line\\npartial, no newline'); sys.stdout.flush(); "
+              f"pathlib.Path({str(ready)!r}).touch(); time.sleep(300)")
+    await supervisor.launch(launch("job-partial", [PY, "-c", script]))
+    await until(ready.exists, "the worker to print")
+    await supervisor.stop("job-partial", 1, grace_s=5)
+    assert sink.by_rank("job-partial")[0].signal == signal.SIGTERM
+    lines = await supervisor.read_logs(LogQuery("job-partial"))
+    assert [(ln.stream, ln.text) for ln in lines] == [("stdout", "line"), ("stdout", "partial, no newline")]
 
-    second_sink = RecordingSink()
-    second = make_supervisor(state, second_sink, grace=1.0)
+
+# --- CPU binding ------------------------------------------------------------------------------------------
+
+PRINT_AFFINITY = "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+
+
+def bound_supervisor(state_dir: Path, sink: RecordingSink, *, gpu_cpus: dict[int, list[int]] | None = None,
+                     cpu_binding: bool = True, restart_policy: str = "stop") -> Supervisor:
+    """`make_supervisor`'s settings plus the options it does not take."""
+    healthy = [(Health.HEALTHY, "")] * 4
+    return Supervisor(state_dir=state_dir, node_id="node-a", vendor=Vendor.NVIDIA, gpu_health=lambda: healthy,
+                      base_env=dict(os.environ), site_env={}, stop_grace_s=5.0, log_max_bytes=1 << 20,
+                      log_backups=2, exits=sink, gpu_cpus=gpu_cpus, cpu_binding=cpu_binding,
+                      restart_policy=restart_policy)
+
+
+async def affinity_of_worker(sup: Supervisor, sink: RecordingSink, job_id: str, gpus: int) -> list[int]:
+    await sup.launch(launch(job_id, [PY, "-c", PRINT_AFFINITY], gpus_per_rank=gpus))
+    await until(lambda: sink.by_rank(job_id), "the worker to exit")
+    cpus: list[int] = json.loads((await sup.read_logs(LogQuery(job_id)))[0].text)
+    return cpus
+
+
+@pytest.mark.parametrize("gpu_cpus,cpu_binding,gpus,bound", [
+    ({0: [1], 1: [1]}, True, 1, [1]),  # GPU 0's CPU exists here: the worker runs on it only
+    ({0: [1], 1: [0]}, True, 2, [0, 1]),  # a worker with two GPUs gets the CPUs of both
+    ({0: [4096, 4097]}, True, 1, None),  # none of GPU 0's CPUs exists on this machine: not bound
+    ({0: [1]}, False, 1, None),  # binding switched off
+    ({0: [1]}, True, 0, None),  # a worker without GPUs is not bound
+    ({1: [1]}, True, 1, None),  # GPU 0's affinity is unknown
+], ids=["one-cpu", "two-gpus", "cpus-not-here", "off", "no-gpus", "unknown"])
+async def test_workers_are_bound_to_the_cpus_of_their_gpus(tmp_path: Path, sink: RecordingSink,
+                                                           gpu_cpus: dict[int, list[int]], cpu_binding: bool,
+                                                           gpus: int, bound: list[int] | None) -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    if not {0, 1} <= set(mine):
+        pytest.skip(f"needs CPUs 0 and 1; this process may use {mine}")
+    sup = bound_supervisor(tmp_path / "state", sink, gpu_cpus=gpu_cpus, cpu_binding=cpu_binding)
     try:
-        submitted = await second.recover()
-        assert gone(read_pids(pid_file)), "a worker of the previous life survived"
-        exits = {e.job_id: e for e in submitted}
-        assert (exits["job-alive"].signal, exits["job-alive"].exit_code) == (signal.SIGTERM, 128 + signal.SIGTERM)
-        assert (exits["job-dead"].exit_code, exits["job-dead"].signal) == (EXIT_UNKNOWN, 0)
-        assert second_sink.exits == submitted
-        assert {(s.job_id, s.running) for s in second.list_workers()} == {("job-alive", False), ("job-dead", False)}
-        # Acknowledged exits are not reported again by a third life.
-        for e in submitted[:1]:
-            second.mark_reported(e)
+        assert await affinity_of_worker(sup, sink, "job-cpus", gpus) == (bound if bound is not None else mine)
     finally:
-        await second.close()
-    third_sink = RecordingSink()
-    third = make_supervisor(state, third_sink)
-    try:
-        again = await third.recover()
-        assert [e.job_id for e in again] == [e.job_id for e in submitted[1:]]
-    finally:
-        await third.close()
+        await sup.close(kill=True)
+
+
+@pytest.mark.parametrize("gpu_cpus,message", [
+    ({0: [-1]}, "CPU -1 of GPU 0 must be an integer >= 0"),
+    ({-2: [0]}, "GPU index -2 must be an integer >= 0"),
+    ({0: ["1"]}, "CPU '1' of GPU 0 must be an integer >= 0"),
+])
+def test_a_bad_gpu_cpu_map_is_refused(tmp_path: Path, gpu_cpus: dict[int, list[int]], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bound_supervisor(tmp_path, RecordingSink(), gpu_cpus=gpu_cpus)
+
+
+def test_bad_supervisor_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="restart policy 'keep' is unknown; use one of: adopt, stop"):
+        bound_supervisor(tmp_path, RecordingSink(), restart_policy="keep")
+    with pytest.raises(ValueError, match="log_max_bytes must be larger than 3"):
+        Supervisor(state_dir=tmp_path, node_id="node-a", vendor=Vendor.NVIDIA, gpu_health=list, base_env={},
+                   site_env={}, stop_grace_s=1, log_max_bytes=3, log_backups=0)
+
+
+@pytest.mark.parametrize("gpus,available,cpus,reason", [
+    ([0], {0, 1, 2, 3}, {0, 1}, ""),
+    ([0, 1], {0, 1, 2, 3}, {0, 1, 2, 3}, ""),
+    ([1], {0, 1, 3}, {3}, ""),  # a cpuset leaves out CPU 2
+    ([1], {0, 1}, set(), "none of the CPUs 2-3 near GPU 1 is available to the agent (it may use 0-1)"),
+    ([2], {0, 1}, set(), "the CPU affinity of GPU 2 is not known"),
+    ([], {0, 1}, set(), "the worker has no GPUs"),
+])
+def test_binding_is_the_gpus_cpus_this_agent_may_use(gpus: list[int], available: set[int], cpus: set[int],
+                                                     reason: str) -> None:
+    gpu_cpus = affinity.check_gpu_cpus({0: [0, 1], 1: [2, 3]})
+    assert affinity.worker_binding(gpu_cpus, gpus, frozenset(available)) == affinity.Binding(frozenset(cpus), reason)
+
+
+def test_cpu_lists_are_formatted_as_ranges() -> None:
+    assert affinity.format_cpus([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert affinity.format_cpus([]) == ""

@@ -245,10 +245,10 @@ class Cluster:
         """Stop the agent (its workers killed); the node stays registered, its address unreachable."""
         await self.agents.pop(node_id).stop(kill_workers=True)
 
-    async def inject_fault(self, node_id: str, gpu_index: int, kind: str) -> None:
+    async def inject_fault(self, node_id: str, gpu_index: int, kind: str, xid: int = 0) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.agents[node_id].grpc_port}") as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
-            await stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=gpu_index, kind=kind),
+            await stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=gpu_index, kind=kind, xid=xid),
                                    metadata=HELPER_METADATA)
 
     # the scheduler's API, as a test sees it (left out of `calls`)

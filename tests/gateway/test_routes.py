@@ -135,8 +135,9 @@ async def test_nodes(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> Non
                                agents={"node-a": "h100x8", "node-b": "a100x4"}, node_timeout_s=1.5) as cluster, \
             running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
                             scheduler_address=cluster.address) as gw:
-        # node-a: GPU 7 off the bus, GPUs 0 and 1 held by a job; node-b: its agent gone.
-        await cluster.inject_fault("node-a", 7, "fall_off_bus")
+        # node-a: GPU 7 unhealthy (XID 48, double-bit ECC: the policy resets the GPU, it does not drain the
+        # node), GPUs 0 and 1 held by a job; node-b: its agent gone.
+        await cluster.inject_fault("node-a", 7, "xid", xid=48)
         job = await cluster.submit(SLEEP, gpus=2, accelerator="H100-80GB-HBM3")
         await cluster.wait_state(job.id, types_pb2.JOB_STATE_RUNNING)
         await cluster.stop_agent("node-b")
@@ -146,6 +147,7 @@ async def test_nodes(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> Non
             return a.gpus[7].health == types_pb2.GPU_HEALTH_UNHEALTHY and b.state == types_pb2.NODE_STATE_NOT_READY
 
         await eventually(settled, what="GPU 7 of node-a unhealthy and node-b not ready")
+        assert not (await cluster.list_nodes())[0].cordoned
         assert (await cluster.job(job.id)).state == types_pb2.JOB_STATE_RUNNING
         secret = await gw.create_token("vision", "alice")
         async with gw.client(secret) as http:

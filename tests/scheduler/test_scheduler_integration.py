@@ -206,7 +206,7 @@ async def test_scheduler_answers_unavailable_when_etcd_dies() -> None:
         stub = job_service(app)
         for _ in range(3):
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.GetJob(scheduler_pb2.GetJobRequest(job_id="job-gone"), timeout=8)
+                await stub.GetJob(scheduler_pb2.GetJobRequest(job_id="job-gone"), timeout=20)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
     finally:
         etcd_proc.stop_and_clean(member)

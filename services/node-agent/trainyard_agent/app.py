@@ -8,6 +8,7 @@ of this node only once its gRPC server is reachable at the address it registers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -21,10 +22,12 @@ from trainyard_core.logs import log_context
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
 
 from .grpc.servicer import SERVICE_NAME, AgentServicer
-from .health.book import HealthBook
+from .health.book import HealthBook, read_boot_id
 from .health.faults import FaultInjector
 from .health.monitor import GpuMonitor
-from .model import Health, Inventory, NodeInfo, Vendor
+from .health.operator import AUDIT_FILE, AuditLog, HealthOverrides
+from .health.policy import HealthPolicy, load_policy
+from .model import Health, HealthCounters, Inventory, NodeInfo, Vendor
 from .nvml.adapter import NvmlAdapter, NvmlModule
 from .nvml.fake import FakeNvml
 from .report import Backoff, ChannelFactory, ExitReporter, NodeView, Reporter
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How long a shutdown that kills workers waits for their exits to reach the scheduler.
 EXIT_FLUSH_S = 3.0
+# GPU findings that must survive an agent restart (XIDs, operator overrides), in the state dir.
+HEALTH_FILE = "gpu-health.json"
 # grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
 _SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
                               ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -82,8 +87,10 @@ class AgentApp:
         self.fake: FakeNvml | None = None
         self.inventory: Inventory | None = None
         self.adapter: NvmlAdapter | None = None
+        self.policy: HealthPolicy | None = None
         self.health: HealthBook | None = None
         self.monitor: GpuMonitor | None = None
+        self.overrides: HealthOverrides | None = None
         self.fence = LeaderFence()
         self.supervisor: Supervisor | None = None
         self.exit_reporter: ExitReporter | None = None
@@ -100,28 +107,39 @@ class AgentApp:
 
     async def _start(self) -> None:
         s = self.settings
+        self.policy = load_policy(s.health_policy_file)  # checked with the settings already
+        state_dir = state_path(s)
         module = self._open_nvml()
         assert self.adapter is not None
         self.adapter.open()  # raises NvmlUnavailable with what to do about it
-        self.inventory = self.adapter.inventory()
-        self.health = HealthBook(self.inventory.accelerators)
-        self.monitor = GpuMonitor(self.adapter, self.health, node_id=self.node_id, interval_s=s.heartbeat_interval_s)
+        # Topology reads every GPU pair through the driver: seconds on a big host, so off the event loop.
+        self.inventory = await asyncio.to_thread(self.adapter.inventory)
+        self.health = HealthBook(self.inventory.accelerators, store=state_dir / HEALTH_FILE, boot_id=read_boot_id())
+        self.monitor = GpuMonitor(self.adapter, self.health, self.policy, node_id=self.node_id,
+                                  interval_s=s.heartbeat_interval_s, counters_interval_s=s.health_counters_interval_s)
         if len(self.health):
             await self.monitor.poll_once()  # GPUs already lost are known before the first registration
+        self.overrides = HealthOverrides(self.health, AuditLog(state_dir / AUDIT_FILE), node_id=self.node_id,
+                                         counters=self._counters, clock=self._clock)
+        islands = sorted({g.nvlink_island for g in self.inventory.accelerators if g.nvlink_island >= 0})
         log.info("GPUs found", extra={"simulated": self.simulated, "vendor": self.inventory.vendor.value,
                                       "gpus": len(self.health), "driver": self.inventory.driver_version,
+                                      "cuda": self.inventory.runtime_version, "nvlink_islands": len(islands),
                                       "nvml": getattr(module, "__name__", type(module).__name__)})
 
         self.exit_reporter = ExitReporter(node_id=self.node_id, connect=self._connect, backoff=self._backoff())
         self.supervisor = Supervisor(
-            state_dir=state_path(s), node_id=self.node_id, vendor=self.inventory.vendor,
+            state_dir=state_dir, node_id=self.node_id, vendor=self.inventory.vendor,
             gpu_health=self._gpu_health, base_env=self._base_env, site_env=s.worker_env,
             stop_grace_s=s.stop_grace_s, log_max_bytes=s.log_max_bytes, log_backups=s.log_backups,
-            fence=self.fence, exits=self.exit_reporter, clock=self._clock)
+            fence=self.fence, exits=self.exit_reporter, clock=self._clock,
+            restart_policy=s.worker_restart_policy, cpu_binding=s.worker_cpu_binding,
+            # NUMA-aware binding: each GPU's CPUs as the topology reports them.
+            gpu_cpus={g.index: g.cpu_affinity for g in self.inventory.accelerators if g.cpu_affinity})
         self.exit_reporter.on_done = self.supervisor.mark_reported
         await self.supervisor.recover()
 
-        servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health))
+        servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)
         self.server = await start_grpc_server(
             host=s.listen_host, port=s.listen_port, service_names=[SERVICE_NAME],
             register=lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server))
@@ -153,6 +171,9 @@ class AgentApp:
         self.adapter = NvmlAdapter(module, vendor)
         return module
 
+    def _counters(self, index: int) -> HealthCounters | None:
+        return self.monitor.counters.get(index) if self.monitor is not None else None
+
     def _backoff(self) -> Backoff:
         return Backoff(self.settings.reconnect_initial_s, self.settings.reconnect_max_s)
 
@@ -167,7 +188,8 @@ class AgentApp:
             agent_address=self.settings.agent_address(self.grpc_port),
             worker_address=self.settings.worker_address, accelerators=self.health.all(), cpus=_host_cpus(),
             memory_mb=_host_memory_mb(), driver_version=self.inventory.driver_version, simulated=self.simulated,
-            labels=dict(self.settings.labels))
+            labels=dict(self.settings.labels), cuda_version=self.inventory.runtime_version,
+            gpu_links=self.inventory.links)
 
     async def stop(self, kill_workers: bool = False) -> None:
         """Stop serving and reporting. Workers keep running unless `kill_workers` (an agent restart must not

@@ -1,5 +1,8 @@
 """`trainyard-agent`: wiring only. Settings → AgentApp → serve until SIGTERM/SIGINT → stop.
 
+`trainyard-agent inject ...` and `trainyard-agent set-health ...` are operator commands against a running
+agent (cli.py), not the daemon.
+
 Exit codes: 0 stopped normally; 1 cannot start (no NVML without --gpu-profile, port in use, ...; the
 log says why); 2 invalid settings; 3 the scheduler refused this node's registration (a configuration
 error: restarting will not help, e.g. systemd's RestartPreventExitStatus=3).
@@ -9,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Sequence
 
 from trainyard_core.service import run
 from trainyard_core.settings import write_ready_file
 
+from . import cli
 from .app import AgentApp
 from .settings import AgentSettings
 
@@ -40,7 +45,10 @@ async def serve(settings: AgentSettings, stop: asyncio.Event) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(service="agent", settings_cls=AgentSettings, env_prefix="TRAINYARD_AGENT_", serve=serve, argv=argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in cli.COMMANDS:
+        return cli.main(args)
+    return run(service="agent", settings_cls=AgentSettings, env_prefix="TRAINYARD_AGENT_", serve=serve, argv=args)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ or a YAML/JSON file (`--config`). Built once in main.py and passed down; nothing
 Derived defaults (filled when the field is left empty): `node_id` from the host name, `advertise_host`
 from `listen_host` (the host name when listening on a wildcard address), `worker_address` from
 `advertise_host`, `state_dir` under `~/.local/state/trainyard/agent/<node_id>`.
+
+Files named by settings are read and validated here, so a mistake in them stops the agent at start-up
+with exit code 2 and a message naming the file and the entry: `topology_file` (its labels for this node
+are merged under `labels`), `health_policy_file` (checked here, loaded by the app).
 """
 
 from __future__ import annotations
@@ -11,17 +15,18 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from trainyard_core.ids import is_valid_id
 from trainyard_core.settings import BaseSettings
 
+from .health.policy import PolicyError, load_policy
 from .nvml.profiles import PROFILES
+from .site_topology import LABEL_KEY_RE, labels_for
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 
 
@@ -46,12 +51,20 @@ class AgentSettings(BaseSettings):
                                                 "(default: advertise_host)")
     gpu_profile: str = Field("", description="Simulated GPUs from a profile (" + ", ".join(sorted(PROFILES))
                                              + "); empty reads the real GPUs through NVML")
-    labels: dict[str, str] = Field(default_factory=dict, description="Node labels, e.g. rack=r1,switch=s3")
+    labels: dict[str, str] = Field(default_factory=dict, description="Node labels, e.g. rack=r1,switch=s3 (win over "
+                                                                    "topology_file)")
+    topology_file: str = Field("", description="YAML/JSON file with this node's rack/switch labels (a `nodes` "
+                                               "table for the whole site, or `labels`)")
+    health_policy_file: str = Field("", description="YAML/JSON file overriding XID actions and health thresholds")
     state_dir: str = Field("", description="Worker logs and records (default ~/.local/state/trainyard/agent/"
                                            "<node_id>)")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60,
                                         description="Heartbeat and GPU metrics interval, unless the scheduler "
                                                     "asks for another")
+    health_counters_interval_s: float = Field(10.0, gt=0, le=3600,
+                                              description="How often the GPU error counters (ECC, remapped rows, "
+                                                          "NVLink, PCIe) are read; memory error events trigger "
+                                                          "a read at once")
     stop_grace_s: float = Field(10.0, ge=0, le=3600,
                                 description="SIGTERM → SIGKILL grace when a stop request gives none")
     worker_env: dict[str, str] = Field(default_factory=dict,
@@ -59,6 +72,10 @@ class AgentSettings(BaseSettings):
     log_max_bytes: int = Field(16 * 1024 * 1024, ge=4096,
                                description="Size of one rank's log file before it is rotated")
     log_backups: int = Field(2, ge=0, le=100, description="Rotated log files kept per rank")
+    worker_restart_policy: Literal["adopt", "stop"] = Field(
+        "adopt", description="What a restarted agent does with workers of its previous life that still run: "
+        "adopt (keep them and supervise them again) or stop (SIGTERM, grace, SIGKILL, and report)")
+    worker_cpu_binding: bool = Field(True, description="Bind each worker to the CPUs near its GPUs (NUMA affinity)")
     kill_workers_on_stop: bool = Field(False, description="Stop running workers when the agent shuts down "
                                                           "(local cluster); off so an agent restart keeps jobs")
     reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
@@ -81,6 +98,10 @@ class AgentSettings(BaseSettings):
             data["worker_address"] = data["advertise_host"]
         if not data.get("state_dir") and isinstance(data["node_id"], str):
             data["state_dir"] = str(Path("~/.local/state/trainyard/agent").expanduser() / data["node_id"])
+        topology = data.get("topology_file")
+        if topology and isinstance(data["node_id"], str) and is_valid_id(data["node_id"]):
+            # The file's labels first, so labels given in the settings themselves win.
+            data["labels"] = {**labels_for(str(topology), data["node_id"]), **dict(data.get("labels") or {})}
         return data
 
     @field_validator("node_id")
@@ -123,9 +144,19 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _check_labels(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not _LABEL_KEY_RE.match(key):
+            if not LABEL_KEY_RE.match(key):
                 raise ValueError(f"label key {key!r} must be 1-63 letters, digits, '.', '_', '/' or '-', "
                                  "starting and ending with a letter or digit")
+        return v
+
+    @field_validator("health_policy_file")
+    @classmethod
+    def _check_policy(cls, v: str) -> str:
+        if v:
+            try:
+                load_policy(v)
+            except PolicyError as e:
+                raise ValueError(e.message) from None
         return v
 
     @field_validator("state_dir")

@@ -41,7 +41,7 @@ class AgentPort(Protocol):
 
     async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None: ...
 
-    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str) -> None: ...
+    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int) -> None: ...
 
 
 @dataclass
@@ -264,7 +264,7 @@ class Reconciler:
         log.warning("stopping workers no allocation accounts for", extra={"attempt": attempt})
         try:
             await self._agents.stop(node, job_id, attempt, self._settings.stop_grace_s,
-                                    "no allocation accounts for these workers (gang released)")
+                                    "no allocation accounts for these workers (gang released)", self._epoch())
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("orphan stop on %s failed, will retry: %s", node.node_id, exc)
@@ -272,7 +272,7 @@ class Reconciler:
     async def _stop(self, node: Node, alloc: Allocation) -> None:
         try:
             await self._agents.stop(node, alloc.job_id, alloc.attempt, self._settings.stop_grace_s,
-                                    alloc.stop_reason)
+                                    alloc.stop_reason, self._epoch())
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("stop on %s failed, will retry: %s", node.node_id, exc)

@@ -11,7 +11,7 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.errors import InvalidArgument
 
-from ..model import Accelerator, AcceleratorMetrics, Health, NodeInfo, RunningAllocation
+from ..model import Accelerator, AcceleratorMetrics, GpuLink, Health, NodeInfo, RunningAllocation
 from ..workers.model import LaunchRequest, LaunchResult, LogLine, LogQuery, WorkerExit, WorkerSpec, WorkerStatus
 
 _HEALTH = {
@@ -34,19 +34,34 @@ def gpu_to_pb(gpu: Accelerator) -> types_pb2.Gpu:
     return types_pb2.Gpu(index=gpu.index, uuid=gpu.uuid, vendor=gpu.vendor.value, model=gpu.model,
                          memory_mb=gpu.memory_mb, pci_bus_id=gpu.pci_bus_id, compute_capability=gpu.capability,
                          health=_HEALTH[gpu.health], health_reason=gpu.health_reason, numa_node=gpu.numa_node,
-                         nvlink_island=gpu.nvlink_island)
+                         nvlink_island=gpu.nvlink_island, health_action=gpu.wire_action,
+                         cpu_affinity=list(gpu.cpu_affinity), mig_enabled=gpu.mig_enabled)
 
 
 def metrics_to_pb(m: AcceleratorMetrics) -> types_pb2.GpuMetrics:
-    return types_pb2.GpuMetrics(index=m.index, utilization_percent=m.utilization_percent,
-                                memory_used_mb=m.memory_used_mb, temperature_c=m.temperature_c, power_w=m.power_w)
+    c = m.counters
+    return types_pb2.GpuMetrics(
+        index=m.index, utilization_percent=m.utilization_percent, memory_used_mb=m.memory_used_mb,
+        temperature_c=m.temperature_c, power_w=m.power_w, sm_clock_mhz=m.sm_clock_mhz,
+        memory_clock_mhz=m.memory_clock_mhz, throttle_reasons=list(m.throttle_reasons),
+        ecc_volatile_corrected=c.ecc_volatile_corrected, ecc_volatile_uncorrected=c.ecc_volatile_uncorrected,
+        ecc_aggregate_uncorrected=c.ecc_aggregate_uncorrected,
+        # The wire has room for flags only: pending / failed memory repair, by remapping or page retirement.
+        remapped_rows_pending=int(c.remapped_rows_pending or c.retired_pages_pending),
+        remapped_rows_failure=int(c.remapped_rows_failure), nvlink_errors=c.nvlink_errors,
+        pcie_replays=c.pcie_replays)
+
+
+def link_to_pb(link: GpuLink) -> types_pb2.GpuLink:
+    return types_pb2.GpuLink(gpu_a=link.gpu_a, gpu_b=link.gpu_b, level=link.level, nvlinks=link.nvlinks)
 
 
 def node_to_pb(node: NodeInfo) -> types_pb2.Node:
     return types_pb2.Node(node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address,
                           worker_address=node.worker_address, gpus=[gpu_to_pb(g) for g in node.accelerators],
                           cpus=node.cpus, memory_mb=node.memory_mb, labels=node.labels,
-                          driver_version=node.driver_version, simulated=node.simulated)
+                          driver_version=node.driver_version, simulated=node.simulated,
+                          cuda_version=node.cuda_version, gpu_links=[link_to_pb(x) for x in node.gpu_links])
 
 
 def running_to_pb(running: Iterable[RunningAllocation]) -> list[scheduler_pb2.RunningAllocation]:

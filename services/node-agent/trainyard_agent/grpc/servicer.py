@@ -11,6 +11,7 @@ from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_core.logs import log_context
 
 from ..health.faults import FaultInjector
+from ..health.operator import HealthOverrides
 from ..workers.model import LogLine
 from ..workers.supervisor import Supervisor
 from . import convert
@@ -22,9 +23,10 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, supervisor: Supervisor, faults: FaultInjector) -> None:
+    def __init__(self, supervisor: Supervisor, faults: FaultInjector, overrides: HealthOverrides) -> None:
         self._supervisor = supervisor
         self._faults = faults
+        self._overrides = overrides
 
     async def LaunchWorkers(self, request: agent_pb2.LaunchWorkersRequest,
                             context: grpc.aio.ServicerContext) -> agent_pb2.LaunchWorkersResponse:
@@ -34,6 +36,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def StopWorkers(self, request: agent_pb2.StopWorkersRequest,
                           context: grpc.aio.ServicerContext) -> agent_pb2.StopWorkersResponse:
         with log_context(job_id=request.job_id, reason=request.reason):
+            if request.leader_epoch:
+                # A deposed leader must not stop workers its successor placed; 0 is an unfenced operator call.
+                self._supervisor.fence.check(request.leader_epoch)
             stopped = await self._supervisor.stop(request.job_id, request.attempt,
                                                   convert.grace_from_pb(request.grace_period_ms))
         return agent_pb2.StopWorkersResponse(stopped=stopped)
@@ -56,8 +61,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     async def InjectFault(self, request: agent_pb2.InjectFaultRequest,
                           context: grpc.aio.ServicerContext) -> agent_pb2.InjectFaultResponse:
-        gpu = self._faults.inject(request.gpu_index, request.kind, xid=request.xid, count=request.count)
+        gpu = await self._faults.inject(request.gpu_index, request.kind, xid=request.xid, count=request.count,
+                                        temperature_c=request.temperature_c)
         return agent_pb2.InjectFaultResponse(gpu=convert.gpu_to_pb(gpu))
+
+    async def SetGpuHealth(self, request: agent_pb2.SetGpuHealthRequest,
+                           context: grpc.aio.ServicerContext) -> agent_pb2.SetGpuHealthResponse:
+        gpu = self._overrides.set_health(request.gpu_index, healthy=request.healthy, operator=request.operator,
+                                         reason=request.reason)
+        return agent_pb2.SetGpuHealthResponse(gpu=convert.gpu_to_pb(gpu))
 
 
 def _chunks(lines: list[LogLine]) -> list[list[LogLine]]:

@@ -1,7 +1,15 @@
-"""Polls GPU metrics at a fixed interval and turns what the poll reveals into health findings.
+"""Watches the GPUs: polls metrics and counters, listens for device events, and turns both into findings.
 
-NVML calls block, so each poll runs in a worker thread; the findings are applied on the event loop.
-Runs whether or not the scheduler is reachable: health is tracked locally and pushed once connected.
+Two activities, neither blocking the event loop:
+- a poll every `interval_s` (the heartbeat interval, 1 s by default) in a worker thread: utilization,
+  memory, temperature, power, clocks, throttle reasons; the error counters (ECC, memory repair, NVLink,
+  PCIe) every `counters_interval_s`, or at once when an event says they moved. Results are applied on the
+  loop: lost GPUs, thermal state and counter thresholds become findings in the health book;
+- one thread blocked in the backend's event wait (with a timeout, so it notices when asked to stop). Each
+  batch of events is handed to the loop: an XID becomes a sticky finding per the policy (an application
+  XID only a log line), a memory event triggers a counter read.
+
+Health is tracked whether or not the scheduler is reachable; the reporter pushes changes once connected.
 """
 
 from __future__ import annotations
@@ -9,43 +17,84 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
 
-from ..metrics import publish_gpu_metrics
-from ..model import AcceleratorMetrics
-from ..nvml.adapter import MetricsSample, NvmlAdapter
-from . import policy
+from ..backend import AcceleratorBackend, DeviceEvent, EventKind, EventSource, Sample
+from ..metrics import count_xid, publish_gpu_metrics
+from ..model import AcceleratorMetrics, Health, HealthCounters
+from ..notify import Notifier
 from .book import HealthBook
+from .policy import HealthPolicy
 
 log = logging.getLogger(__name__)
 
+# How long one event wait blocks before the thread checks whether it should stop.
+EVENT_WAIT_S = 0.25
+# Pause after a failed event wait (a set whose GPU is lost may fail at once, every time).
+EVENT_RETRY_S = 1.0
+
 
 class GpuMonitor:
-    def __init__(self, adapter: NvmlAdapter, book: HealthBook, *, node_id: str, interval_s: float) -> None:
-        self._adapter = adapter
+    def __init__(self, backend: AcceleratorBackend, book: HealthBook, policy: HealthPolicy, *, node_id: str,
+                 interval_s: float, counters_interval_s: float = 10.0) -> None:
+        self._backend = backend
         self._book = book
+        self._policy = policy
         self._node_id = node_id
         self.interval_s = interval_s
+        self.counters_interval_s = counters_interval_s
         self.latest: list[AcceleratorMetrics] = []
+        self.counters: dict[int, HealthCounters] = {}
+        # XID events applied per GPU, and a wake-up for whoever waits on them (fault injection).
+        self.xids_seen: dict[int, int] = {}
+        self.events_applied = Notifier()
         self._task: asyncio.Task[None] | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._events: EventSource | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._counters_due = True
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def poll_once(self) -> MetricsSample:
-        sample = await asyncio.to_thread(self._adapter.metrics)
+    # --- polling -----------------------------------------------------------------------------------------
+
+    async def poll_once(self, *, counters: bool = True) -> Sample:
+        sample = await asyncio.to_thread(self._backend.sample, counters=counters)
         self.apply(sample)
         return sample
 
-    def apply(self, sample: MetricsSample) -> None:
-        self.latest = sample.metrics
-        for index, detail in sample.lost.items():
-            verdict = policy.for_lost(detail)
-            self._book.report(index, verdict.health, verdict.reason)
+    def apply(self, sample: Sample) -> None:
+        self.counters.update(sample.counters)
+        self.latest = [replace(m, counters=self.counters.get(m.index, HealthCounters())) for m in sample.metrics]
+        answered = {m.index for m in sample.metrics}
+        for index in range(len(self._book)):
+            if index in sample.lost:
+                self._book.set_finding(index, "lost", self._policy.lost(sample.lost[index]))
+            elif index in answered:
+                self._book.set_finding(index, "lost", None)
         for m in sample.metrics:
-            verdict = policy.for_temperature(m.temperature_c)
-            self._book.report(m.index, verdict.health, verdict.reason)
-        publish_gpu_metrics(self._node_id, sample.metrics, self._book.all())
+            flagged = "thermal" in self._book.findings(m.index)
+            self._book.set_finding(m.index, "thermal",
+                                   self._policy.thermal(m.temperature_c, m.throttle_reasons, flagged=flagged))
+        for index, counts in sample.counters.items():
+            for source, verdict in self._policy.counters(counts.since(self._book.baseline(index))).items():
+                self._book.set_finding(index, source, verdict)
+        publish_gpu_metrics(self._node_id, self.latest, self._book.all())
 
     def start(self) -> None:
-        if len(self._book) and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="gpu-monitor")
+        if not len(self._book) or self._task is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name="gpu-monitor")
+        self._events = self._backend.events()
+        if self._events is not None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._read_events, name="gpu-events", daemon=True)
+            self._thread.start()
+        else:
+            log.warning("no device events: XIDs are not seen, health comes from polling only")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -53,15 +102,82 @@ class GpuMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._side_tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        counters_at = loop.time()
         while True:
             try:
-                await self.poll_once()
+                now = loop.time()
+                due = self._counters_due or now >= counters_at
+                if due:
+                    self._counters_due = False
+                    counters_at = now + self.counters_interval_s
+                await self.poll_once(counters=due)
             except Exception:
                 # A failing poll must not end monitoring; the next one may succeed.
-                log.exception("GPU metrics poll failed")
+                log.exception("GPU poll failed")
             next_at += self.interval_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    # --- events ------------------------------------------------------------------------------------------
+
+    def _read_events(self) -> None:
+        """The event thread: wait, hand each batch to the loop, until stopped."""
+        assert self._events is not None and self._loop is not None
+        while not self._stop.is_set():
+            try:
+                events = self._events.wait(EVENT_WAIT_S)
+            except Exception as exc:
+                log.warning("waiting for GPU events failed; retrying: %s", exc)
+                self._stop.wait(EVENT_RETRY_S)
+                continue
+            if events:
+                try:
+                    self._loop.call_soon_threadsafe(self.apply_events, events)
+                except RuntimeError:
+                    return  # the loop is closed: the agent is shutting down
+
+    def apply_events(self, events: Sequence[DeviceEvent]) -> None:
+        read_counters = False
+        for event in events:
+            if not 0 <= event.index < len(self._book):
+                continue
+            if event.kind is EventKind.XID:
+                verdict = self._policy.xid(event.code)
+                log.log(logging.INFO if verdict.health is Health.HEALTHY else logging.WARNING, "XID on GPU %d",
+                        event.index, extra={"gpu": event.index, "xid": event.code, "action": verdict.action.value,
+                                            "health": verdict.health.name, "reason": verdict.reason})
+                self._book.add_event(event.index, verdict)
+                count_xid(self._node_id, event.index, event.code)
+                self.xids_seen[event.index] = self.xids_seen.get(event.index, 0) + 1
+            else:
+                log.info("GPU memory error event", extra={"gpu": event.index, "event": event.kind.value})
+                read_counters = True
+        if read_counters:
+            if self._task is not None:
+                # Read the counters now rather than at the next tick: the event says they changed.
+                task = asyncio.get_running_loop().create_task(self._poll_counters_now())
+                self._side_tasks.add(task)
+                task.add_done_callback(self._side_tasks.discard)
+            else:
+                self._counters_due = True
+        self.events_applied.notify()
+
+    async def _poll_counters_now(self) -> None:
+        try:
+            await self.poll_once(counters=True)
+        except Exception:
+            log.exception("GPU counter read after an event failed")

@@ -1,1 +1,2 @@
-"""GPU inventory and metrics through NVML (`adapter.py`), and a fake NVML for hosts without GPUs."""
+"""NVML: the adapter (`adapter.py`, the one place that calls it), its event set and topology arithmetic, and a
+fake NVML with hardware profiles for hosts without GPUs."""

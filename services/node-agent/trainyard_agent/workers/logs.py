@@ -1,10 +1,9 @@
-"""Per-rank log files: bounded and rotated on write, read back (with a tail) or followed while written.
+"""Per-rank log files: read back (with a tail) or followed while written.
 
 Layout: `<state_dir>/jobs/<job_id>/attempt-<n>/rank-<r>.log`, rotated to `rank-<r>.log.1` … `.N`
-(`.1` newest). Each line is stored as a 2-byte tag (`O ` stdout, `E ` stderr) followed by the bytes the
-worker wrote and a newline, so the stream of every line survives in one file per rank and lines of both
-streams stay in the order the agent read them. A line longer than `MAX_LINE_BYTES`, or output without
-any newline, is cut into lines of that size instead of growing a buffer without bound.
+(`.1` newest). The worker's shim writes them (`logwriter.RankLog`: each line tagged with its stream, so
+the stream of every line survives in one file per rank and lines of both streams stay in the order the
+shim read them); the agent only reads, so it reads the logs of workers of a previous agent life alike.
 """
 
 from __future__ import annotations
@@ -19,11 +18,13 @@ from typing import BinaryIO
 
 from trainyard_core.errors import NotFound
 
+from .logwriter import MAX_LINE_BYTES, TAGS, LineSplitter, RankLog
 from .model import LogLine, LogQuery, Stream, check_job_id
 
-MAX_LINE_BYTES = 64 * 1024
-_TAGS = {Stream.STDOUT: b"O ", Stream.STDERR: b"E "}
-_STREAM_OF_TAG = {b"O": Stream.STDOUT.value, b"E": Stream.STDERR.value}
+__all__ = ["MAX_LINE_BYTES", "LineSplitter", "LogFollower", "RankLog", "attempt_dir", "attempt_dirs", "job_dir",
+           "parse_record", "rank_files", "rank_log_path", "read_logs", "require_job"]
+
+_STREAM_OF_TAG = {tag[:1]: stream for stream, tag in TAGS.items()}
 _ATTEMPT_RE = re.compile(r"^attempt-(\d+)$")
 _RANK_RE = re.compile(r"^rank-(\d+)\.log(?:\.(\d+))?$")
 
@@ -39,78 +40,6 @@ def attempt_dir(jobs_root: Path, job_id: str, attempt: int) -> Path:
 
 def rank_log_path(adir: Path, rank: int) -> Path:
     return adir / f"rank-{rank}.log"
-
-
-class RankLog:
-    """Appends one rank's lines to its file, rotating at `max_bytes`. Used from the event loop only."""
-
-    def __init__(self, path: Path, *, max_bytes: int, backups: int) -> None:
-        self.path = path
-        self._max_bytes = max_bytes
-        self._backups = backups
-        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 - closed by close()
-        self._size = self._file.tell()
-        # The last write failed (disk full, I/O error); the supervisor logs that once, not per line.
-        self.failed = False
-
-    def write(self, stream: Stream, line: bytes) -> None:
-        record = _TAGS[stream] + line + b"\n"
-        if self._size and self._size + len(record) > self._max_bytes:
-            self._rotate()
-        self._file.write(record)
-        self._size += len(record)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
-
-    def _rotate(self) -> None:
-        self._file.close()
-        try:
-            for n in range(self._backups - 1, 0, -1):
-                older = self.path.with_name(f"{self.path.name}.{n}")
-                if older.exists():
-                    os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
-            if self._backups:
-                os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        finally:
-            # Always end with an open file; without backups the file starts over. If a rename failed, the
-            # next write tries the rotation again.
-            self._file = open(self.path, "ab" if self._backups else "wb")  # noqa: SIM115
-            self._size = self._file.tell()
-
-
-class LineSplitter:
-    """Turns a stream's chunks into lines; holds an unterminated tail until its newline or `finish()`."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._pending + chunk
-        lines = data.split(b"\n")
-        self._pending = lines.pop()
-        out: list[bytes] = []
-        for line in lines:
-            out.extend(_cut(line))
-        while len(self._pending) >= MAX_LINE_BYTES:
-            out.append(self._pending[:MAX_LINE_BYTES])
-            self._pending = self._pending[MAX_LINE_BYTES:]
-        return out
-
-    def finish(self) -> list[bytes]:
-        rest, self._pending = self._pending, b""
-        return list(_cut(rest)) if rest else []
-
-
-def _cut(line: bytes) -> Iterator[bytes]:
-    if len(line) <= MAX_LINE_BYTES:
-        yield line
-        return
-    for i in range(0, len(line), MAX_LINE_BYTES):
-        yield line[i:i + MAX_LINE_BYTES]
 
 
 def parse_record(raw: bytes) -> tuple[str, str]:

@@ -16,6 +16,23 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_UNKNOWN = -1
 
 
+class RestartPolicy(enum.StrEnum):
+    """What a restarted agent does with the workers of its previous life that still run."""
+
+    # Keep them running and supervise them again: they are reported as running, and their exits later.
+    ADOPT = "adopt"
+    # Stop them (SIGTERM, grace, SIGKILL) and report their exits.
+    STOP = "stop"
+
+    @classmethod
+    def parse(cls, value: str) -> RestartPolicy:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"restart policy {value!r} is unknown; use one of: "
+                             f"{', '.join(p.value for p in cls)}") from None
+
+
 class Stream(enum.StrEnum):
     STDOUT = "stdout"
     STDERR = "stderr"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterable
 
@@ -52,6 +53,71 @@ def live_groups() -> set[int]:
         if fields is not None and fields[0] not in ("Z", "X"):
             groups.add(int(fields[2]))
     return groups
+
+
+def is_running(pid: int | None, started: int | None) -> bool:
+    """Whether `pid` is still the (non-zombie) process that started at `started` clock ticks."""
+    return pid is not None and started is not None and start_time(pid) == started
+
+
+def _pidfd_of(pid: int, started: int | None) -> tuple[bool, int | None]:
+    """(running, pidfd): whether the process `pid` that started at `started` runs, and a pidfd pinning it
+    (None without pidfd support). Checked again once the pidfd is open: the pid may have been reused
+    between the first check and the open, never after it."""
+    if not is_running(pid, started):
+        return False, None
+    try:
+        fd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False, None
+    except (OSError, AttributeError):
+        fd = None
+    if fd is not None and not is_running(pid, started):
+        os.close(fd)
+        return False, None
+    return True, fd
+
+
+def kill_process(pid: int | None, started: int | None, sig: int) -> bool:
+    """Send `sig` to `pid` if it is still the process that started at `started`; False if it is gone."""
+    if pid is None:
+        return False
+    running, fd = _pidfd_of(pid, started)
+    if not running:
+        return False
+    try:
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+async def wait_gone(pid: int | None, started: int | None, interval: float = 0.1) -> None:
+    """Return once the process `pid` that started at `started` has ended. It need not be our child (a
+    worker's shim from an earlier agent life): a pidfd says when it ends; without pidfds, /proc is polled."""
+    if pid is None:
+        return
+    running, fd = _pidfd_of(pid, started)
+    if not running:
+        return
+    if fd is None:
+        while is_running(pid, started):  # noqa: ASYNC110 - no pidfds: nothing to wait on but /proc
+            await asyncio.sleep(interval)
+        return
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: None if ended.done() else ended.set_result(None))
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def group_alive(pgid: int) -> bool:

@@ -2,8 +2,11 @@
 
 One JSON file per allocation, `<state_dir>/jobs/<job_id>/attempt-<n>/workers.json`, rewritten atomically
 (write a temporary file, fsync, rename) whenever a worker starts, ends or its exit is acknowledged by
-the scheduler. `start_time` (clock ticks since boot, from /proc) tells our worker from an unrelated
-process that got the same pid after a reboot or pid wrap-around.
+the scheduler. `start_time` (clock ticks since boot, from /proc) tells our worker, or its shim, from an
+unrelated process that got the same pid after a reboot or pid wrap-around.
+
+Beside it, per rank, files the agent does not write: `rank-<r>.exit.json`, the worker's end as its shim
+recorded it (`shim.write_status`), and `rank-<r>.shim.err`, the shim's own complaints (usually empty).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class WorkerRecord:
     exit_code: int | None = None
     signal: int | None = None
     exited_at: float | None = None
+    # The shim that started the worker and keeps its output and exit status (`shim.py`); None in records of
+    # agents without shims, whose workers a later life cannot adopt.
+    shim_pid: int | None = None
+    shim_start_time: int | None = None
     # The scheduler acknowledged the exit report; nothing is left to do for this worker.
     reported: bool = False
 
@@ -50,6 +57,14 @@ def save(path: Path, record: AllocationRecord) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def status_path(adir: Path, rank: int) -> Path:
+    return adir / f"rank-{rank}.exit.json"
+
+
+def shim_err_path(adir: Path, rank: int) -> Path:
+    return adir / f"rank-{rank}.shim.err"
 
 
 def load(path: Path) -> AllocationRecord | None:

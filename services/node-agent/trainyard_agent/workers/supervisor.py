@@ -1,33 +1,47 @@
 """Worker supervision: start a gang's processes on this node, watch them, stop them, report their exits.
 
+Every worker runs under its shim (`shim.py`), which started it, writes its output to the rank's log and
+records its end in a status file. The agent starts the shims (`spawn.py`), waits for them to end and
+reads what they recorded, so workers need nothing from the agent while they run and a restarted agent
+can take them over.
+
 State of one worker (one process group, led by the worker process):
 
     RUNNING ──(process ends by itself)───────────────▶ EXITED ──(scheduler acks)──▶ REPORTED
        │                                                 ▲
        └─(stop: SIGTERM group, grace, SIGKILL group)─────┘
 
-- RUNNING: the process was started in a new session (pgid == pid); a supervise task reads its stdout
-  and stderr into the rank's log file and waits for it.
-- EXITED: the leader was reaped. What is left of its group is SIGKILLed (nothing outlives a worker),
-  output is drained (bounded: a descendant that escaped the group could hold the pipe forever), the
-  exit is written to the record file, then handed to the `ExitSink` (the reporter), which retries
-  until the scheduler acknowledges.
+- RUNNING: the shim started the worker in a new session (pgid == pid); a supervise task waits for the
+  shim to end.
+- EXITED: the shim ended. It reaped the worker, SIGKILLed what was left of its group (nothing outlives
+  a worker), drained its output (bounded) and recorded the status, which the agent writes to the record
+  file and hands to the `ExitSink` (the reporter), which retries until the scheduler acknowledges. A
+  shim that ended without a status (killed, crashed) leaves the worker's status unknown: what is left of
+  its group is stopped, and the exit is reported as EXIT_UNKNOWN (-1), or as the signal of a stop that
+  was under way; the reason is logged and written to the rank's log.
 - REPORTED: the sink called `mark_reported`; the record file says so, a later agent life will not
   report it again.
 
 An allocation is the workers of one (job_id, attempt) on this node. Launch is idempotent per key: a
 retried launch (in memory, or found in the record files of an earlier life) starts nothing and answers
-`already_running=True`. Stop is idempotent: concurrent stops of one allocation wait for the same
-termination; stopping unknown or finished workers stops nothing.
+`already_running=True`. A launch starts every worker or none: the record is saved once all run, then
+each shim is told to commit; a shim not told (the launch failed, or the agent died during it) kills its
+worker. Stop is idempotent: concurrent stops of one allocation wait for the same termination; stopping
+unknown or finished workers stops nothing.
 
-Writers: only the event loop touches this state. Record files: `records.py`. Logs: `logs.py`.
+Writers: only the event loop touches this state. Record files: `records.py`. Logs: the shims write them,
+`logs.py` reads them.
 
-Previous lives (`recover()`, run once at start-up before serving): for every record with workers that
-have no exit yet, a worker whose leader still runs (same pid *and* start time) or whose group still has
-members is stopped like a StopWorkers call (SIGTERM, grace, SIGKILL) and reported with the signal that
-ended it; one that is already gone is reported with exit_code -1 (EXIT_UNKNOWN: it ended while no agent
-watched, its status is lost). Unacknowledged exits are reported again. Adopting live workers instead of
-stopping them needs their output to survive the agent (a log shim) and is left to a later issue.
+Previous lives (`recover()`, run once at start-up before serving), for every recorded worker without an
+exit:
+- its shim still runs (same pid *and* start time): with `RestartPolicy.ADOPT` it is supervised again as
+  if this life had started it: reported as running, later its exit with its real status; with
+  `RestartPolicy.STOP` it is stopped like a StopWorkers call (SIGTERM, grace, SIGKILL) and reported;
+- its shim has ended: the exit is the one the shim recorded (the worker ended while no agent watched),
+  or unknown, as above;
+- records of agents without shims: a worker still running is stopped (its output went to the dead
+  agent), one already gone is reported as unknown.
+Unacknowledged exits are reported again.
 """
 
 from __future__ import annotations
@@ -36,7 +50,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -48,7 +63,7 @@ from trainyard_core.logs import log_context
 from .. import metrics
 from ..model import Health, RunningAllocation, Vendor
 from ..notify import Notifier
-from . import logs, process, records
+from . import affinity, logs, logwriter, process, records, shim, spawn
 from .env import worker_env
 from .fence import LeaderFence
 from .model import (
@@ -57,7 +72,7 @@ from .model import (
     LaunchResult,
     LogLine,
     LogQuery,
-    Stream,
+    RestartPolicy,
     WorkerExit,
     WorkerSpec,
     WorkerStatus,
@@ -67,7 +82,7 @@ from .model import (
 
 log = logging.getLogger(__name__)
 
-# After a leader exits, how long its output may still be drained before the pipes are abandoned.
+# After a worker exits, how long its shim may still drain its output before abandoning the pipes.
 DRAIN_TIMEOUT_S = 5.0
 # After SIGKILL, how long to wait for the kernel to take processes away (D state can delay it).
 KILL_WAIT_S = 10.0
@@ -75,6 +90,8 @@ KILL_WAIT_S = 10.0
 KEEP_FINISHED = 256
 # Largest GetWorkerLogs answer, well below the 64 MiB gRPC message limit.
 MAX_LOG_ANSWER_BYTES = 32 * 1024 * 1024
+# How often a log follower looks for new lines: the shims write the files and tell the agent nothing.
+FOLLOW_POLL_S = 0.1
 
 
 class ExitSink(Protocol):
@@ -92,11 +109,12 @@ class NoSink:
 class _Worker:
     spec: WorkerSpec
     record: records.WorkerRecord
-    # Process and log file of a worker this agent life started; None for workers of a previous life.
-    proc: asyncio.subprocess.Process | None = None
-    log: logs.RankLog | None = None
+    # The shim this agent life started; None for a worker of a previous life (found by pid in the record).
+    shim: asyncio.subprocess.Process | None = None
     exit: WorkerExit | None = None
     task: asyncio.Task[None] | None = None
+    # The last signal a stop sent to the worker's group: what ended it, should its shim not say.
+    stop_signal: int = 0
 
     @property
     def running(self) -> bool:
@@ -130,6 +148,15 @@ class _Allocation:
 
 
 class Supervisor:
+    """Runs the workers of this node.
+
+    `restart_policy`: what `recover()` does with workers of a previous agent life that still run; the
+    agent's settings choose (`adopt` by default), `stop` here (what agents did before shims) for callers
+    that do not say. `gpu_cpus`: GPU index → the CPUs close to it (its NUMA affinity); with `cpu_binding`,
+    a worker is bound to the CPUs of its GPUs (`affinity.py`). `shim_python`: the interpreter that runs
+    the shims, this one by default.
+    """
+
     def __init__(
         self,
         *,
@@ -145,7 +172,21 @@ class Supervisor:
         fence: LeaderFence | None = None,
         exits: ExitSink | None = None,
         clock: Clock | None = None,
+        restart_policy: RestartPolicy | str = RestartPolicy.STOP,
+        gpu_cpus: Mapping[int, Iterable[int]] | None = None,
+        cpu_binding: bool = True,
+        shim_python: str = sys.executable,
     ) -> None:
+        if stop_grace_s < 0:
+            raise ValueError(f"stop_grace_s must be >= 0, got {stop_grace_s}")
+        if log_max_bytes <= logwriter.RECORD_OVERHEAD:
+            raise ValueError(f"log_max_bytes must be larger than {logwriter.RECORD_OVERHEAD}, got {log_max_bytes}")
+        if log_backups < 0:
+            raise ValueError(f"log_backups must be >= 0, got {log_backups}")
+        self._restart_policy = RestartPolicy.parse(restart_policy)
+        self._gpu_cpus = affinity.check_gpu_cpus(gpu_cpus or {})
+        self._cpu_binding = cpu_binding
+        self._shim_python = shim_python
         self.jobs_root = state_dir / "jobs"
         self.jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._node_id = node_id
@@ -161,13 +202,29 @@ class Supervisor:
         self._clock = clock or SystemClock()
         self._allocs: dict[tuple[str, int], _Allocation] = {}
         self._lock = asyncio.Lock()
+        # Reasons workers were not bound to CPUs, each logged once (every launch would repeat them).
+        self._binding_warned: set[str] = set()
         # Wakes log followers and anyone waiting for workers to start or end.
         self.changes = Notifier()
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return self._restart_policy
 
     # --- launch ----------------------------------------------------------------------------------------
 
     async def launch(self, req: LaunchRequest) -> LaunchResult:
         req.validate()
+        # A launch runs to its end even when its caller goes away (an RPC past its deadline): stopped half-way
+        # it would leave shims waiting for their commit. A retry finds it done (launch is idempotent).
+        task = asyncio.create_task(self._launch(req), name=f"launch-{req.job_id}-{req.attempt}")
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_unheard)
+            raise
+
+    async def _launch(self, req: LaunchRequest) -> LaunchResult:
         with log_context(job_id=req.job_id, attempt=req.attempt):
             async with self._lock:
                 self.fence.check(req.leader_epoch)
@@ -239,95 +296,123 @@ class Supervisor:
         rec = records.AllocationRecord(job_id=req.job_id, attempt=req.attempt, node_id=self._node_id,
                                        created_at=self._clock.now())
         alloc = _Allocation(job_id=req.job_id, attempt=req.attempt, dir=adir, record=rec)
+        # The shims start at once: most of a launch is their interpreters starting.
+        results = await asyncio.gather(*(self._start_worker(req, spec, adir, cwd) for spec in req.workers),
+                                       return_exceptions=True)
+        started = [r for r in results if isinstance(r, spawn.Started)]
+        failures = [r for r in results if isinstance(r, BaseException)]
         try:
-            for spec in req.workers:
-                # Opened first: a worker whose output could not be kept is not started.
-                rank_log = logs.RankLog(logs.rank_log_path(adir, spec.rank), max_bytes=self._log_max_bytes,
-                                        backups=self._log_backups)
-                env = worker_env(base=self._base_env, site_defaults=self._site_env, request_env=req.env,
-                                 worker=spec, vendor=self._vendor, node_id=self._node_id)
-                try:
-                    proc = await asyncio.create_subprocess_exec(
-                        *req.command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
-                except OSError as exc:
-                    rank_log.close()
-                    raise InvalidArgument(f"cannot start {req.command[0]!r} in {cwd}: "
-                                          f"{exc.strerror or exc}") from exc
+            if failures:
+                raise failures[0]
+            for spec, st in zip(req.workers, started, strict=True):
                 wrec = records.WorkerRecord(rank=spec.rank, local_rank=spec.local_rank,
-                                            gpu_indices=list(spec.gpu_indices), pid=proc.pid, pgid=proc.pid,
-                                            start_time=process.start_time(proc.pid))
+                                            gpu_indices=list(spec.gpu_indices), pid=st.pid, pgid=st.pid,
+                                            start_time=process.start_time(st.pid), shim_pid=st.shim.pid,
+                                            shim_start_time=st.shim_start_time)
                 rec.workers.append(wrec)
-                alloc.workers.append(_Worker(spec=spec, record=wrec, proc=proc, log=rank_log))
-            # Before anyone is told the workers run: a later agent life finds them through this file.
+                alloc.workers.append(_Worker(spec=spec, record=wrec, shim=st.shim))
+            # Before the shims commit and anyone is told the workers run: a later life finds them here.
             records.save(adir / records.RECORD_NAME, rec)
         except BaseException as exc:
-            await self._kill_spawned(alloc)
+            await self._release(started)
             if isinstance(exc, OSError):
                 raise FailedPrecondition(f"node {self._node_id} cannot keep the workers' logs or records under "
                                          f"{adir}: {exc.strerror or exc}") from exc
             raise
+        for st in started:
+            spawn.commit(st)
         return alloc
 
-    async def _kill_spawned(self, alloc: _Allocation) -> None:
-        for w in alloc.workers:
-            process.signal_group(w.record.pgid, signal.SIGKILL)
-        for w in alloc.workers:
-            if w.proc is not None:
-                await w.proc.communicate()
-            if w.log is not None:
-                w.log.close()
+    async def _start_worker(self, req: LaunchRequest, spec: WorkerSpec, adir: Path, cwd: str) -> spawn.Started:
+        binding = self._binding(spec)
+        env = worker_env(base=self._base_env, site_defaults=self._site_env, request_env=req.env, worker=spec,
+                         vendor=self._vendor, node_id=self._node_id)
+        status = records.status_path(adir, spec.rank)
+        # Left by a launch of this attempt that was never recorded; a later life must not read it as this
+        # worker's end.
+        status.unlink(missing_ok=True)
+        return await spawn.start_worker(
+            shim.Spec(command=list(req.command), env=env, cwd=cwd, cpus=sorted(binding.cpus),
+                      log_path=str(logs.rank_log_path(adir, spec.rank)), max_bytes=self._log_max_bytes,
+                      backups=self._log_backups, status_path=str(status), drain_timeout_s=DRAIN_TIMEOUT_S),
+            err_path=records.shim_err_path(adir, spec.rank), python=self._shim_python)
+
+    def _binding(self, spec: WorkerSpec) -> affinity.Binding:
+        if not self._cpu_binding:
+            return affinity.Binding(frozenset(), "CPU binding is switched off")
+        binding = affinity.worker_binding(self._gpu_cpus, spec.gpu_indices, affinity.available_cpus())
+        if binding.cpus:
+            log.info("binding the worker to the CPUs of its GPUs",
+                     extra={"rank": spec.rank, "cpus": affinity.format_cpus(binding.cpus)})
+        elif self._gpu_cpus and spec.gpu_indices and binding.reason not in self._binding_warned:
+            self._binding_warned.add(binding.reason)
+            log.warning("workers are not bound to CPUs", extra={"reason": binding.reason})
+        return binding
+
+    async def _release(self, started: list[spawn.Started]) -> None:
+        """Undo a failed launch: no worker of a gang that was never recorded may stay."""
+        for st in started:
+            process.signal_group(st.pid, signal.SIGKILL)
+            spawn.release(st)
+        for st in started:
+            try:
+                await asyncio.wait_for(process.wait_for_exit(st.shim), DRAIN_TIMEOUT_S + 1)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    st.shim.kill()
 
     # --- supervise ---------------------------------------------------------------------------------------
 
     async def _supervise(self, alloc: _Allocation, w: _Worker) -> None:
-        proc = w.proc
-        assert proc is not None and proc.stdout is not None and proc.stderr is not None
-        rank_log = w.log
-        assert rank_log is not None
         with log_context(job_id=alloc.job_id, attempt=alloc.attempt, rank=w.spec.rank):
-            pumps = [asyncio.create_task(self._pump(proc.stdout, Stream.STDOUT, rank_log)),
-                     asyncio.create_task(self._pump(proc.stderr, Stream.STDERR, rank_log))]
-            try:
-                returncode = await process.wait_for_exit(proc)
-                # Nothing may outlive its worker: dataloader children, shell pipelines, ...
-                if process.group_alive(w.record.pgid):
-                    process.signal_group(w.record.pgid, signal.SIGKILL)
-                _done, pending = await asyncio.wait(pumps, timeout=DRAIN_TIMEOUT_S)
-                for task in pending:
-                    log.warning("worker output still open after it exited; abandoning it")
-                    task.cancel()
-            finally:
-                for task in pumps:
-                    task.cancel()
-                rank_log.close()
+            if w.shim is not None:
+                await process.wait_for_exit(w.shim)
+            else:
+                await process.wait_gone(w.record.shim_pid, w.record.shim_start_time)
+            await self._settle(alloc, w)
+
+    async def _settle(self, alloc: _Allocation, w: _Worker) -> None:
+        """Record the end of `w`, whose shim has ended."""
+        status = shim.read_status(records.status_path(alloc.dir, w.spec.rank))
+        if status is not None:
+            returncode, exited_at = status
             code, sig = exit_status(returncode)
-            self._record_exit(alloc, w, code, sig)
-
-    async def _pump(self, reader: asyncio.StreamReader, stream: Stream, rank_log: logs.RankLog) -> None:
-        splitter = logs.LineSplitter()
-        while chunk := await reader.read(64 * 1024):
-            self._write(rank_log, stream, splitter.feed(chunk))
-        self._write(rank_log, stream, splitter.finish())
-
-    def _write(self, rank_log: logs.RankLog, stream: Stream, lines: list[bytes]) -> None:
-        # A full or failing disk loses log lines, never the worker: the pipe is drained either way, or the
-        # worker would block on its next print once the pipe buffer fills.
-        try:
-            for line in lines:
-                rank_log.write(stream, line)
-            rank_log.flush()
-        except (OSError, ValueError) as exc:  # ValueError: the file could not be reopened after a rotation
-            if not rank_log.failed:
-                log.error("cannot write the worker's log; its output is dropped until the file is writable",
-                          extra={"path": str(rank_log.path), "error": str(exc)})
-            rank_log.failed = True
         else:
-            rank_log.failed = False
-        self.changes.notify()
+            code, sig = await self._unknown_end(alloc, w)
+            exited_at = self._clock.now()
+        self._record_exit(alloc, w, code, sig, exited_at)
 
-    def _record_exit(self, alloc: _Allocation, w: _Worker, code: int, sig: int) -> None:
-        exited_at = self._clock.now()
+    async def _unknown_end(self, alloc: _Allocation, w: _Worker) -> tuple[int, int]:
+        """(exit_code, signal) of a worker whose shim recorded no end: stop what is left of it (nobody reads
+        its output any more), then report the signal of that stop, or EXIT_UNKNOWN."""
+        if w.record.shim_pid is None:
+            why = "it was started by an agent without shims, and its output went to that agent"
+        else:
+            why = "its shim ended without recording it" + _complaints(records.shim_err_path(alloc.dir, w.spec.rank))
+        if _still_ours(w.record):
+            log.warning("a worker runs on without its shim; stopping it", extra={"reason": why})
+            await self._end_groups([w], self._stop_grace_s)
+        if w.stop_signal:
+            code, sig = 128 + w.stop_signal, w.stop_signal
+        else:
+            code, sig = EXIT_UNKNOWN, 0
+        log.warning("the worker's exit status is unknown", extra={"reason": why, "exit_code": code, "signal": sig})
+        self._note(alloc, w, f"[exit status unknown: {why}; reported as exit code {code}]")
+        return code, sig
+
+    def _note(self, alloc: _Allocation, w: _Worker, text: str) -> None:
+        """Append an agent line to the worker's log (only once its shim, the log's writer, has ended)."""
+        try:
+            rank_log = logwriter.RankLog(logs.rank_log_path(alloc.dir, w.spec.rank), max_bytes=self._log_max_bytes,
+                                         backups=self._log_backups)
+            try:
+                rank_log.write("agent", text.encode()[:rank_log.max_line])
+            finally:
+                rank_log.close()
+        except (OSError, ValueError) as exc:
+            log.error("cannot write to the worker's log", extra={"error": str(exc)})
+
+    def _record_exit(self, alloc: _Allocation, w: _Worker, code: int, sig: int, exited_at: float) -> None:
         w.exit = WorkerExit(job_id=alloc.job_id, attempt=alloc.attempt, rank=w.spec.rank, exit_code=code,
                             signal=sig, exited_at=exited_at)
         w.record.exit_code, w.record.signal, w.record.exited_at = code, sig, exited_at
@@ -364,6 +449,8 @@ class Supervisor:
         KILL_WAIT_S after SIGKILL, for processes stuck in the kernel) and their exits are recorded.
         """
         check_job_id(job_id)
+        if grace_s is not None and grace_s < 0:
+            raise InvalidArgument(f"grace period must be >= 0, got {grace_s}")
         grace = self._stop_grace_s if grace_s is None else grace_s
         async with self._lock:
             allocs = [a for a in self._allocs.values()
@@ -386,28 +473,47 @@ class Supervisor:
         return len(running)
 
     async def _terminate(self, workers: list[_Worker], grace: float) -> None:
-        pgids = {w.record.pgid for w in workers}
-        for pgid in pgids:
+        await self._end_groups(workers, grace)
+        # The supervise tasks record the exits once the shims have drained the output and ended; wait for
+        # them so the caller sees the exits recorded.
+        tasks = {w.task: w for w in workers if w.task is not None}
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S + 1)
+        if pending:
+            # Their workers are gone, yet the shims do not end (stuck writing the log?): end them.
+            log.error("worker shims do not end after their workers; killing them",
+                      extra={"ranks": [tasks[t].spec.rank for t in pending]})
+            for task in pending:
+                rec = tasks[task].record
+                process.kill_process(rec.shim_pid, rec.shim_start_time, signal.SIGKILL)
+            await asyncio.wait(pending, timeout=KILL_WAIT_S)
+
+    async def _end_groups(self, workers: list[_Worker], grace: float) -> None:
+        """SIGTERM the workers' process groups, SIGKILL those still there after `grace`; returns when they are
+        gone, or KILL_WAIT_S after SIGKILL for processes stuck in the kernel."""
+        by_pgid = {w.record.pgid: w for w in workers}
+        for pgid, w in by_pgid.items():
+            w.stop_signal = signal.SIGTERM
             process.signal_group(pgid, signal.SIGTERM)
-        left = await process.wait_groups_gone(pgids, grace)
+        left = await process.wait_groups_gone(by_pgid, grace)
         if left:
             log.warning("workers ignored SIGTERM for the grace period; killing", extra={"pgids": sorted(left)})
             for pgid in left:
+                by_pgid[pgid].stop_signal = signal.SIGKILL
                 process.signal_group(pgid, signal.SIGKILL)
             stuck = await process.wait_groups_gone(left, KILL_WAIT_S)
             if stuck:
                 log.error("processes survive SIGKILL (stuck in the kernel?)", extra={"pgids": sorted(stuck)})
-        # The supervise tasks record the exits; wait for them so the caller sees the exits recorded.
-        tasks = [w.task for w in workers if w.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S + 1)
 
     # --- previous lives ------------------------------------------------------------------------------------
 
     async def recover(self) -> list[WorkerExit]:
-        """Stop and report the workers of an earlier agent life (see the module docstring).
+        """Take over, or stop, the workers of an earlier agent life (see the module docstring).
 
-        Returns the exits handed to the sink (recorded now, or recorded earlier but not acknowledged).
+        Returns the exits handed to the sink: recorded earlier but not acknowledged, then those of workers
+        that ended while no agent watched, then (with `RestartPolicy.STOP`) those of the workers stopped now.
+        Adopted workers still run when it returns; their exits come later.
         """
         found: list[_Allocation] = []
         for path in records.find_all(self.jobs_root):
@@ -422,46 +528,39 @@ class Supervisor:
                                         wr.exited_at or 0.0)
                 alloc.workers.append(w)
             found.append(alloc)
-        await asyncio.gather(*(self._stop_leftovers(a) for a in found))
-        submitted: list[WorkerExit] = []
-        for alloc in found:
             self._allocs[alloc.key] = alloc
-            for w in alloc.workers:
-                if w.exit is not None and not w.record.reported:
-                    self.exits.submit(w.exit)
-                    submitted.append(w.exit)
+        submitted = [w.exit for a in found for w in a.workers if w.exit is not None and not w.record.reported]
+        for exit in submitted:
+            self.exits.submit(exit)
+        pending = [(a, w) for a in found for w in a.workers if w.running]
+        live = [(a, w) for a, w in pending if process.is_running(w.record.shim_pid, w.record.shim_start_time)]
+        live_ids = {id(w) for _, w in live}
+        # Ended while no agent watched (or their shim did): settled now, before anything is served.
+        await asyncio.gather(*(self._settle_previous(a, w) for a, w in pending if id(w) not in live_ids))
+        for a, w in live:
+            w.task = asyncio.create_task(self._supervise(a, w), name=f"worker-{a.job_id}-{w.spec.rank}")
+        adopted = list({id(a): a for a, _ in live}.values())
+        for a in adopted:
+            with log_context(job_id=a.job_id, attempt=a.attempt):
+                ranks = [w.spec.rank for b, w in live if b is a]
+                if self._restart_policy is RestartPolicy.STOP:
+                    log.warning("workers of a previous agent life are still running; stopping them (restart "
+                                "policy stop)", extra={"ranks": ranks})
+                else:
+                    log.info("workers of a previous agent life are still running; adopted them",
+                             extra={"ranks": ranks, "pids": [w.record.pid for b, w in live if b is a]})
+        if self._restart_policy is RestartPolicy.STOP:
+            await asyncio.gather(*(self._stop_alloc(a, self._stop_grace_s) for a in adopted))
+        submitted += [w.exit for _, w in pending if w.exit is not None]
         self._prune()
         self._publish()
         return submitted
 
-    async def _stop_leftovers(self, alloc: _Allocation) -> None:
-        pending = [w for w in alloc.workers if w.running]
-        if not pending:
-            return
-        with log_context(job_id=alloc.job_id, attempt=alloc.attempt):
-            alive = [w for w in pending if _still_ours(w.record)]
-            if alive:
-                log.warning("workers of a previous agent life are still running; stopping them",
-                            extra={"ranks": [w.spec.rank for w in alive]})
-                pgids = {w.record.pgid for w in alive}
-                for pgid in pgids:
-                    process.signal_group(pgid, signal.SIGTERM)
-                killed = await process.wait_groups_gone(pgids, self._stop_grace_s)
-                for pgid in killed:
-                    process.signal_group(pgid, signal.SIGKILL)
-                await process.wait_groups_gone(killed, KILL_WAIT_S)
-            now = self._clock.now()
-            for w in pending:
-                if w in alive:
-                    sig = int(signal.SIGKILL if w.record.pgid in killed else signal.SIGTERM)
-                    code = 128 + sig
-                else:
-                    code, sig = EXIT_UNKNOWN, 0
-                w.record.exit_code, w.record.signal, w.record.exited_at = code, sig, now
-                w.exit = WorkerExit(alloc.job_id, alloc.attempt, w.spec.rank, code, sig, now)
-                log.info("worker of a previous agent life ended", extra={"rank": w.spec.rank, "exit_code": code,
-                                                                          "signal": sig})
-            alloc.save()
+    async def _settle_previous(self, alloc: _Allocation, w: _Worker) -> None:
+        with log_context(job_id=alloc.job_id, attempt=alloc.attempt, rank=w.spec.rank):
+            await self._settle(alloc, w)
+            log.info("worker of a previous agent life ended", extra={"exit_code": w.record.exit_code,
+                                                                      "signal": w.record.signal})
 
     # --- queries -------------------------------------------------------------------------------------------
 
@@ -488,17 +587,17 @@ class Supervisor:
         follower = logs.LogFollower(self.jobs_root, query)
         try:
             while True:
-                version = self.changes.version
                 finished = not any(a.running for a in self._allocs.values() if a.job_id == query.job_id
                                    and (query.attempt == 0 or a.attempt == query.attempt))
                 lines = await asyncio.to_thread(follower.poll)
                 if lines:
                     yield lines
                 elif finished:
+                    # Read after the workers ended (their shims drained the output first): nothing is missed.
                     return
-                if not follower.more and self.changes.version == version:
-                    # The timeout only guards against a missed wake-up; changes normally wake us.
-                    await self.changes.wait(timeout=1.0)
+                if not follower.more:
+                    # A worker's end wakes us at once; new lines are found by looking.
+                    await self.changes.wait(timeout=FOLLOW_POLL_S)
         finally:
             follower.close()
 
@@ -506,7 +605,8 @@ class Supervisor:
 
     async def close(self, *, kill: bool = False) -> None:
         """Stop supervising. With `kill`, stop every running worker first (exits are recorded and
-        submitted); without, workers keep running and the next agent life deals with them."""
+        submitted); without, workers keep running under their shims and the next agent life takes them
+        over (or stops them, per its restart policy)."""
         if kill:
             await asyncio.gather(*(self._stop_alloc(a, self._stop_grace_s) for a in list(self._allocs.values())))
         tasks = [w.task for a in self._allocs.values() for w in a.workers if w.task is not None]
@@ -535,3 +635,23 @@ def _still_ours(rec: records.WorkerRecord) -> bool:
         return rec.start_time is not None and started == rec.start_time
     # Leader gone: members of its group may remain. No other group can hold that id while the pid is free.
     return process.group_alive(rec.pgid)
+
+
+def _log_unheard(task: asyncio.Task[LaunchResult]) -> None:
+    """The outcome of a launch whose caller went away: nobody else hears of it."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.warning("a launch whose caller went away failed", extra={"error": str(exc)})
+    else:
+        log.info("a launch whose caller went away completed", extra={"pids": list(task.result().pids)})
+
+
+def _complaints(err_path: Path) -> str:
+    """The end of what a shim wrote to its stderr file, for the log."""
+    try:
+        text = err_path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return f" (it said: {text[-300:]})" if text else ""

@@ -1,0 +1,171 @@
+"""Node agent overhead: a real `trainyard-agent` process with 8 simulated GPUs (h100x8) polled at 1 Hz and a
+heartbeat a second, registered with a real scheduler (and etcd) started here, observed for 60 s.
+
+Figures:
+- agent_cpu_percent_of_core: utime + stime from /proc/<pid>/stat over the 60 s window (after start-up),
+  as a percentage of one core. Target ≤ 1.
+- agent_rss_mb: the largest VmRSS (/proc/<pid>/status) seen, sampled every second through the window and
+  the XID phase. Target ≤ 80.
+- xid_to_scheduler_ms: p99 over 20 injections (XID 79 on GPU 0..7 in turn, through the InjectFault RPC)
+  of the time until the scheduler's NodeService.GetNode shows that GPU unhealthy; the GPU is marked
+  healthy again with SetGpuHealth between injections.
+Baselines measured in the same run: an idle interpreter (`python -c 'import time; time.sleep(...)'`) over
+the same window (CPU and RSS), and the round trip of one GetNode call (the floor of the polling loop).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_cli.local import Proc
+from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
+
+WINDOW_S = 60.0
+WARMUP_S = 5.0
+INJECTIONS = 20
+NODE = "bench-node"
+TARGET_CPU_PERCENT = 1.0
+TARGET_RSS_MB = 80.0
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    # Fields after the command name (which may hold spaces, hence the split at ')'): utime is the 14th
+    # field of the line, stime the 15th; all threads of the process are included.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _proc(workdir: Path, name: str, module: str, prefix: str, settings: dict[str, str]) -> Proc:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+    env.update({f"{prefix}{k.upper()}": v for k, v in settings.items()})
+    env[f"{prefix}READY_FILE"] = str(workdir / f"{name}.ready")
+    env["PYTHONUNBUFFERED"] = "1"
+    return Proc(name=name, args=[sys.executable, "-m", module], env=env, log_path=workdir / f"{name}.log",
+                ready_path=workdir / f"{name}.ready")
+
+
+def _wait(what: str, probe: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _gpu_health(nodes: scheduler_pb2_grpc.NodeServiceStub, index: int) -> int:
+    node = nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=NODE), timeout=5).node
+    return node.gpus[index].health if len(node.gpus) > index else types_pb2.GPU_HEALTH_UNSPECIFIED
+
+
+def run() -> dict[str, float]:
+    find_etcd()
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-agent-") as tmp:
+        work = Path(tmp)
+        etcd = EtcdProcess(name="bench", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
+                           data_dir=work / "etcd", log_path=work / "etcd.log")
+        etcd.start()
+        procs: list[Proc] = []
+        idle: subprocess.Popen[bytes] | None = None
+        try:
+            etcd.wait_ready()
+            port = free_port()
+            scheduler = _proc(work, "scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
+                "etcd_endpoints": etcd.endpoint, "listen_port": str(port), "heartbeat_interval_ms": "1000"})
+            agent = _proc(work, "agent", "trainyard_agent.main", "TRAINYARD_AGENT_", {
+                "node_id": NODE, "gpu_profile": "h100x8", "scheduler_address": f"127.0.0.1:{port}",
+                "listen_port": "0", "state_dir": str(work / "agent-state"), "heartbeat_interval_s": "1"})
+            procs = [scheduler, agent]
+            scheduler.start()
+            scheduler.wait_ready()
+            agent.start()
+            agent_port = agent.wait_ready()["grpc_port"]
+            assert agent.popen is not None
+            pid = agent.popen.pid
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as sched_channel, \
+                    grpc.insecure_channel(f"127.0.0.1:{agent_port}") as agent_channel:
+                nodes = scheduler_pb2_grpc.NodeServiceStub(sched_channel)
+                agents = agent_pb2_grpc.AgentServiceStub(agent_channel)
+                _wait("the node to register",
+                      lambda: _gpu_health(nodes, 7) == types_pb2.GPU_HEALTH_HEALTHY)
+
+                idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+                time.sleep(WARMUP_S)  # start-up work (imports, registration) is not the steady state
+                rss = [_rss_mb(pid)]
+                idle_rss = [_rss_mb(idle.pid)]
+                cpu0, idle_cpu0, t0 = _cpu_seconds(pid), _cpu_seconds(idle.pid), time.monotonic()
+                while time.monotonic() - t0 < WINDOW_S:
+                    time.sleep(1.0)
+                    rss.append(_rss_mb(pid))
+                    idle_rss.append(_rss_mb(idle.pid))
+                elapsed = time.monotonic() - t0
+                cpu = (_cpu_seconds(pid) - cpu0) / elapsed * 100
+                idle_cpu = (_cpu_seconds(idle.pid) - idle_cpu0) / elapsed * 100
+
+                rtts = []
+                for _ in range(50):
+                    t = time.perf_counter()
+                    _gpu_health(nodes, 0)
+                    rtts.append(time.perf_counter() - t)
+
+                latencies = []
+                for i in range(INJECTIONS):
+                    gpu = i % 8
+                    t = time.perf_counter()
+                    agents.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=gpu, kind="xid", xid=79), timeout=10)
+                    while _gpu_health(nodes, gpu) != types_pb2.GPU_HEALTH_UNHEALTHY:
+                        pass  # each GetNode is a round trip: the loop paces itself
+                    latencies.append(time.perf_counter() - t)
+                    rss.append(_rss_mb(pid))
+                    agents.SetGpuHealth(agent_pb2.SetGpuHealthRequest(
+                        gpu_index=gpu, healthy=True, operator="bench", reason="benchmark reset"), timeout=10)
+                    _wait("the GPU to be healthy again",
+                          lambda g=gpu: _gpu_health(nodes, g) == types_pb2.GPU_HEALTH_HEALTHY)
+        finally:
+            if idle is not None:
+                idle.kill()
+                idle.wait()
+            for p in reversed(procs):
+                p.stop()
+            etcd.kill()
+
+    rss_mb, idle_rss_mb = max(rss), max(idle_rss)
+    xid_p99 = _pct(latencies, 0.99) * 1000
+    rtt = statistics.median(rtts) * 1000
+    return {
+        "agent_cpu_percent_of_core": cpu,
+        "agent_rss_mb": rss_mb,
+        "xid_to_scheduler_ms": xid_p99,
+        "xid_to_scheduler_p50_ms": statistics.median(latencies) * 1000,
+        "idle_python_cpu_percent_of_core": idle_cpu,
+        "idle_python_rss_mb": idle_rss_mb,
+        "getnode_rtt_ms": rtt,
+        "agent_rss_mb_vs_idle_python_rss_mb": rss_mb / idle_rss_mb,
+        "agent_cpu_percent_of_core_vs_target": cpu / TARGET_CPU_PERCENT,
+        "agent_rss_mb_vs_target": rss_mb / TARGET_RSS_MB,
+        "xid_to_scheduler_ms_vs_getnode_rtt_ms": xid_p99 / rtt,
+    }

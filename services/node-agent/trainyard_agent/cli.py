@@ -1,0 +1,110 @@
+"""Operator commands of `trainyard-agent`, talking to a running agent over its gRPC API:
+
+    trainyard-agent inject --agent HOST:PORT --gpu 3 --xid 79          # simulated GPUs only
+    trainyard-agent inject --agent HOST:PORT --gpu 3 --ecc 12
+    trainyard-agent inject --agent HOST:PORT --gpu 3 --fall-off-bus
+    trainyard-agent inject --agent HOST:PORT --gpu 3 --thermal 95
+    trainyard-agent set-health --agent HOST:PORT --gpu 3 --healthy --operator alice --reason "reseated"
+
+Each prints the GPU's health afterwards (one line). Exit codes: 0 done, 1 the agent refused or could not be
+reached (its message is printed), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard.common.v1 import types_pb2
+
+COMMANDS = ("inject", "set-health")
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (the agent's gRPC address, e.g. "
+                                         "127.0.0.1:50052; its ready file and log name the port)")
+    return value
+
+
+def _gpu(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a GPU index (0, 1, ...)")
+    return int(value)
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return int(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainyard-agent", description="Operator commands of a running agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    inject = sub.add_parser("inject", help="inject a GPU fault (agents with simulated GPUs only)")
+    set_health = sub.add_parser("set-health", help="mark a GPU healthy (after repair) or unhealthy; audited")
+    for p in (inject, set_health):
+        p.add_argument("--agent", required=True, type=_address, help="the agent's gRPC address, HOST:PORT")
+        p.add_argument("--gpu", required=True, type=_gpu, help="GPU index on that node")
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)")
+    fault = inject.add_mutually_exclusive_group(required=True)
+    fault.add_argument("--xid", type=_positive, help="an XID event, e.g. 79 (fallen off the bus) or 13")
+    fault.add_argument("--ecc", type=_positive, metavar="N", help="N more uncorrectable ECC errors")
+    fault.add_argument("--fall-off-bus", action="store_true", help="the GPU stops answering (XID 79)")
+    fault.add_argument("--thermal", type=_positive, metavar="CELSIUS", help="set the GPU's temperature")
+    state = set_health.add_mutually_exclusive_group(required=True)
+    state.add_argument("--healthy", dest="healthy", action="store_true", help="back in service after repair")
+    state.add_argument("--unhealthy", dest="healthy", action="store_false", help="take the GPU out of service")
+    set_health.add_argument("--operator", required=True, help="who you are, for the audit log")
+    set_health.add_argument("--reason", required=True, help="why, for the audit log")
+    return parser
+
+
+def inject_request(args: argparse.Namespace) -> agent_pb2.InjectFaultRequest:
+    if args.xid is not None:
+        return agent_pb2.InjectFaultRequest(gpu_index=args.gpu, kind="xid", xid=args.xid)
+    if args.ecc is not None:
+        return agent_pb2.InjectFaultRequest(gpu_index=args.gpu, kind="ecc", count=args.ecc)
+    if args.fall_off_bus:
+        return agent_pb2.InjectFaultRequest(gpu_index=args.gpu, kind="fall_off_bus")
+    return agent_pb2.InjectFaultRequest(gpu_index=args.gpu, kind="thermal", temperature_c=args.thermal)
+
+
+def describe(gpu: types_pb2.Gpu) -> str:
+    health = types_pb2.GpuHealth.Name(gpu.health).removeprefix("GPU_HEALTH_").lower()
+    line = f"GPU {gpu.index} ({gpu.uuid or 'no uuid'}): {health}, action {gpu.health_action or 'none'}"
+    return f"{line}: {gpu.health_reason}" if gpu.health_reason else line
+
+
+async def _call(args: argparse.Namespace) -> types_pb2.Gpu:
+    async with grpc.aio.insecure_channel(args.agent) as channel:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        if args.command == "inject":
+            injected: agent_pb2.InjectFaultResponse = await stub.InjectFault(inject_request(args),
+                                                                             timeout=args.timeout)
+            return injected.gpu
+        request = agent_pb2.SetGpuHealthRequest(gpu_index=args.gpu, healthy=args.healthy, operator=args.operator,
+                                                reason=args.reason)
+        answered: agent_pb2.SetGpuHealthResponse = await stub.SetGpuHealth(request, timeout=args.timeout)
+        return answered.gpu
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        gpu = asyncio.run(_call(args))
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        hint = " (is the agent running at that address?)" if code == grpc.StatusCode.UNAVAILABLE else ""
+        print(f"error: {code.name}: {exc.details()}{hint}", file=sys.stderr)
+        return 1
+    print(describe(gpu))
+    return 0

@@ -1,0 +1,74 @@
+"""GPU faults end to end through the gateway, the real scheduler and real agents (simulated GPUs): the
+health policy's verdict reaches the scheduler within 2 s, the job on the GPU is stopped, the node is
+cordoned for drain-class faults, application-class XIDs change nothing; the operator's override."""
+
+from __future__ import annotations
+
+import time
+
+import grpc.aio
+
+from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard_core.testing.wait import eventually
+
+from .support import Cluster, RunningGateway, python
+
+
+async def _inject(cluster: Cluster, node_id: str, gpu: int, xid: int) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cluster.agents[node_id].grpc_port}") as channel:
+        await agent_pb2_grpc.AgentServiceStub(channel).InjectFault(
+            agent_pb2.InjectFaultRequest(gpu_index=gpu, kind="xid", xid=xid))
+
+
+async def test_xid_79_stops_the_job_on_that_gpu_and_cordons_the_node(cluster: Cluster,
+                                                                      cluster_gateway: RunningGateway) -> None:
+    admin = await cluster_gateway.create_token("ops", "root", admin=True)
+    async with cluster_gateway.client(admin) as http:
+        job = (await http.post("/v1/jobs", json={"name": "victim", "command": python("import time; time.sleep(600)"),
+                                                 "resources": {"nodes": 1, "gpus_per_node": 4}})).json()
+
+        async def running() -> bool:
+            return (await http.get(f"/v1/jobs/{job['id']}")).json()["state"] == "running"
+
+        await eventually(running, timeout=30, what="job running")
+        (where,) = [a["node_id"] for a in (await http.get(f"/v1/jobs/{job['id']}")).json()["placement"]]
+
+        # XID 13 is an application error: nothing is drained, the job keeps running.
+        await _inject(cluster, where, 2, 13)
+        node = (await http.get(f"/v1/nodes/{where}")).json()
+        assert node["cordoned"] is False and node["gpus"][2]["health"] == "healthy"
+
+        injected = time.monotonic()
+        await _inject(cluster, where, 3, 79)
+
+        async def gpu_unhealthy() -> dict | None:  # type: ignore[type-arg]
+            n = (await http.get(f"/v1/nodes/{where}")).json()
+            return n if n["gpus"][3]["health"] == "unhealthy" else None
+
+        node = await eventually(gpu_unhealthy, timeout=2.0, interval=0.02, what="GPU 3 unhealthy at the scheduler")
+        assert time.monotonic() - injected <= 2.0
+        assert node["cordoned"] is True and "GPU 3" in node["cordon_reason"]
+
+        async def stopped() -> dict | None:  # type: ignore[type-arg]
+            j = (await http.get(f"/v1/jobs/{job['id']}")).json()
+            return j if j["state"] == "failed" else None
+
+        failed = await eventually(stopped, timeout=15, what="the job on GPU 3 stopped")
+        assert f"GPU 3 on {where} became unhealthy" in failed["message"]
+        assert (await http.get(f"/v1/jobs/{job['id']}")).json()["state"] == "failed"
+        supervisor = cluster.agents[where].supervisor
+        assert supervisor is not None and not any(w.running for w in supervisor.list_workers())
+
+        # After repair the operator puts the GPU back; the node stays cordoned until uncordoned.
+        r = await http.post(f"/v1/nodes/{where}/gpus/3:set-health", json={"healthy": True, "reason": "reseated"})
+        assert r.status_code == 200, r.text
+
+        async def healthy_again() -> bool:
+            return (await http.get(f"/v1/nodes/{where}")).json()["gpus"][3]["health"] == "healthy"
+
+        await eventually(healthy_again, timeout=5, what="GPU 3 healthy again")
+        assert (await http.get(f"/v1/nodes/{where}")).json()["cordoned"] is True
+        bad = await http.post(f"/v1/nodes/{where}/gpus/9:set-health", json={"healthy": True, "reason": "x"})
+        assert bad.status_code == 404
+        no_reason = await http.post(f"/v1/nodes/{where}/gpus/3:set-health", json={"healthy": True, "reason": ""})
+        assert no_reason.status_code == 400
