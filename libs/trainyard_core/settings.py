@@ -13,13 +13,12 @@ import json
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
 from .errors import InvalidArgument
+from .files import read_structured
 
 
 class SettingsError(InvalidArgument):
@@ -94,15 +93,10 @@ def _parse_bool(value: str, source: str, name: str) -> bool:
 
 
 def _read_file(path: str) -> dict[str, Any]:
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise SettingsError(f"cannot read config file {path}: {e.strerror}") from e
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise SettingsError(f"config file {path} is not valid YAML/JSON: {e}") from e
+        data = read_structured(path, "config file")
+    except InvalidArgument as e:
+        raise SettingsError(e.message) from e
     if data is None:
         return {}
     if not isinstance(data, dict):

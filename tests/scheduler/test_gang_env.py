@@ -1,4 +1,4 @@
-"""The worker environment of a 2-node × 2-GPU gang, exactly: real scheduler, two real agents (simulated
+"""The worker environment of a 2-node x 2-GPU gang, exactly: real scheduler, two real agents (simulated
 A100s), real worker processes printing what they were given."""
 
 from __future__ import annotations

@@ -17,13 +17,11 @@ settings give win over the file.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from trainyard_core.errors import InvalidArgument
+from trainyard_core.files import read_structured
 from trainyard_core.ids import is_valid_id
 
 LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
@@ -50,15 +48,10 @@ def check_labels(labels: Any, where: str) -> dict[str, str]:
 
 def labels_for(path: str, node_id: str) -> dict[str, str]:
     """This node's labels from the topology file at `path`. Raises ValueError naming the file and the entry."""
-    p = Path(path).expanduser()
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ValueError(f"cannot read topology file {path}: {e.strerror}") from e
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise ValueError(f"topology file {path} is not valid YAML/JSON: {e}") from e
+        data = read_structured(path, "topology file")
+    except InvalidArgument as e:
+        raise ValueError(e.message) from e
     if not isinstance(data, dict):
         raise ValueError(f"topology file {path} must hold a mapping with `labels` and/or `nodes`")
     unknown = sorted(set(data) - {"labels", "nodes"})

@@ -23,16 +23,14 @@ come with unhealthy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
+from trainyard_core.files import read_structured
 
 from ..model import Action, Health, HealthCounters
 from .xid_catalog import APPLICATION_XIDS, UNKNOWN_XID, XID_CATALOG
@@ -280,15 +278,10 @@ def load_policy(path: str) -> HealthPolicy:
     """The policy for this agent: the default, or the default with the site file at `path` applied."""
     if not path:
         return default_policy()
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise PolicyError(f"cannot read health policy file {path}: {e.strerror}") from e
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise PolicyError(f"health policy file {path} is not valid YAML/JSON: {e}") from e
+        data = read_structured(path, "health policy file")
+    except InvalidArgument as e:
+        raise PolicyError(e.message) from e
     return policy_from_data(data, path)
 
 
