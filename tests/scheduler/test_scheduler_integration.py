@@ -246,3 +246,36 @@ async def test_workers_no_allocation_accounts_for_are_stopped(leader: SchedulerA
     # Only then does the node take the next gang: it never shared the GPUs with the strays.
     done = await wait_state(stub, waiting.job.id, types_pb2.JOB_STATE_SUCCEEDED)
     assert done.started_at.ToNanoseconds() > 0
+
+
+async def test_agent_follows_the_leader_across_a_failover(etcd_endpoint: str, key_prefix: str,
+                                                          tmp_path: Path) -> None:
+    """Two replicas; the agent knows both. The leader stops: the standby takes over, the agent registers
+    with it, and a job submitted to the new leader runs on the agent."""
+    prefix = key_prefix.rstrip("/")
+    first = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_endpoint, prefix).model_dump(),
+                                              "heartbeat_interval_ms": 200}))
+    await first.start()
+    await eventually(lambda: _true(first.leadership.is_leader), what="first replica leads")
+    second = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_endpoint, prefix).model_dump(),
+                                               "heartbeat_interval_ms": 200}))
+    await second.start()
+    agent = AgentApp(AgentSettings(node_id="node-a", gpu_profile="a100x4", state_dir=str(tmp_path / "agent"),
+                                   scheduler_address=f"127.0.0.1:{second.grpc_port},127.0.0.1:{first.grpc_port}",
+                                   stop_grace_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.3))
+    await agent.start()
+    try:
+        await eventually(lambda: _true(agent.reporter is not None and agent.reporter.connected),
+                         what="agent connected to the leader (after trying the standby)")
+        await first.stop()
+        await eventually(lambda: _true(second.leadership.is_leader), timeout=5, what="standby leads")
+        await eventually(lambda: _true("node-a" in second.liveness.alive(["node-a"])
+                                       and second.liveness.last_seen_age("node-a") is not None),
+                         timeout=10, what="agent heartbeating to the new leader")
+        stub = job_service(second)
+        sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec([sys.executable, "-c", "pass"])))
+        await wait_state(stub, sub.job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    finally:
+        await agent.stop(kill_workers=True)
+        await second.stop()
+        await first.stop()

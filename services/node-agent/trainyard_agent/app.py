@@ -9,6 +9,7 @@ of this node only once its gRPC server is reachable at the address it registers.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -47,7 +48,10 @@ _SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff
 
 
 def scheduler_channel(address: str) -> ChannelFactory:
-    return lambda: grpc.aio.insecure_channel(address, options=_SCHEDULER_CHANNEL_OPTIONS)
+    """Channels to the scheduler replicas in `address` (comma-separated), a different one per call: a
+    session that failed (a replica down, or one that is not the leader) reconnects to the next replica."""
+    targets = itertools.cycle([t.strip() for t in address.split(",") if t.strip()])
+    return lambda: grpc.aio.insecure_channel(next(targets), options=_SCHEDULER_CHANNEL_OPTIONS)
 
 
 def _host_memory_mb() -> int:
@@ -80,6 +84,8 @@ class AgentApp:
         self.node_id = settings.node_id
         self._nvml_module = nvml_module
         self._connect = connect or scheduler_channel(settings.scheduler_address)
+        # The exit reporter rotates through the replicas on its own, independent of the heartbeat session.
+        self._connect_exits = connect or scheduler_channel(settings.scheduler_address)
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._clock = clock or SystemClock()
         self.grpc_port = 0
@@ -127,7 +133,7 @@ class AgentApp:
                                       "cuda": self.inventory.runtime_version, "nvlink_islands": len(islands),
                                       "nvml": getattr(module, "__name__", type(module).__name__)})
 
-        self.exit_reporter = ExitReporter(node_id=self.node_id, connect=self._connect, backoff=self._backoff())
+        self.exit_reporter = ExitReporter(node_id=self.node_id, connect=self._connect_exits, backoff=self._backoff())
         self.supervisor = Supervisor(
             state_dir=state_dir, node_id=self.node_id, vendor=self.inventory.vendor,
             gpu_health=self._gpu_health, base_env=self._base_env, site_env=s.worker_env,

@@ -43,7 +43,8 @@ class AgentSettings(BaseSettings):
     """Trainyard node agent: reports this host's GPUs to the scheduler and runs the workers it is sent."""
 
     node_id: str = Field("", description="Node name in the cluster (default: derived from the host name)")
-    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's NodeService")
+    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's NodeService; "
+                                   "several, comma-separated, for replicas (the agent moves on until one leads)")
     listen_host: str = Field("127.0.0.1", description="Address the agent's gRPC server binds to")
     listen_port: int = Field(0, ge=0, le=65535, description="Port of the agent's gRPC server; 0 picks a free one")
     advertise_host: str = Field("", description="Host the scheduler uses to reach this agent (default: listen_host)")
@@ -115,13 +116,16 @@ class AgentSettings(BaseSettings):
     @field_validator("scheduler_address")
     @classmethod
     def _check_address(cls, v: str) -> str:
-        v = v.strip()
-        if "://" in v or v.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
-            return v  # a gRPC target URI; grpc validates it when dialling
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{v!r} is not host:port (e.g. 10.0.0.5:50051) or a gRPC target URI")
-        return v
+        targets = [t.strip() for t in v.split(",") if t.strip()]
+        if not targets:
+            raise ValueError("give at least one scheduler address (host:port[,host:port...])")
+        for t in targets:
+            if "://" in t or t.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+                continue  # a gRPC target URI; grpc validates it when dialling
+            host, sep, port = t.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051) or a gRPC target URI")
+        return ",".join(targets)
 
     @field_validator("gpu_profile")
     @classmethod

@@ -175,7 +175,7 @@ class Reconciler:
         metrics.NODES.labels("false").set(len(snap.nodes) - len(snap.alive))
 
     async def _place(self, snap: ClusterSnapshot, now: float) -> None:
-        if not any(True for _ in snap.jobs):
+        if not snap.jobs:
             return
         result = place(snap, self._profile, now, self._settings.port_range)
         for d in result.decisions:
