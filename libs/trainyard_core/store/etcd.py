@@ -8,9 +8,10 @@ and callers re-read and retry through their own compare-and-swap loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
@@ -58,6 +59,12 @@ _CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.C
                       aetcd.exceptions.InternalError, grpc.aio.AioRpcError, OSError, asyncio.TimeoutError)
 
 
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class EtcdStore:
     def __init__(self, endpoints: str | Sequence[tuple[str, int]], *, timeout: float = 5.0) -> None:
         self._endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
@@ -66,6 +73,7 @@ class EtcdStore:
         self._client: aetcd.Client | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._retired: set[aetcd.Client] = set()
 
     @property
     def endpoint(self) -> str:
@@ -90,13 +98,16 @@ class EtcdStore:
         if client is not None:
             # Closing may wait on aetcd's watch stream of a dead member; never let the failing call (and
             # its caller's deadline) wait for that.
+            self._retired.add(client)
             task = asyncio.create_task(self._close_quietly(client))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return err
 
-    @staticmethod
-    async def _close_quietly(client: aetcd.Client) -> None:
+    async def _close_quietly(self, client: aetcd.Client) -> None:
+        # Calls still in flight on the old channel get their own deadline first: closing cancels them.
+        await asyncio.sleep(self._timeout + 1)
+        self._retired.discard(client)
         try:
             await asyncio.wait_for(client.close(), 2.0)
         except Exception:  # TimeoutError included; a broken channel may fail to close; nothing to do
@@ -127,10 +138,24 @@ class EtcdStore:
     # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
     # member), the caller gets Unavailable within a bounded time, never a hang.
     async def _bounded(self, what: str, call: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(call)
         try:
-            return await asyncio.wait_for(call, self._timeout + 1)
-        except TimeoutError as exc:
-            raise await self._fail(TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s")) from exc
+            done, _ = await asyncio.wait({task}, timeout=self._timeout + 1)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            # Not awaited: a grpc.aio call can take long to honour cancellation, and waiting for it is
+            # exactly the hang this bound exists to prevent.
+            task.cancel()
+            task.add_done_callback(_consume)
+            raise await self._fail(TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s"))
+        if task.cancelled():
+            # Nobody cancelled us: grpc.aio cancels the calls of a channel that is closed under them (a
+            # reconnect after another call failed). That is an unavailable store, not a cancellation — let
+            # CancelledError escape and a gRPC handler ends without a status, its caller waiting forever.
+            raise Unavailable(f"etcd {what} was interrupted by a reconnect to {self.endpoint}; retry")
+        return task.result()
 
     async def get(self, key: str) -> KeyValue | None:
         return await self._bounded("get", self._get_impl(key))
@@ -225,6 +250,13 @@ class EtcdStore:
             raise WatchCompacted(exc.compacted_revision) from exc
         except _CONNECTION_ERRORS as exc:
             raise await self._fail(exc) from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The client's channel was closed under the stream (a reconnect): the watcher must reload,
+            # not die as if it had been cancelled.
+            raise Unavailable(f"etcd watch of {prefix} was interrupted by a reconnect to {self.endpoint}") from None
         finally:
             try:
                 await watch.cancel()
@@ -262,5 +294,11 @@ class EtcdStore:
 
     async def close(self) -> None:
         client, self._client = self._client, None
+        for task in list(self._closing):
+            task.cancel()
+        retired, self._retired = list(self._retired), set()
+        for old in retired:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.close(), 2.0)
         if client is not None:
             await client.close()

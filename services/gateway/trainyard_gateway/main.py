@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 
-from trainyard_core.errors import TrainyardError
 from trainyard_core.service import run
 from trainyard_core.settings import write_ready_file
 
 from .app import GatewayApp
 from .settings import GatewaySettings
 
-log = logging.getLogger(__name__)
-
 
 async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
     app = GatewayApp(settings)
-    try:
-        await app.start()
-    except TrainyardError as exc:
-        # e.g. etcd unreachable while storing the bootstrap token: service.run reports OSError as
-        # "cannot start" and exits 1, without a traceback.
-        raise OSError(exc.message) from exc
+    # A start failure (e.g. etcd unreachable while storing the bootstrap token) is a TrainyardError or
+    # OSError, which service.run reports as "cannot start" with exit code 1, without a traceback.
+    await app.start()
     try:
         write_ready_file(settings.ready_file, http_port=app.http_port, grpc_port=app.grpc_port)
         await stop.wait()
