@@ -121,6 +121,14 @@ class LocalCluster:
                     ready_path=run / f"{name}.ready")
 
     def start(self) -> None:
+        """Start everything; if any part fails to come up, stop what did start and re-raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         find_etcd()
         for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)

@@ -91,3 +91,14 @@ def test_scheduler_restart_does_not_lose_a_submitted_job(api: Api) -> None:
     api.wait(blocker["id"], {"cancelled"}, timeout=60)
     api.wait(waiting["id"], {"succeeded"}, timeout=60)
     assert "[rank 0] survived" in api.http.get(f"/v1/jobs/{waiting['id']}/logs").text
+
+
+def test_a_failed_start_leaves_no_process(tmp_path: Path) -> None:
+    """Regression: a service that failed to come up left the ones already started running."""
+    from trainyard_cli.local import LocalCluster
+
+    cluster = LocalCluster(tmp_path, gateway_port=0, nodes=[("node-1", "no-such-profile")])
+    with pytest.raises(RuntimeError, match="node-1 exited"):
+        cluster.start()
+    assert cluster.procs and all(p.popen is not None and p.popen.poll() is not None for p in cluster.procs.values())
+    assert cluster.etcd is not None and cluster.etcd.proc is not None and cluster.etcd.proc.poll() is not None
