@@ -103,3 +103,19 @@ def test_reported_workers_of_a_live_allocation_are_not_orphans() -> None:
     assert snap.orphans() == {}
     snap = replace(snap, reported_running={"n-a": frozenset({("job-x", 7)})})  # another attempt
     assert snap.orphans() == {"n-a": {("job-x", 7)}}
+
+
+def test_a_report_older_than_the_release_is_stale_not_an_orphan() -> None:
+    """Regression: every normally finished gang blocked its node until the agent's next heartbeat (the
+    last report still listed it), delaying the next placement by up to a heartbeat interval."""
+    from dataclasses import replace
+
+    snap = replace(snapshot([make_node("n-a")], [make_job(gpus=1)]),
+                   reported_running={"n-a": frozenset({("job-done", 1)})},
+                   reported_at={"n-a": 10.0}, released_at={("job-done", 1): 10.5})
+    assert snap.orphans() == {}
+    assert [a.node_id for d in place(snap, PROFILE, NOW).decisions for a in d.assignments] == ["n-a"]
+    # Reported again after the release: the workers really still run there.
+    later = replace(snap, reported_at={"n-a": 11.0})
+    assert later.orphans() == {"n-a": {("job-done", 1)}}
+    assert place(later, PROFILE, NOW).decisions == []

@@ -19,18 +19,25 @@ class NodeLiveness:
         self._since = clock.monotonic()
         # What each agent last said it runs: {(job_id, attempt)}.
         self._running: dict[str, frozenset[tuple[str, int]]] = {}
+        self._running_at: dict[str, float] = {}
 
     def reset(self) -> None:
         """Start of a term as leader."""
         self._last.clear()
         self._running.clear()
+        self._running_at.clear()
         self._since = self._clock.monotonic()
 
     def report_running(self, node_id: str, running: frozenset[tuple[str, int]]) -> None:
         self._running[node_id] = running
+        self._running_at[node_id] = self._clock.monotonic()
 
     def running(self) -> dict[str, frozenset[tuple[str, int]]]:
         return dict(self._running)
+
+    def running_reported_at(self) -> dict[str, float]:
+        """When each node's running report arrived (monotonic seconds)."""
+        return dict(self._running_at)
 
     def seen(self, node_id: str) -> None:
         self._last[node_id] = self._clock.monotonic()
@@ -38,6 +45,7 @@ class NodeLiveness:
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
         self._running.pop(node_id, None)
+        self._running_at.pop(node_id, None)
 
     def last_seen_age(self, node_id: str) -> float | None:
         t = self._last.get(node_id)

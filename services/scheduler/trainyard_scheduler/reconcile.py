@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -67,7 +67,7 @@ class SnapshotBuilder:
         self._cache[key] = (rev, obj)
         return obj
 
-    def build(self, liveness: NodeLiveness) -> ClusterSnapshot:
+    def build(self, liveness: NodeLiveness, released_at: Mapping[tuple[str, int], float]) -> ClusterSnapshot:
         jobs: dict[str, Job] = {}
         job_revs: dict[str, int] = {}
         allocs: dict[str, Allocation] = {}
@@ -95,7 +95,8 @@ class SnapshotBuilder:
             del self._cache[stale]
         return ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
                                job_revisions=job_revs, allocation_revisions=alloc_revs,
-                               reported_running=liveness.running())
+                               reported_running=liveness.running(),
+                               reported_at=liveness.running_reported_at(), released_at=released_at)
 
 
 class Reconciler:
@@ -112,6 +113,8 @@ class Reconciler:
         self._epoch = epoch
         self._settings = settings
         self._inflight: dict[tuple[str, int, str, str], asyncio.Task[None]] = {}
+        # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
+        self._released: dict[tuple[str, int], float] = {}
         self.cycles = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -140,7 +143,7 @@ class Reconciler:
 
     async def _cycle(self) -> None:
         now = self._clock.now()
-        snap = self._snapshots.build(self._liveness)
+        snap = self._snapshots.build(self._liveness, self._released)
         self._observe(snap)
         await self._place(snap, now)
         for job_id, alloc in snap.allocations.items():
@@ -198,6 +201,10 @@ class Reconciler:
                 alloc_rev=snap.allocation_revisions[job.id], release=job.id if step.release else ""))
             if not ok:
                 return
+            if step.release:
+                self._released[(job.id, alloc.attempt)] = self._clock.monotonic()
+                while len(self._released) > 10_000:
+                    self._released.pop(next(iter(self._released)))
             if step.job is not None and step.job.state != job.state:
                 log.info("job %s", step.job.state.value, extra={"reason": step.job.message})
                 if step.job.state.terminal:

@@ -20,17 +20,28 @@ class ClusterSnapshot:
     allocation_revisions: Mapping[str, int] = field(default_factory=dict)
     # What each node's agent last reported running: {(job_id, attempt)}.
     reported_running: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    # When each node's report arrived, and when this leader released each gang (monotonic seconds).
+    reported_at: Mapping[str, float] = field(default_factory=dict)
+    released_at: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
     def orphans(self) -> dict[str, set[tuple[str, int]]]:
         """Workers an agent runs that no allocation accounts for on that node (e.g. a node that was
         declared lost, whose gang was released, and that came back). Their GPUs are not free: the node
-        takes no new gang until they are stopped."""
+        takes no new gang until they are stopped.
+
+        A report that arrived before this leader released the gang is stale, not an orphan: the gang
+        ended normally after the agent's last heartbeat, which blocking the node for would only delay
+        the next placement by up to a heartbeat interval."""
         out: dict[str, set[tuple[str, int]]] = {}
         for node_id, running in self.reported_running.items():
             for job_id, attempt in running:
                 alloc = self.allocations.get(job_id)
-                if alloc is None or alloc.attempt != attempt or node_id not in alloc.node_ids:
-                    out.setdefault(node_id, set()).add((job_id, attempt))
+                if alloc is not None and alloc.attempt == attempt and node_id in alloc.node_ids:
+                    continue
+                released = self.released_at.get((job_id, attempt))
+                if released is not None and self.reported_at.get(node_id, float("inf")) <= released:
+                    continue
+                out.setdefault(node_id, set()).add((job_id, attempt))
         return out
 
     def used_gpus(self) -> dict[str, set[int]]:
