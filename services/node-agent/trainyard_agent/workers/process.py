@@ -110,6 +110,11 @@ async def wait_gone(pid: int | None, started: int | None, interval: float = 0.1)
         while is_running(pid, started):  # noqa: ASYNC110 - no pidfds: nothing to wait on but /proc
             await asyncio.sleep(interval)
         return
+    await _until_readable_then_close(fd)
+
+
+async def _until_readable_then_close(fd: int) -> None:
+    """Wait until a pidfd becomes readable (its process ended), then close it."""
     loop = asyncio.get_running_loop()
     ended: asyncio.Future[None] = loop.create_future()
     loop.add_reader(fd, lambda: None if ended.done() else ended.set_result(None))
@@ -159,7 +164,6 @@ async def wait_for_exit(proc: asyncio.subprocess.Process) -> int:
     descendant holds them; a pidfd (Linux >= 5.3) says when the process itself ends. asyncio's child
     watcher reaps it and sets `returncode` a moment later. Without pidfds this falls back to polling.
     """
-    loop = asyncio.get_running_loop()
     fd: int | None = None
     if proc.returncode is None:
         try:
@@ -167,13 +171,7 @@ async def wait_for_exit(proc: asyncio.subprocess.Process) -> int:
         except (OSError, AttributeError):
             fd = None  # already reaped, or no pidfd support
     if fd is not None:
-        ended: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, lambda: None if ended.done() else ended.set_result(None))
-        try:
-            await ended
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
+        await _until_readable_then_close(fd)
     # asyncio has no event for "reaped" that fires before the pipes close, hence the short poll.
     while proc.returncode is None:  # noqa: ASYNC110
         await asyncio.sleep(0.005 if fd is not None else 0.1)
