@@ -6,11 +6,13 @@ import pytest
 
 from trainyard_scheduler.domain.models import Allocation, JobState, NodeAssignment
 from trainyard_scheduler.policy.place import choose_master_port, place
+from trainyard_scheduler.domain.queues import PolicyConfig
 from trainyard_scheduler.policy.registry import build_profile
 
 from .builders import NOW, make_job, make_node, snapshot
 
 PROFILE = build_profile()
+CONFIG = PolicyConfig()
 
 
 def alloc_on(job_id: str, node_id: str, gpus: tuple[int, ...], port: int = 29500) -> Allocation:
@@ -39,7 +41,7 @@ def alloc_on(job_id: str, node_id: str, gpus: tuple[int, ...], port: int = 29500
     ],
 )
 def test_single_job_placement(name: str, nodes, job, allocs, dead, expect_nodes) -> None:  # type: ignore[no-untyped-def]
-    result = place(snapshot(nodes, [job], allocs, dead), PROFILE, NOW)
+    result = place(snapshot(nodes, [job], allocs, dead), PROFILE, CONFIG, NOW)
     if expect_nodes is None:
         assert result.decisions == [], name
         assert [u.job_id for u in result.unplaced] == [job.id]
@@ -53,14 +55,14 @@ def test_single_job_placement(name: str, nodes, job, allocs, dead, expect_nodes)
 
 def test_ranks_follow_node_rank_and_are_contiguous() -> None:
     result = place(snapshot([make_node("n-a", gpus=2), make_node("n-b", gpus=2)], [make_job(nodes=2, gpus=2)]),
-                   PROFILE, NOW)
+                   PROFILE, CONFIG, NOW)
     (d,) = result.decisions
     assert [(a.node_rank, a.ranks) for a in d.assignments] == [(0, (0, 1)), (1, (2, 3))]
 
 
 def test_jobs_in_one_call_never_share_a_gpu() -> None:
     jobs = [make_job(f"job-{i}", gpus=3, created=NOW + i) for i in range(4)]
-    result = place(snapshot([make_node("n-a", gpus=8), make_node("n-b", gpus=4)], jobs), PROFILE, NOW)
+    result = place(snapshot([make_node("n-a", gpus=8), make_node("n-b", gpus=4)], jobs), PROFILE, CONFIG, NOW)
     taken = [(a.node_id, g) for d in result.decisions for a in d.assignments for g in a.gpu_indices]
     assert len(taken) == len(set(taken))
     assert len(result.decisions) == 3  # 8 + 4 GPUs hold three 3-GPU jobs, not four
@@ -69,13 +71,13 @@ def test_jobs_in_one_call_never_share_a_gpu() -> None:
 def test_priority_then_submission_order() -> None:
     jobs = [make_job("job-old", gpus=4, created=NOW), make_job("job-new", gpus=4, created=NOW + 1),
             make_job("job-vip", gpus=4, created=NOW + 2, priority=10)]
-    result = place(snapshot([make_node("n-a", gpus=8)], jobs), PROFILE, NOW)
+    result = place(snapshot([make_node("n-a", gpus=8)], jobs), PROFILE, CONFIG, NOW)
     assert [d.job_id for d in result.decisions] == ["job-vip", "job-old"]
 
 
 def test_cancelled_and_placed_jobs_are_not_placed() -> None:
     jobs = [make_job("job-c", cancel_requested=True), make_job("job-r", state=JobState.RUNNING)]
-    assert place(snapshot([make_node("n-a")], jobs), PROFILE, NOW).decisions == []
+    assert place(snapshot([make_node("n-a")], jobs), PROFILE, CONFIG, NOW).decisions == []
 
 
 def test_master_port_avoids_ports_in_use() -> None:
@@ -90,7 +92,7 @@ def test_node_running_workers_of_a_released_gang_takes_no_new_gang() -> None:
     snap = snapshot([make_node("n-a"), make_node("n-b")], [make_job(gpus=1)])
     snap = replace(snap, reported_running={"n-a": frozenset({("job-gone", 1)}), "n-b": frozenset()})
     assert snap.orphans() == {"n-a": {("job-gone", 1)}}
-    (d,) = place(snap, PROFILE, NOW).decisions
+    (d,) = place(snap, PROFILE, CONFIG, NOW).decisions
     assert [a.node_id for a in d.assignments] == ["n-b"]
 
 
@@ -114,8 +116,8 @@ def test_a_report_older_than_the_release_is_stale_not_an_orphan() -> None:
                    reported_running={"n-a": frozenset({("job-done", 1)})},
                    reported_at={"n-a": 10.0}, released_at={("job-done", 1): 10.5})
     assert snap.orphans() == {}
-    assert [a.node_id for d in place(snap, PROFILE, NOW).decisions for a in d.assignments] == ["n-a"]
+    assert [a.node_id for d in place(snap, PROFILE, CONFIG, NOW).decisions for a in d.assignments] == ["n-a"]
     # Reported again after the release: the workers really still run there.
     later = replace(snap, reported_at={"n-a": 11.0})
     assert later.orphans() == {"n-a": {("job-done", 1)}}
-    assert place(later, PROFILE, NOW).decisions == []
+    assert place(later, PROFILE, CONFIG, NOW).decisions == []

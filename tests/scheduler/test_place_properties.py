@@ -7,11 +7,13 @@ from hypothesis import strategies as st
 
 from trainyard_scheduler.domain.models import Allocation
 from trainyard_scheduler.policy.place import place
+from trainyard_scheduler.domain.queues import PolicyConfig
 from trainyard_scheduler.policy.registry import build_profile
 
 from .builders import NOW, make_job, make_node, snapshot
 
 PROFILE = build_profile()
+CONFIG = PolicyConfig()
 
 node_st = st.tuples(st.integers(1, 8), st.sampled_from(["H100", "A100"]), st.sets(st.integers(0, 7), max_size=2),
                     st.booleans())
@@ -29,7 +31,7 @@ def test_no_gpu_in_two_gangs(nodes, jobs, rounds) -> None:  # type: ignore[no-un
     allocations: list[Allocation] = []
     for _ in range(rounds):  # later rounds see earlier allocations, as successive cycles do
         placed = {a.job_id for a in allocations}
-        result = place(snapshot(fleet, [j for j in pending if j.id not in placed], allocations), PROFILE, NOW)
+        result = place(snapshot(fleet, [j for j in pending if j.id not in placed], allocations), PROFILE, CONFIG, NOW)
         for d in result.decisions:
             allocations.append(Allocation(job_id=d.job_id, attempt=0, assignments=d.assignments, master_addr="x",
                                           master_port=d.master_port, created_at=NOW))

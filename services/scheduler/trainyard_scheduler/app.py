@@ -19,7 +19,7 @@ from .grpc.agent_client import GrpcAgents
 from .grpc.servicer import JobServicer, NodeServicer
 from .leadership import Leadership
 from .liveness import NodeLiveness
-from .policy.registry import build_profile
+from .policy.registry import ProfileSpec, build_profile
 from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
@@ -87,9 +87,10 @@ class SchedulerApp:
             metrics.IS_LEADER.set(1)
             self.reconciler = Reconciler(
                 repo=repo, mirror=self._mirror, liveness=self.liveness, agents=self._agents,
-                profile=build_profile(), clock=self.clock, epoch=lambda: election.epoch,
+                profile=build_profile(ProfileSpec(order=s.placement_order)), clock=self.clock,
+                epoch=lambda: election.epoch,
                 settings=ReconcileSettings(interval_s=s.reconcile_interval_s, stop_grace_s=s.stop_grace_s,
-                                           port_range=s.port_range))
+                                           port_range=s.port_range, policy=s.policy()))
             stop_term = asyncio.Event()
 
             async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:

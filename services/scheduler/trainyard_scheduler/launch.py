@@ -47,8 +47,11 @@ def node_launches(job: Job, alloc: Allocation) -> list[NodeLaunch]:
             "TRAINYARD_ATTEMPT": str(alloc.attempt),
             "TRAINYARD_NNODES": str(len(alloc.assignments)),
         })
-        workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=(g,))
-                        for i, (r, g) in enumerate(zip(a.ranks, a.gpu_indices, strict=True)))
+        if a.gpu_indices:
+            workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=(g,))
+                            for i, (r, g) in enumerate(zip(a.ranks, a.gpu_indices, strict=True)))
+        else:  # a CPU task: one worker per node, no GPU
+            workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=()) for i, r in enumerate(a.ranks))
         out.append(NodeLaunch(node_id=a.node_id, job_id=job.id, attempt=alloc.attempt,
                               command=job.spec.command, env=env, working_dir=job.spec.working_dir,
                               workers=workers))

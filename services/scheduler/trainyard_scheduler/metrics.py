@@ -18,3 +18,4 @@ NODES = Gauge("trainyard_scheduler_nodes", "Registered nodes by liveness", ["ali
 IS_LEADER = Gauge("trainyard_scheduler_is_leader", "1 while this replica leads")
 AGENT_CALL_FAILURES = Counter("trainyard_scheduler_agent_call_failures_total", "Failed launch/stop calls to agents",
                               ["kind"])
+PREEMPTIONS = Counter("trainyard_scheduler_preemptions_total", "Gangs stopped to make room for another job")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from trainyard_core.clock import Clock
@@ -21,15 +23,24 @@ from trainyard_core.logs import log_context
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
-from .domain.jobs import admit
-from .domain.models import Allocation, Job, Node
+from .domain.jobs import admit, due_for_requeue, transition, with_event
+from .domain.models import Allocation, Job, JobState, Node
 from .domain.progress import progress
+from .domain.queues import (
+    DEFAULT_QUEUE,
+    FairShareUsage,
+    PolicyConfig,
+    QueueConfig,
+    TeamQuota,
+    decay_usage,
+    standing,
+)
 from .domain.snapshot import ClusterSnapshot
 from .launch import NodeLaunch, node_launches
 from .liveness import NodeLiveness
 from .policy.api import Profile
-from .policy.place import place
-from .state.codec import decode_allocation, decode_job, decode_node
+from .policy.place import Decision, Preemption, Unplaced, place
+from .state.codec import decode_allocation, decode_job, decode_node, decode_queue, decode_quota, decode_usage
 from .state.keys import Keys
 from .state.repository import Repository
 
@@ -41,7 +52,8 @@ class AgentPort(Protocol):
 
     async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None: ...
 
-    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int) -> None: ...
+    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int,
+                   signal: str = "") -> None: ...
 
 
 @dataclass
@@ -49,6 +61,23 @@ class ReconcileSettings:
     interval_s: float = 1.0
     stop_grace_s: float = 10.0
     port_range: tuple[int, int] = (29500, 29999)
+    # Classes, speed factors, fair-share half-life, reservation depth (queues, quotas and usage come from
+    # etcd each cycle and replace the ones here).
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    usage_interval_s: float = 10.0
+    # A pending job's "why" message is rewritten at most this often (it changes as the cluster does).
+    reason_interval_s: float = 5.0
+    commit_concurrency: int = 64
+
+
+@dataclass
+class PolicyState:
+    """The operator policy found in etcd this cycle."""
+
+    queues: dict[str, QueueConfig]
+    quotas: dict[str, TeamQuota]
+    usage: FairShareUsage
+    usage_revision: int
 
 
 class SnapshotBuilder:
@@ -67,14 +96,20 @@ class SnapshotBuilder:
         self._cache[key] = (rev, obj)
         return obj
 
-    def build(self, liveness: NodeLiveness, released_at: Mapping[tuple[str, int], float]) -> ClusterSnapshot:
+    def build(self, liveness: NodeLiveness,
+              released_at: Mapping[tuple[str, int], float]) -> tuple[ClusterSnapshot, PolicyState]:
         jobs: dict[str, Job] = {}
         job_revs: dict[str, int] = {}
         allocs: dict[str, Allocation] = {}
         alloc_revs: dict[str, int] = {}
         nodes: dict[str, Node] = {}
+        queues: dict[str, QueueConfig] = {}
+        quotas: dict[str, TeamQuota] = {}
+        usage, usage_rev = FairShareUsage(), 0
+        latest: dict[str, str] = {}
         k = self._keys
-        for key, kv in self._mirror.items.items():
+        items = self._mirror.items
+        for key, kv in items.items():
             if key.startswith(k.jobs):
                 job = self._decode(key, kv.mod_revision, kv.value, decode_job)
                 assert isinstance(job, Job)
@@ -90,13 +125,55 @@ class SnapshotBuilder:
                 node = self._decode(key, kv.mod_revision, kv.value, decode_node)
                 assert isinstance(node, Node)
                 nodes[node.node_id] = node
-        live = set(self._mirror.items)
-        for stale in [key for key in self._cache if key not in live]:
-            del self._cache[stale]
-        return ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
+            elif key.startswith(k.queues):
+                q = self._decode_quietly(key, kv.mod_revision, kv.value, decode_queue)
+                if isinstance(q, QueueConfig):
+                    queues[q.name] = q
+            elif key.startswith(k.quotas):
+                quota = self._decode_quietly(key, kv.mod_revision, kv.value, decode_quota)
+                if isinstance(quota, TeamQuota):
+                    quotas[quota.team] = quota
+            elif key == k.usage:
+                u = self._decode_quietly(key, kv.mod_revision, kv.value, decode_usage)
+                if isinstance(u, FairShareUsage):
+                    usage, usage_rev = u, kv.mod_revision
+            elif key.startswith(k.checkpoints_latest):
+                latest[key[len(k.checkpoints_latest):]] = kv.value.decode(errors="replace")
+        if len(self._cache) > len(items):
+            live = set(items)
+            for stale in [key for key in self._cache if key not in live]:
+                del self._cache[stale]
+        # What preempting a running job would lose runs from its latest committed checkpoint.
+        for job_id in allocs:
+            job = jobs.get(job_id)
+            ckpt = latest.get(job_id)
+            if job is not None and ckpt:
+                at = self._checkpoint_time(f"{k.checkpoints}{job_id}/{ckpt}")
+                if at is not None:
+                    jobs[job_id] = replace(job, last_checkpoint_at=at)
+        snap = ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
                                job_revisions=job_revs, allocation_revisions=alloc_revs,
                                reported_running=liveness.running(),
                                reported_at=liveness.running_reported_at(), released_at=released_at)
+        return snap, PolicyState(queues, quotas, usage, usage_rev)
+
+    def _decode_quietly(self, key: str, rev: int, raw: bytes, fn: Callable[[bytes], object]) -> object:
+        """Operator records: one that does not decode is logged and ignored, never fatal to the loop."""
+        try:
+            return self._decode(key, rev, raw, fn)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignoring undecodable record %s: %s", key, exc)
+            return None
+
+    def _checkpoint_time(self, key: str) -> float | None:
+        kv = self._mirror.items.get(key)
+        if kv is None:
+            return None
+
+        def created(raw: bytes) -> object:
+            return float(json.loads(raw)["created_at"])
+        at = self._decode_quietly(key, kv.mod_revision, kv.value, created)
+        return at if isinstance(at, float) else None
 
 
 class Reconciler:
@@ -115,7 +192,11 @@ class Reconciler:
         self._inflight: dict[tuple[str, int, str, str], asyncio.Task[None]] = {}
         # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
         self._released: dict[tuple[str, int], float] = {}
+        # job id → when this leader last rewrote its pending reason (monotonic).
+        self._reason_written: dict[str, float] = {}
+        self._usage_written = -math.inf
         self.cycles = 0
+        self.last_result_size = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle until `stop` is set. Wakes on any change in etcd and at least every interval."""
@@ -143,9 +224,13 @@ class Reconciler:
 
     async def _cycle(self) -> None:
         now = self._clock.now()
-        snap = self._snapshots.build(self._liveness, self._released)
+        snap, policy = self._snapshots.build(self._liveness, self._released)
+        config = replace(self._settings.policy, queues={"default": DEFAULT_QUEUE, **policy.queues},
+                         quotas=policy.quotas, usage=policy.usage)
         self._observe(snap)
-        await self._place(snap, now)
+        await self._place(snap, config, now)
+        await self._requeue(snap, now)
+        await self._account_usage(snap, config, policy, now)
         for job_id, alloc in snap.allocations.items():
             job = snap.jobs.get(job_id)
             if job is None:
@@ -169,7 +254,7 @@ class Reconciler:
         by_state: dict[str, int] = {}
         for job in snap.jobs.values():
             by_state[job.state.value] = by_state.get(job.state.value, 0) + 1
-        for state in ("pending", "admitted", "running"):
+        for state in ("pending", "admitted", "running", "preempted", "restarting"):
             metrics.JOBS.labels(state).set(by_state.get(state, 0))
         metrics.GPUS_ALLOCATED.set(sum(len(a.gpu_indices) for al in snap.allocations.values() for a in al.assignments))
         metrics.GPUS_TOTAL.set(sum(1 for n in snap.nodes.values() if n.node_id in snap.alive for g in n.gpus
@@ -177,20 +262,101 @@ class Reconciler:
         metrics.NODES.labels("true").set(len(snap.alive))
         metrics.NODES.labels("false").set(len(snap.nodes) - len(snap.alive))
 
-    async def _place(self, snap: ClusterSnapshot, now: float) -> None:
+    async def _place(self, snap: ClusterSnapshot, config: PolicyConfig, now: float) -> None:
         if not snap.jobs:
             return
-        result = place(snap, self._profile, now, self._settings.port_range)
-        for d in result.decisions:
-            job = snap.jobs[d.job_id]
-            master = snap.nodes[d.assignments[0].node_id]
-            alloc = Allocation(job_id=job.id, attempt=job.attempt, assignments=d.assignments,
-                               master_addr=master.worker_address, master_port=d.master_port, created_at=now)
-            with log_context(job_id=job.id):
-                if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
-                                                               snap.job_revisions[job.id], alloc)):
-                    metrics.GANGS_PLACED.inc()
-                    log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size})
+        result = place(snap, self._profile, config, now, self._settings.port_range)
+        self.last_result_size = len(result.decisions)
+        for p in result.preemptions:
+            await self._preempt(snap, p, now)
+        gate = asyncio.Semaphore(self._settings.commit_concurrency)
+
+        async def commit(d: Decision) -> None:
+            async with gate:
+                await self._commit(snap, config, d, now)
+        # Decisions of one session never share a GPU, so their transactions are independent.
+        await asyncio.gather(*(commit(d) for d in result.decisions))
+        for u in result.unplaced:
+            await self._explain(snap, u)
+
+    async def _commit(self, snap: ClusterSnapshot, config: PolicyConfig, d: Decision, now: float) -> None:
+        job = snap.jobs[d.job_id]
+        master = snap.nodes[d.assignments[0].node_id]
+        spec = job.spec
+        alloc = Allocation(job_id=job.id, attempt=job.attempt, assignments=d.assignments,
+                           master_addr=master.worker_address, master_port=d.master_port, created_at=now,
+                           team=job.team, priority=standing(spec.queue, spec.priority_class, spec.priority, config),
+                           borrowed=d.borrowed, preemptible=config.priority_class(spec.priority_class).preemptible,
+                           expected_end=now + spec.time_limit_s if spec.time_limit_s > 0 else None)
+        with log_context(job_id=job.id):
+            if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
+                                                           snap.job_revisions[job.id], alloc)):
+                metrics.GANGS_PLACED.inc()
+                log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size,
+                                               "model": d.model, "borrowed": d.borrowed, "tier": d.tier})
+
+    async def _preempt(self, snap: ClusterSnapshot, p: Preemption, now: float) -> None:
+        """Each victim in one transaction: its job becomes PREEMPTED and its allocation gets the stop reason
+        and the preemptor; progress() then stops it with the job's own signal and grace."""
+        stopping: list[str] = []
+        for victim_id in p.victims:
+            job = snap.jobs.get(victim_id)
+            alloc = snap.allocations.get(victim_id)
+            if job is None or alloc is None or alloc.stop_reason:
+                continue
+            marked = replace(alloc, stop_reason=p.reason, preempted_by=p.preemptor,
+                             stop_signal=job.spec.preemption.signal, stop_grace_s=job.spec.preemption.grace_s)
+            new_job = job if job.state is JobState.PREEMPTED else transition(job, JobState.PREEMPTED, now, p.reason)
+            with log_context(job_id=victim_id):
+                if await self._try(self._repo.write(job=new_job, job_rev=snap.job_revisions[victim_id], alloc=marked,
+                                                    alloc_rev=snap.allocation_revisions[victim_id])):
+                    metrics.PREEMPTIONS.inc()
+                    stopping.append(victim_id)
+                    log.info("gang preempted", extra={"preemptor": p.preemptor})
+        preemptor = snap.jobs.get(p.preemptor)
+        if stopping and preemptor is not None:
+            note = with_event(replace(preemptor, message=f"preempting {', '.join(stopping)}"), now, "preempting",
+                              f"stopping {len(stopping)} gang(s) to make room: {', '.join(stopping)}")
+            await self._try(self._repo.write(job=note, job_rev=snap.job_revisions[p.preemptor]))
+
+    async def _explain(self, snap: ClusterSnapshot, u: Unplaced) -> None:
+        """Tell the user why a job waits; rate-limited, since the reason moves with the cluster."""
+        job = snap.jobs.get(u.job_id)
+        if job is None or job.message == u.reason:
+            return
+        mono = self._clock.monotonic()
+        if mono - self._reason_written.get(job.id, -math.inf) < self._settings.reason_interval_s:
+            return
+        self._reason_written[job.id] = mono
+        while len(self._reason_written) > 100_000:
+            self._reason_written.pop(next(iter(self._reason_written)))
+        await self._try(self._repo.write(job=replace(job, message=u.reason), job_rev=snap.job_revisions[job.id]))
+
+    async def _requeue(self, snap: ClusterSnapshot, now: float) -> None:
+        for job in snap.jobs.values():
+            if job.state is JobState.RESTARTING and job.id not in snap.allocations:
+                nxt = due_for_requeue(job, now)
+                if nxt is not None:
+                    with log_context(job_id=job.id):
+                        if await self._try(self._repo.write(job=nxt, job_rev=snap.job_revisions[job.id])):
+                            log.info("job requeued", extra={"attempt": nxt.attempt})
+
+    async def _account_usage(self, snap: ClusterSnapshot, config: PolicyConfig, policy: PolicyState,
+                             now: float) -> None:
+        """Fold the GPUs each team holds into the decayed usage record, every usage interval."""
+        mono = self._clock.monotonic()
+        if mono - self._usage_written < self._settings.usage_interval_s:
+            return
+        self._usage_written = mono
+        holding: dict[str, dict[str, int]] = {}
+        for alloc in snap.allocations.values():
+            team = alloc.team or (snap.jobs[alloc.job_id].team if alloc.job_id in snap.jobs else "")
+            for a in alloc.assignments:
+                if a.gpu_indices:
+                    row = holding.setdefault(team, {})
+                    row[a.model or "unknown"] = row.get(a.model or "unknown", 0) + len(a.gpu_indices)
+        usage = decay_usage(policy.usage, holding, now, config.fair_share_half_life_s)
+        await self._try(self._repo.put_usage(usage, policy.usage_revision))
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
         step = progress(job, alloc, snap.alive, now, snap.nodes)
@@ -278,8 +444,9 @@ class Reconciler:
 
     async def _stop(self, node: Node, alloc: Allocation) -> None:
         try:
-            await self._agents.stop(node, alloc.job_id, alloc.attempt, self._settings.stop_grace_s,
-                                    alloc.stop_reason, self._epoch())
+            grace = alloc.stop_grace_s or self._settings.stop_grace_s
+            await self._agents.stop(node, alloc.job_id, alloc.attempt, grace, alloc.stop_reason, self._epoch(),
+                                    alloc.stop_signal)
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("stop on %s failed, will retry: %s", node.node_id, exc)

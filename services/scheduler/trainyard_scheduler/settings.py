@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from typing import Literal
 
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from trainyard_core.errors import InvalidArgument
 from trainyard_core.settings import BaseSettings
+
+from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
+
+# Dense BF16 training throughput relative to an A100, roughly; a site should measure its own.
+DEFAULT_SPEED_FACTORS = {
+    "NVIDIA A100-SXM4-80GB": 1.0,
+    "NVIDIA A100-SXM4-40GB": 1.0,
+    "NVIDIA H100 80GB HBM3": 3.0,
+    "NVIDIA L40S": 0.9,
+    "AMD Instinct MI300X": 2.5,
+}
+
+
+class PriorityClassSettings(BaseModel):
+    value: int = Field(ge=-100_000, le=100_000)
+    preemptible: bool = True
+    can_preempt: bool = True
 
 
 class SchedulerSettings(BaseSettings):
@@ -20,6 +40,48 @@ class SchedulerSettings(BaseSettings):
     master_port_range: str = Field("29500-29999", description="MASTER_PORT range for rank-0 rendezvous")
     leader_ttl_s: int = Field(3, ge=1, le=60, description="leader lease TTL; bounds failover time")
     agent_call_timeout_s: float = Field(10.0, gt=0)
+    # --- placement policy (queues and team quotas live in etcd, set through the gateway's admin API) ---
+    speed_factors: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_SPEED_FACTORS),
+        description="Relative training throughput per GPU of each accelerator model (A100 = 1.0); the scheduler "
+                    "runs a job on the fastest model it accepts that has room. Unknown models count as 1.0")
+    priority_classes: dict[str, PriorityClassSettings] = Field(
+        default_factory=lambda: {c.name: PriorityClassSettings(value=c.value, preemptible=c.preemptible,
+                                                               can_preempt=c.can_preempt) for c in DEFAULT_CLASSES},
+        description="Priority classes by name: value (higher first), preemptible, can_preempt")
+    default_priority_class: str = Field(DEFAULT_CLASS, description="Class of jobs that name none")
+    fair_share_half_life_s: float = Field(3600.0, gt=0, le=90 * 86400,
+                                          description="Half-life of the usage history that fair share orders teams by")
+    reservation_depth: int = Field(1, ge=0, le=100, description="How many blocked jobs (highest standing first) "
+                                   "hold a reservation that backfill must not delay; 0 turns backfill protection off")
+    preemption: bool = Field(True, description="Let jobs preempt lower-standing or borrowed gangs")
+    placement_order: Literal["fair-share", "fifo"] = Field(
+        "fair-share", description="Order of jobs of equal standing: team fair share, or submission time")
+
+    @field_validator("speed_factors")
+    @classmethod
+    def _speeds(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, x in v.items() if not 0 < x <= 1000 or not k]
+        if bad:
+            raise ValueError(f"speed factors must be > 0 and <= 1000 for non-empty model names: {', '.join(bad)}")
+        return v
+
+    @model_validator(mode="after")
+    def _classes(self) -> SchedulerSettings:
+        try:
+            validate_classes(self.policy_classes(), self.default_priority_class)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return self
+
+    def policy_classes(self) -> list[PriorityClass]:
+        return [PriorityClass(name, c.value, c.preemptible, c.can_preempt) for name, c in self.priority_classes.items()]
+
+    def policy(self) -> PolicyConfig:
+        return PolicyConfig(classes={c.name: c for c in self.policy_classes()},
+                            default_class=self.default_priority_class, speed_factors=dict(self.speed_factors),
+                            fair_share_half_life_s=self.fair_share_half_life_s,
+                            reservation_depth=self.reservation_depth, preemption=self.preemption)
 
     @field_validator("master_port_range")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -109,6 +110,20 @@ def grace_from_pb(grace_period_ms: int) -> float | None:
     if grace_period_ms < 0:
         raise InvalidArgument(f"grace_period_ms must be >= 0, got {grace_period_ms}")
     return grace_period_ms / 1000 if grace_period_ms else None
+
+
+STOP_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1,
+                "SIGUSR2": signal.SIGUSR2, "SIGHUP": signal.SIGHUP}
+
+
+def stop_signal_from_pb(name: str) -> signal.Signals:
+    """The first signal of a stop; "" means SIGTERM."""
+    if not name:
+        return signal.SIGTERM
+    try:
+        return STOP_SIGNALS[name.upper()]
+    except KeyError:
+        raise InvalidArgument(f"signal {name!r} is not allowed; use one of {', '.join(STOP_SIGNALS)}") from None
 
 
 def worker_status_to_pb(s: WorkerStatus) -> agent_pb2.WorkerStatus:

@@ -40,7 +40,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 # A deposed leader must not stop workers its successor placed; 0 is an unfenced operator call.
                 self._supervisor.fence.check(request.leader_epoch)
             stopped = await self._supervisor.stop(request.job_id, request.attempt,
-                                                  convert.grace_from_pb(request.grace_period_ms))
+                                                  convert.grace_from_pb(request.grace_period_ms),
+                                                  convert.stop_signal_from_pb(request.signal))
         return agent_pb2.StopWorkersResponse(stopped=stopped)
 
     async def ListWorkers(self, request: agent_pb2.ListWorkersRequest,

@@ -442,8 +442,10 @@ class Supervisor:
 
     # --- stop --------------------------------------------------------------------------------------------
 
-    async def stop(self, job_id: str, attempt: int, grace_s: float | None = None) -> int:
-        """Stop the workers of (job_id, attempt), or of every attempt when attempt is 0.
+    async def stop(self, job_id: str, attempt: int, grace_s: float | None = None,
+                   first: signal.Signals = signal.SIGTERM) -> int:
+        """Stop the workers of (job_id, attempt), or of every attempt when attempt is 0: `first` (SIGTERM,
+        or the signal a job checkpoints on), then SIGKILL after the grace.
 
         Returns how many were running. Returns only when every process of their groups is gone (or
         KILL_WAIT_S after SIGKILL, for processes stuck in the kernel) and their exits are recorded.
@@ -456,10 +458,10 @@ class Supervisor:
             allocs = [a for a in self._allocs.values()
                       if a.job_id == job_id and (attempt == 0 or a.attempt == attempt)]
         with log_context(job_id=job_id):
-            counts = await asyncio.gather(*(self._stop_alloc(a, grace) for a in allocs))
+            counts = await asyncio.gather(*(self._stop_alloc(a, grace, first) for a in allocs))
         return sum(counts)
 
-    async def _stop_alloc(self, alloc: _Allocation, grace: float) -> int:
+    async def _stop_alloc(self, alloc: _Allocation, grace: float, first: signal.Signals = signal.SIGTERM) -> int:
         if alloc.stop_task is not None and not alloc.stop_task.done():
             await asyncio.shield(alloc.stop_task)
             return 0
@@ -468,12 +470,12 @@ class Supervisor:
             return 0
         log.info("stopping workers", extra={"attempt": alloc.attempt, "ranks": [w.spec.rank for w in running],
                                             "grace_s": grace})
-        alloc.stop_task = asyncio.create_task(self._terminate(running, grace))
+        alloc.stop_task = asyncio.create_task(self._terminate(running, grace, first))
         await asyncio.shield(alloc.stop_task)
         return len(running)
 
-    async def _terminate(self, workers: list[_Worker], grace: float) -> None:
-        await self._end_groups(workers, grace)
+    async def _terminate(self, workers: list[_Worker], grace: float, first: signal.Signals = signal.SIGTERM) -> None:
+        await self._end_groups(workers, grace, first)
         # The supervise tasks record the exits once the shims have drained the output and ended; wait for
         # them so the caller sees the exits recorded.
         tasks = {w.task: w for w in workers if w.task is not None}
@@ -489,16 +491,18 @@ class Supervisor:
                 process.kill_process(rec.shim_pid, rec.shim_start_time, signal.SIGKILL)
             await asyncio.wait(pending, timeout=KILL_WAIT_S)
 
-    async def _end_groups(self, workers: list[_Worker], grace: float) -> None:
-        """SIGTERM the workers' process groups, SIGKILL those still there after `grace`; returns when they are
-        gone, or KILL_WAIT_S after SIGKILL for processes stuck in the kernel."""
+    async def _end_groups(self, workers: list[_Worker], grace: float,
+                          first: signal.Signals = signal.SIGTERM) -> None:
+        """Send `first` (SIGTERM by default) to the workers' process groups, SIGKILL those still there after
+        `grace`; returns when they are gone, or KILL_WAIT_S after SIGKILL for processes stuck in the kernel."""
         by_pgid = {w.record.pgid: w for w in workers}
         for pgid, w in by_pgid.items():
-            w.stop_signal = signal.SIGTERM
-            process.signal_group(pgid, signal.SIGTERM)
+            w.stop_signal = first
+            process.signal_group(pgid, first)
         left = await process.wait_groups_gone(by_pgid, grace)
         if left:
-            log.warning("workers ignored SIGTERM for the grace period; killing", extra={"pgids": sorted(left)})
+            log.warning("workers ignored %s for the grace period; killing", first.name,
+                        extra={"pgids": sorted(left)})
             for pgid in left:
                 by_pgid[pgid].stop_signal = signal.SIGKILL
                 process.signal_group(pgid, signal.SIGKILL)

@@ -8,13 +8,22 @@ revision and, for the scheduler's own writes, by the leader's epoch):
     RUNNING   --every rank exited 0 (leader, allocation deleted)-->          SUCCEEDED
     ADMITTED/RUNNING --a rank failed / launch refused / node lost: workers stopped,
                        then allocation deleted (leader)-->                   FAILED
-    PENDING   --cancel (any replica, CAS on the job)-->                      CANCELLED
-    ADMITTED/RUNNING --cancel sets cancel_requested (any replica); the leader stops the
-                       workers, deletes the allocation-->                    CANCELLED
-    PREEMPTED / RESTARTING: reserved for preemption and restart policies (later issues).
+    ADMITTED/RUNNING --time limit reached: workers stopped (leader)-->        FAILED
+    ADMITTED/RUNNING --a rank failed and restarts are left: workers stopped, allocation
+                       deleted (leader)-->                                   RESTARTING
+    RESTARTING --backoff elapsed (leader; attempt + 1)-->                     PENDING
+    ADMITTED/RUNNING --chosen as a preemption victim (leader: job + allocation's stop
+                       reason in one txn)-->                                 PREEMPTED
+    PREEMPTED --workers stopped, allocation deleted (leader; attempt + 1,
+                the preemptor remembered so it is never preempted back)-->  PENDING
+    PENDING/RESTARTING --cancel (any replica, CAS on the job)-->             CANCELLED
+    ADMITTED/RUNNING/PREEMPTED --cancel sets cancel_requested (any replica); the leader
+                       stops the workers, deletes the allocation-->          CANCELLED
 
 SUCCEEDED, FAILED and CANCELLED are terminal: nothing leaves them. An allocation exists exactly while a
-job is ADMITTED or RUNNING, or is being stopped on its way to a terminal state.
+job is ADMITTED, RUNNING or PREEMPTED, or is being stopped on its way to a terminal state or to
+RESTARTING. A RESTARTING job has no allocation. Restarts after a failed rank count against
+`spec.max_restarts` (`job.restarts`); requeues after preemption do not.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ _ALLOWED: dict[JobState, frozenset[JobState]] = {
                                   JobState.SUCCEEDED, JobState.PREEMPTED, JobState.RESTARTING}),
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
                                  JobState.PREEMPTED, JobState.RESTARTING}),
-    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED, JobState.FAILED}),
     JobState.RESTARTING: frozenset({JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
@@ -73,9 +82,31 @@ def request_cancel(job: Job, now: float, reason: str) -> Job:
     if job.state.terminal or job.cancel_requested:
         return job
     why = reason or "cancelled by user"
-    if job.state is JobState.PENDING:
+    if job.state in (JobState.PENDING, JobState.RESTARTING):
         return transition(job, JobState.CANCELLED, now, why)
     return with_event(replace(job, cancel_requested=True), now, "cancel_requested", why)
+
+
+MAX_BACKOFF_S = 600.0
+
+
+def restart_delay(job: Job) -> float:
+    """Exponential backoff: the base delay for the first restart, doubling after each, capped."""
+    return float(min(MAX_BACKOFF_S, job.spec.restart_backoff_s * 2.0 ** max(0, job.restarts - 1)))
+
+
+def requeue(job: Job, now: float, message: str) -> Job:
+    """Back to PENDING as a new attempt (after preemption or a restart's backoff)."""
+    pending = transition(job, JobState.PENDING, now, message)
+    return replace(pending, attempt=job.attempt + 1, placement=(), exits=(), queued_at=now, not_before=0.0,
+                   started_at=None)
+
+
+def due_for_requeue(job: Job, now: float) -> Job | None:
+    """A RESTARTING job whose backoff has elapsed, as its next PENDING attempt; None while it waits."""
+    if job.state is not JobState.RESTARTING or job.cancel_requested or now < job.not_before:
+        return None
+    return requeue(job, now, f"restart {job.restarts} of {job.spec.max_restarts}: attempt {job.attempt + 1} queued")
 
 
 def first_failure(exits: tuple[WorkerExit, ...]) -> WorkerExit | None:

@@ -24,13 +24,55 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Resources:
+    """What one gang needs. The accelerator may be named exactly (`accelerator`), as an any-of list
+    (`accelerators`), or as a class (`min_memory_gb`, `min_compute_capability`, `vendor`); the scheduler
+    picks the eligible model with the best expected throughput (speed factors, or the job's own
+    `speed_hints`). A gang uses one model unless `allow_mixed` is set. `gpus_per_node == 0` is a CPU task:
+    it goes to CPU-only nodes."""
+
     nodes: int
     gpus_per_node: int
     accelerator: str = ""
+    accelerators: tuple[str, ...] = ()
+    min_memory_gb: int = 0
+    min_compute_capability: str = ""
+    vendor: str = ""
+    allow_mixed: bool = False
+    cpus_per_node: int = 0
+    speed_hints: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus_per_node == 0
+
+
+# Topology tiers, lowest (closest) first. A gang's tier is the lowest domain that contains all of it.
+TIERS: tuple[str, ...] = ("island", "node", "leaf", "spine", "zone", "cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """`tier`: the domain the gang should fit in ("" = no constraint; the scheduler always packs as low as
+    it can). `required`: wait as long as it takes for a placement within `tier`. Otherwise, with
+    `wait_s > 0`, wait up to that long after queueing (Slurm's `--switches=N@time`), then take the best
+    placement there is."""
+
+    tier: str = ""
+    required: bool = False
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPolicy:
+    """How the job is asked to stop when preempted: `signal` first (a job that checkpoints on it can
+    save its state), then SIGKILL after `grace_s` (0: the scheduler's default stop grace)."""
+
+    signal: str = "SIGTERM"
+    grace_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +86,14 @@ class JobSpec:
     priority: int = 0
     max_restarts: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
+    # "" = the scheduler's default class.
+    priority_class: str = ""
+    topology: TopologyRequest = TopologyRequest()
+    preemption: PreemptionPolicy = PreemptionPolicy()
+    # First restart waits this long; each further one twice as long (capped at 10 minutes).
+    restart_backoff_s: float = 10.0
+    # Wall-clock limit of one attempt (0: none). Also what backfill uses as the job's expected run time.
+    time_limit_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +111,9 @@ class NodeAssignment:
     node_rank: int
     gpu_indices: tuple[int, ...]
     ranks: tuple[int, ...]
+    # The GPU model of this share ("" for a CPU task) and the CPUs it holds (0: not accounted).
+    model: str = ""
+    cpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +148,16 @@ class Job:
     events: tuple[JobEvent, ...] = ()
     started_at: float | None = None
     finished_at: float | None = None
+    # When the job last entered PENDING (submission, requeue after preemption or restart).
+    queued_at: float = 0.0
+    # Restarts used after failures (counted against spec.max_restarts); not after preemptions.
+    restarts: int = 0
+    # RESTARTING: not placed again before this time (backoff).
+    not_before: float = 0.0
+    # Ids of the jobs that preempted this one, oldest first (no preemption loops: never preempt them back).
+    preempted_by: tuple[str, ...] = ()
+    # Time of the job's latest committed checkpoint (None: none yet); lost work since is a preemption cost.
+    last_checkpoint_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +177,19 @@ class Allocation:
     exits: tuple[WorkerExit, ...] = ()
     # Why the gang is being stopped ("" while it should run).
     stop_reason: str = ""
+    # Accounting for quotas, fair share and preemption: the job's team, its standing when placed, and
+    # whether the gang ran on borrowed quota (then it may be reclaimed by the quota's owner).
+    team: str = ""
+    priority: tuple[int, int, int] = (0, 0, 0)
+    borrowed: bool = False
+    preemptible: bool = True
+    # Set when the gang is stopped to make room for another job; its GPUs are held for that job.
+    preempted_by: str = ""
+    # Signal and grace of the stop (from the job's preemption policy when preempted).
+    stop_signal: str = ""
+    stop_grace_s: float = 0.0
+    # Expected end (started + time limit) for backfill; None when the job has no time limit.
+    expected_end: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -122,6 +198,10 @@ class Allocation:
     @property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(a.node_id for a in self.assignments)
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(a.gpu_indices) for a in self.assignments)
 
 
 # Health-policy actions (decided by the node agent's policy table) that take the whole node out of service.

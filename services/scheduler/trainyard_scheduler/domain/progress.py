@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .jobs import describe_exit, first_failure, transition
+from .jobs import describe_exit, first_failure, requeue, restart_delay, transition
 from .models import Allocation, Job, JobState, Node
 
 
@@ -41,6 +41,8 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
             reason = "cancelled"
         elif failure is not None:
             reason = describe_exit(failure)
+        elif alloc.expected_end is not None and now >= alloc.expected_end and job.spec.time_limit_s > 0:
+            reason = f"time limit of {job.spec.time_limit_s:g}s exceeded"
         elif lost:
             reason = f"node {lost[0]} lost contact"
         elif sick:
@@ -86,8 +88,23 @@ def _finish(job: Job, alloc: Allocation, now: float) -> Job:
     failure = first_failure(alloc.exits)
     if job.cancel_requested:
         done = transition(job, JobState.CANCELLED, now, "cancelled; workers stopped")
+    elif alloc.preempted_by:
+        stopped = job if job.state is JobState.PREEMPTED else transition(job, JobState.PREEMPTED, now,
+                                                                            alloc.stop_reason)
+        requeued = requeue(stopped, now, f"requeued after preemption by {alloc.preempted_by}")
+        return replace(requeued, preempted_by=(*job.preempted_by, alloc.preempted_by)[-20:])
+    elif (failure is not None and alloc.stop_reason == describe_exit(failure)
+          and job.restarts < job.spec.max_restarts):
+        counted = replace(job, restarts=job.restarts + 1, exits=exits)
+        delay = restart_delay(counted)
+        restarting = transition(counted, JobState.RESTARTING, now,
+                                f"{alloc.stop_reason}; restart {counted.restarts} of {job.spec.max_restarts} "
+                                f"in {delay:g}s")
+        return replace(restarting, not_before=now + delay)
     elif alloc.stop_reason or failure is not None:
         why = alloc.stop_reason or (describe_exit(failure) if failure else "failed")
+        if failure is not None and job.spec.max_restarts and job.restarts >= job.spec.max_restarts:
+            why += f" (restart budget of {job.spec.max_restarts} used up)"
         done = transition(job, JobState.FAILED, now, why)
         code = failure.exit_code if failure is not None and failure.exit_code else (
             128 + failure.signal if failure is not None and failure.signal else 0)

@@ -30,9 +30,10 @@ class GrpcAgents:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
 
-    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int) -> None:
+    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int,
+                   signal: str = "") -> None:
         request = agent_pb2.StopWorkersRequest(job_id=job_id, attempt=attempt, grace_period_ms=int(grace_s * 1000),
-                                               reason=reason, leader_epoch=epoch)
+                                               reason=reason, leader_epoch=epoch, signal=signal)
         try:
             await self._stub(node.agent_address).StopWorkers(request, timeout=grace_s + self._timeout)
         except grpc.aio.AioRpcError as exc:

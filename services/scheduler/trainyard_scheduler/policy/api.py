@@ -1,46 +1,148 @@
-"""Extension points of placement. A plugin implements only the points it needs.
+"""Extension points of placement. A plugin implements one point; a profile lists them by name.
 
-- Filter: may this job's share go on this node at all? Returns None when yes, else a short reason
-  (reasons are aggregated into the job's "why pending" message).
-- Score: among the nodes that pass, higher is better. Weighted sum over the profile's scorers.
+Points, in the order a placement session uses them:
+- NodeGate    (node) → None | reason. Once per node and cycle: may this node take new work at all
+              (reachable, not cordoned, no stray workers)? Unhealthy GPUs are never offered.
+- ModelFilter (job, model) → None | reason. Is this accelerator model acceptable to the job (exact
+              model, any-of list, class: memory, compute capability, vendor)?
+- ModelScore  (job, model, config) → expected throughput per GPU. The session tries acceptable models
+              best first: a job runs on the fastest model that fits now.
+- NodeFilter  (job, node view) → None | reason. Node-level conditions a job adds (its queue's
+              partition labels, free CPUs).
+- NodeScore   (job, node view) → float, lower first. Orders nodes inside the chosen domain.
+- Admission   (job, model, gpus, ledger, config) → Verdict. Quotas and queue caps: may the team take these
+              GPUs now, and is that within its guarantee or borrowed?
+- QueueOrder  (job, ledger, config) → sort key. The order jobs are considered in, among equal standing.
+- VictimCost  (victim job, allocation, now) → sort key, cheapest first. Preemption picks victims by it.
 
-Plugins are pure and stateless across calls: `place` may call them in any order, many times.
+Plugins are pure and keep no state across calls: a session may call them in any order, many times.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..domain.models import Job, Node
+from ..domain.models import Allocation, Job, Node
+from ..domain.queues import PolicyConfig
 
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A node as placement sees it in the current decision: free healthy GPU indices included."""
+    """A node as placement sees it: free healthy GPUs (any model) and free CPUs."""
 
     node: Node
     free_gpus: tuple[int, ...]
     alive: bool
     # The node still runs workers no allocation accounts for; they are being stopped.
     has_orphans: bool = False
+    free_cpus: int = 0
 
 
-class FilterPlugin(Protocol):
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """One accelerator model as found in the fleet."""
+
+    model: str
+    vendor: str
+    memory_mb: int
+    compute_capability: str
+    gpus: int = 0  # healthy GPUs of this model in the fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    borrowed: bool = False
+    reason: str = ""
+
+
+@dataclass
+class Ledger:
+    """What teams and queues hold while a session runs (allocations plus this session's decisions)."""
+
+    # team → accounting key (model or "*") → GPUs held within nominal / borrowed
+    guaranteed: dict[str, dict[str, int]] = field(default_factory=dict)
+    borrowed: dict[str, dict[str, int]] = field(default_factory=dict)
+    # team → model → GPUs held (for fair share)
+    holding: dict[str, dict[str, int]] = field(default_factory=dict)
+    queue_gpus: dict[str, int] = field(default_factory=dict)
+    capacity: Mapping[str, int] = field(default_factory=dict)
+
+    def charge(self, team: str, queue: str, model: str, key: str, gpus: int, borrowed: bool) -> None:
+        book = self.borrowed if borrowed else self.guaranteed
+        row = book.setdefault(team, {})
+        row[key] = row.get(key, 0) + gpus
+        held = self.holding.setdefault(team, {})
+        held[model] = held.get(model, 0) + gpus
+        self.queue_gpus[queue] = self.queue_gpus.get(queue, 0) + gpus
+
+    def used(self, team: str, key: str) -> tuple[int, int]:
+        return self.guaranteed.get(team, {}).get(key, 0), self.borrowed.get(team, {}).get(key, 0)
+
+
+class NodeGate(Protocol):
     name: str
 
-    def filter(self, job: Job, view: NodeView) -> str | None: ...
+    def admit(self, view: NodeView) -> str | None: ...
 
 
-class ScorePlugin(Protocol):
+class ModelFilter(Protocol):
+    name: str
+
+    def filter(self, job: Job, model: ModelInfo) -> str | None: ...
+
+
+class ModelScore(Protocol):
+    name: str
+
+    def score(self, job: Job, model: ModelInfo, config: PolicyConfig) -> float: ...
+
+
+class NodeFilter(Protocol):
+    name: str
+
+    def applies(self, job: Job, config: PolicyConfig) -> bool:
+        """Whether the filter constrains this job at all (skipping it keeps 10k-node sessions fast)."""
+        ...
+
+    def filter(self, job: Job, view: NodeView, config: PolicyConfig) -> str | None: ...
+
+
+class NodeScore(Protocol):
     name: str
 
     def score(self, job: Job, view: NodeView) -> float: ...
 
 
+class Admission(Protocol):
+    name: str
+
+    def admit(self, job: Job, model: str, gpus: int, ledger: Ledger, config: PolicyConfig) -> Verdict: ...
+
+
+class QueueOrder(Protocol):
+    name: str
+
+    def key(self, job: Job, ledger: Ledger, config: PolicyConfig) -> tuple[float, ...]: ...
+
+
+class VictimCost(Protocol):
+    name: str
+
+    def cost(self, job: Job, alloc: Allocation, now: float) -> tuple[float, ...]: ...
+
+
 @dataclass(frozen=True)
 class Profile:
-    """The plugins one scheduler runs, in order, and the weight of each scorer."""
+    """The plugins one scheduler runs at each point, in order."""
 
-    filters: tuple[FilterPlugin, ...]
-    scorers: tuple[tuple[ScorePlugin, float], ...]
+    gates: tuple[NodeGate, ...]
+    model_filters: tuple[ModelFilter, ...]
+    model_score: ModelScore
+    node_filters: tuple[NodeFilter, ...]
+    node_score: NodeScore
+    admissions: tuple[Admission, ...]
+    order: QueueOrder
+    victim_cost: VictimCost

@@ -15,9 +15,12 @@ from ..domain.models import (
     JobState,
     Node,
     NodeAssignment,
+    PreemptionPolicy,
     Resources,
+    TopologyRequest,
     WorkerExit,
 )
+from ..domain.queues import FairShareUsage, QueueConfig, QuotaLimit, TeamQuota
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
@@ -26,12 +29,27 @@ def _dump(obj: dict[str, Any]) -> bytes:
 
 def _assignment(a: NodeAssignment) -> dict[str, Any]:
     return {"node_id": a.node_id, "node_rank": a.node_rank, "gpus": list(a.gpu_indices),
-            "ranks": list(a.ranks)}
+            "ranks": list(a.ranks), "model": a.model, "cpus": a.cpus}
 
 
 def _assignment_from(d: dict[str, Any]) -> NodeAssignment:
     return NodeAssignment(node_id=d["node_id"], node_rank=d["node_rank"], gpu_indices=tuple(d["gpus"]),
-                          ranks=tuple(d["ranks"]))
+                          ranks=tuple(d["ranks"]), model=d.get("model", ""), cpus=d.get("cpus", 0))
+
+
+def _resources(r: Resources) -> dict[str, Any]:
+    return {"nodes": r.nodes, "gpus_per_node": r.gpus_per_node, "accelerator": r.accelerator,
+            "accelerators": list(r.accelerators), "min_memory_gb": r.min_memory_gb,
+            "min_cc": r.min_compute_capability, "vendor": r.vendor, "allow_mixed": r.allow_mixed,
+            "cpus_per_node": r.cpus_per_node, "speed_hints": dict(r.speed_hints)}
+
+
+def _resources_from(r: dict[str, Any]) -> Resources:
+    return Resources(nodes=r["nodes"], gpus_per_node=r["gpus_per_node"], accelerator=r.get("accelerator", ""),
+                     accelerators=tuple(r.get("accelerators", ())), min_memory_gb=r.get("min_memory_gb", 0),
+                     min_compute_capability=r.get("min_cc", ""), vendor=r.get("vendor", ""),
+                     allow_mixed=r.get("allow_mixed", False), cpus_per_node=r.get("cpus_per_node", 0),
+                     speed_hints=r.get("speed_hints", {}))
 
 
 def _exit(e: WorkerExit) -> dict[str, Any]:
@@ -51,10 +69,15 @@ def encode_job(job: Job) -> bytes:
         "exit_code": job.exit_code, "message": job.message, "cancel_requested": job.cancel_requested,
         "started_at": job.started_at, "finished_at": job.finished_at,
         "spec": {"name": s.name, "command": list(s.command), "env": dict(s.env),
-                 "resources": {"nodes": s.resources.nodes, "gpus_per_node": s.resources.gpus_per_node,
-                               "accelerator": s.resources.accelerator},
+                 "resources": _resources(s.resources),
                  "working_dir": s.working_dir, "queue": s.queue, "priority": s.priority,
-                 "max_restarts": s.max_restarts, "labels": dict(s.labels)},
+                 "max_restarts": s.max_restarts, "labels": dict(s.labels), "priority_class": s.priority_class,
+                 "topology": {"tier": s.topology.tier, "required": s.topology.required,
+                              "wait_s": s.topology.wait_s},
+                 "preemption": {"signal": s.preemption.signal, "grace_s": s.preemption.grace_s},
+                 "restart_backoff_s": s.restart_backoff_s, "time_limit_s": s.time_limit_s},
+        "queued_at": job.queued_at, "restarts": job.restarts, "not_before": job.not_before,
+        "preempted_by": list(job.preempted_by),
         "placement": [_assignment(a) for a in job.placement],
         "exits": [_exit(e) for e in job.exits],
         "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in job.events],
@@ -64,13 +87,17 @@ def encode_job(job: Job) -> bytes:
 def decode_job(raw: bytes) -> Job:
     d = json.loads(raw)
     s = d["spec"]
-    r = s["resources"]
+    t = s.get("topology", {})
+    pre = s.get("preemption", {})
     spec = JobSpec(name=s["name"], command=tuple(s["command"]), env=s["env"],
-                   resources=Resources(nodes=r["nodes"], gpus_per_node=r["gpus_per_node"],
-                                       accelerator=r.get("accelerator", "")),
+                   resources=_resources_from(s["resources"]),
                    working_dir=s.get("working_dir", ""), queue=s.get("queue", "default"),
                    priority=s.get("priority", 0), max_restarts=s.get("max_restarts", 0),
-                   labels=s.get("labels", {}))
+                   labels=s.get("labels", {}), priority_class=s.get("priority_class", ""),
+                   topology=TopologyRequest(tier=t.get("tier", ""), required=t.get("required", False),
+                                            wait_s=t.get("wait_s", 0.0)),
+                   preemption=PreemptionPolicy(signal=pre.get("signal", "SIGTERM"), grace_s=pre.get("grace_s", 0.0)),
+                   restart_backoff_s=s.get("restart_backoff_s", 10.0), time_limit_s=s.get("time_limit_s", 0.0))
     return Job(id=d["id"], spec=spec, state=JobState(d["state"]), team=d["team"], user=d["user"],
                created_at=d["created_at"], updated_at=d["updated_at"], attempt=d.get("attempt", 1),
                exit_code=d.get("exit_code", 0), message=d.get("message", ""),
@@ -79,7 +106,9 @@ def decode_job(raw: bytes) -> Job:
                exits=tuple(_exit_from(e) for e in d.get("exits", [])),
                events=tuple(JobEvent(at=e["at"], kind=e["kind"], message=e["message"])
                             for e in d.get("events", [])),
-               started_at=d.get("started_at"), finished_at=d.get("finished_at"))
+               started_at=d.get("started_at"), finished_at=d.get("finished_at"),
+               queued_at=d.get("queued_at", d["created_at"]), restarts=d.get("restarts", 0),
+               not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())))
 
 
 def encode_allocation(a: Allocation) -> bytes:
@@ -89,6 +118,9 @@ def encode_allocation(a: Allocation) -> bytes:
         "master_addr": a.master_addr, "master_port": a.master_port, "created_at": a.created_at,
         "launched": sorted(a.launched), "stopped": sorted(a.stopped),
         "exits": [_exit(e) for e in a.exits], "stop_reason": a.stop_reason,
+        "team": a.team, "priority": list(a.priority), "borrowed": a.borrowed, "preemptible": a.preemptible,
+        "preempted_by": a.preempted_by, "stop_signal": a.stop_signal, "stop_grace_s": a.stop_grace_s,
+        "expected_end": a.expected_end,
     })
 
 
@@ -100,7 +132,16 @@ def decode_allocation(raw: bytes) -> Allocation:
                       created_at=d["created_at"], launched=frozenset(d.get("launched", [])),
                       stopped=frozenset(d.get("stopped", [])),
                       exits=tuple(_exit_from(e) for e in d.get("exits", [])),
-                      stop_reason=d.get("stop_reason", ""))
+                      stop_reason=d.get("stop_reason", ""), team=d.get("team", ""),
+                      priority=_standing(d.get("priority", (0, 0, 0))), borrowed=d.get("borrowed", False),
+                      preemptible=d.get("preemptible", True), preempted_by=d.get("preempted_by", ""),
+                      stop_signal=d.get("stop_signal", ""), stop_grace_s=d.get("stop_grace_s", 0.0),
+                      expected_end=d.get("expected_end"))
+
+
+def _standing(v: Any) -> tuple[int, int, int]:
+    a, b, c = [*list(v), 0, 0, 0][:3]
+    return int(a), int(b), int(c)
 
 
 def encode_node(n: Node) -> bytes:
@@ -134,3 +175,35 @@ def decode_node(raw: bytes) -> Node:
                                health_action=g.get("health_action", "none"), compute_capability=g.get("cc", ""),
                                pci_bus_id=g.get("pci", ""), numa_node=g.get("numa", -1),
                                nvlink_island=g.get("island", -1)) for g in d["gpus"]))
+
+
+def encode_queue(q: QueueConfig) -> bytes:
+    return _dump({"v": 1, "name": q.name, "tier": q.tier, "node_labels": dict(q.node_labels),
+                  "max_gpus": q.max_gpus, "description": q.description})
+
+
+def decode_queue(raw: bytes) -> QueueConfig:
+    d = json.loads(raw)
+    return QueueConfig(name=d["name"], tier=d.get("tier", 0), node_labels=d.get("node_labels", {}),
+                       max_gpus=d.get("max_gpus", 0), description=d.get("description", ""))
+
+
+def encode_quota(q: TeamQuota) -> bytes:
+    return _dump({"v": 1, "team": q.team, "weight": q.weight,
+                  "limits": {m: {"nominal": x.nominal, "borrow_limit": x.borrow_limit} for m, x in q.limits.items()}})
+
+
+def decode_quota(raw: bytes) -> TeamQuota:
+    d = json.loads(raw)
+    return TeamQuota(team=d["team"], weight=d.get("weight", 1.0),
+                     limits={m: QuotaLimit(nominal=x["nominal"], borrow_limit=x.get("borrow_limit"))
+                             for m, x in d.get("limits", {}).items()})
+
+
+def encode_usage(u: FairShareUsage) -> bytes:
+    return _dump({"v": 1, "at": u.at, "by_team": {t: dict(row) for t, row in u.by_team.items()}})
+
+
+def decode_usage(raw: bytes) -> FairShareUsage:
+    d = json.loads(raw)
+    return FairShareUsage(at=d.get("at", 0.0), by_team=d.get("by_team", {}))

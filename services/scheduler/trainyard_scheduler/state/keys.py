@@ -4,6 +4,11 @@
     {p}/allocations/{job_id}           The one allocation record of a placed gang (JSON).
     {p}/nodes/{node_id}                Node inventory, labels, cordon (JSON), written at registration.
     {p}/idempotency/{team}/{key}       job id of a submit made with an idempotency key.
+    {p}/queues/{name}                  Queue: tier, partition labels, GPU cap (JSON; admin API).
+    {p}/quotas/{team}                  Team quota per accelerator model and fair-share weight (admin API).
+    {p}/usage                          Decayed fair-share usage per team and model; rewritten by the leader.
+    {p}/checkpoints-latest/{job_id}    Written by the checkpoint-store; read for a job's last checkpoint
+                                       time (what preempting it would lose).
     {p}/election/scheduler             Leader key, bound to the leader's lease. Its create revision is
                                        the leader's epoch; every leader write compares it.
 """
@@ -32,6 +37,32 @@ class Keys:
     @property
     def leader(self) -> str:
         return f"{self.prefix}/election/scheduler"
+
+    @property
+    def queues(self) -> str:
+        return f"{self.prefix}/queues/"
+
+    @property
+    def quotas(self) -> str:
+        return f"{self.prefix}/quotas/"
+
+    @property
+    def usage(self) -> str:
+        return f"{self.prefix}/usage"
+
+    @property
+    def checkpoints_latest(self) -> str:
+        return f"{self.prefix}/checkpoints-latest/"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.prefix}/checkpoints/"
+
+    def queue(self, name: str) -> str:
+        return self.queues + name
+
+    def quota(self, team: str) -> str:
+        return self.quotas + team
 
     def job(self, job_id: str) -> str:
         return self.jobs + job_id

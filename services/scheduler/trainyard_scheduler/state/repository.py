@@ -14,7 +14,16 @@ from trainyard_core.errors import Conflict, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, absent, mod_revision_is
 
 from ..domain.models import Allocation, Job, JobState, Node, WorkerExit
-from .codec import decode_allocation, decode_job, decode_node, encode_allocation, encode_job, encode_node
+from ..domain.queues import FairShareUsage
+from .codec import (
+    decode_allocation,
+    decode_job,
+    decode_node,
+    encode_allocation,
+    encode_job,
+    encode_node,
+    encode_usage,
+)
 from .keys import Keys
 
 log = logging.getLogger(__name__)
@@ -165,6 +174,16 @@ class Repository:
             except Conflict:
                 continue
         raise Conflict(f"job {job_id} kept changing; exit of rank {exit.rank} not recorded yet")
+
+    # -- fair-share usage (leader only) -------------------------------------------------------------------
+    async def put_usage(self, usage: FairShareUsage, revision: int) -> int:
+        """Replace the usage record if it is still the one read at `revision` (0: absent)."""
+        key = self.keys.usage
+        guard = mod_revision_is(key, revision) if revision else absent(key)
+        res = await self.store.txn(self._fenced([guard]), [Put(key, encode_usage(usage))])
+        if not res.succeeded:
+            raise Conflict("usage record changed concurrently or leadership lost")
+        return res.revision
 
     # -- nodes ---------------------------------------------------------------------------------------
     async def list_nodes(self) -> list[Node]:
