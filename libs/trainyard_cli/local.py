@@ -168,7 +168,7 @@ class LocalCluster:
             "node_id": node_id, "gpu_profile": profile, "scheduler_address": self.scheduler_address,
             "listen_port": "0", "state_dir": str(self.workdir / "agents" / node_id),
             "worker_env": "GLOO_SOCKET_IFNAME=lo", "stop_grace_s": str(self.stop_grace_s),
-            "kill_workers_on_stop": "true", "labels": f"rack=local,switch=sw-{node_id}"})
+            "kill_workers_on_stop": "true", "labels": "rack=local,switch=leaf-1,spine=spine-1"})
         # Workers find `python` (with torch) in the environment Trainyard runs from, as on a real host
         # whose image carries the training environment.
         proc.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), proc.env.get("PATH", "")])
