@@ -153,6 +153,8 @@ class PolicyConfig:
     # How many blocked jobs (highest standing first) hold a reservation that backfill must respect.
     reservation_depth: int = 1
     preemption: bool = True
+    # Blocked jobs per session that may look for victims (bounds a session's work at 10k nodes).
+    max_preemptors: int = 16
 
     def priority_class(self, name: str) -> PriorityClass:
         return self.classes.get(name or self.default_class) or self.classes[self.default_class]

@@ -126,6 +126,8 @@ class _Session:
         self.ports = snap.used_master_ports()
         self.held: list[_Held] = []
         self.victims_taken: set[str] = set()
+        self.preemptors = 0
+        self._victims: list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]] | None = None
         self._models_cache: dict[tuple[object, ...], list[str]] = {}
         self._build()
 
@@ -582,22 +584,24 @@ class _Session:
         cls = self.config.priority_class(job.spec.priority_class)
         if not self.config.preemption or not cls.can_preempt:
             return False
+        if self.preemptors >= self.config.max_preemptors:
+            return False  # bounded work per session; the rest try again next cycle
         mine = standing(job.spec.queue, job.spec.priority_class, job.spec.priority, self.config)
-        cost = self.profile.victim_cost
+        pool_all = self._victim_pool()
+        if not pool_all or (mine <= pool_all[0][3] and all(b for _, b in admitted)):
+            return False  # outranks nobody and reclaims nothing
+        self.preemptors += 1
         for model, borrowed in admitted:
             candidates: list[tuple[tuple[float, ...], str, Allocation]] = []
-            for alloc in self.snap.allocations.values():
-                victim = self.snap.jobs.get(alloc.job_id)
-                if (victim is None or alloc.stop_reason or not alloc.preemptible
-                        or alloc.job_id in self.victims_taken or alloc.job_id in job.preempted_by):
+            for c, job_id, alloc, _ in pool_all:
+                if job_id in self.victims_taken or job_id in job.preempted_by:
                     continue
                 outranks = mine > alloc.priority and (alloc.team == job.team or alloc.borrowed)
                 reclaims = not borrowed and alloc.borrowed and alloc.team != job.team
                 if outranks or reclaims:
-                    candidates.append((cost.cost(victim, alloc, self.now), alloc.job_id, alloc))
+                    candidates.append((c, job_id, alloc))
             if not candidates:
                 continue
-            candidates.sort(key=lambda c: (c[0], c[1]))
             pool = self.pools.get(model)
             if pool is None:
                 continue
@@ -620,6 +624,21 @@ class _Session:
             self.result.preemptions.append(Preemption(job.id, tuple(victims), f"preempted by {job.id} ({why})"))
             return True
         return False
+
+    def _victim_pool(self) -> list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]]:
+        """Running gangs that could ever be preempted, cheapest first (computed once per session); the 4th
+        element of every entry is the lowest standing among them."""
+        if self._victims is None:
+            cost = self.profile.victim_cost
+            out = []
+            for alloc in self.snap.allocations.values():
+                victim = self.snap.jobs.get(alloc.job_id)
+                if victim is not None and not alloc.stop_reason and alloc.preemptible:
+                    out.append((cost.cost(victim, alloc, self.now), alloc.job_id, alloc, alloc.priority))
+            out.sort(key=lambda c: (c[0], c[1]))
+            lowest = min((c[3] for c in out), default=(0, 0, 0))
+            self._victims = [(c[0], c[1], c[2], lowest) for c in out]
+        return self._victims
 
     def _prune(self, job: Job, pool: Pool, found: Found, releases: Sequence[Release],
                owner: Sequence[str]) -> list[str]:
