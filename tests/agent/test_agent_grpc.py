@@ -117,6 +117,8 @@ async def test_stream_logs_follows_until_the_workers_exit(agent_stub: agent_pb2_
      grpc.StatusCode.NOT_FOUND, "no workers on this node"),
     (lambda s, e: s.StopWorkers(agent_pb2.StopWorkersRequest(job_id="j", attempt=1, grace_period_ms=-1)),
      grpc.StatusCode.INVALID_ARGUMENT, "grace_period_ms must be >= 0"),
+    (lambda s, e: s.StopWorkers(agent_pb2.StopWorkersRequest(job_id="j", attempt=1, signal="SIGSEGV")),
+     grpc.StatusCode.INVALID_ARGUMENT, "signal 'SIGSEGV' is not allowed; use one of SIGTERM"),
     (lambda s, e: s.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=0, kind="meteor")),
      grpc.StatusCode.INVALID_ARGUMENT, "unknown fault kind 'meteor'"),
 ])
