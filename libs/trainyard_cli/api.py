@@ -130,3 +130,32 @@ class Api:
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")
         return result
+
+    # -- queues and quotas -----------------------------------------------------------------------
+    def queues(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json("GET", "/v1/queues")["queues"]
+        return result
+
+    def put_queue(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("PUT", f"/v1/queues/{quote(name, safe='')}", json=body)
+        return result
+
+    def delete_queue(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/v1/queues/{quote(name, safe='')}")
+        return result
+
+    def quotas(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json("GET", "/v1/quotas")["quotas"]
+        return result
+
+    def quota(self, team: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/v1/quotas/{quote(team, safe='')}")
+        return result
+
+    def put_quota(self, team: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("PUT", f"/v1/quotas/{quote(team, safe='')}", json=body)
+        return result
+
+    def delete_quota(self, team: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/v1/quotas/{quote(team, safe='')}")
+        return result

@@ -1,5 +1,5 @@
-"""The API commands: submit, jobs, status, logs, cancel, nodes, tokens. Each takes the parsed arguments
-and returns the exit code; failures are raised as CliError and printed by main."""
+"""The API commands: submit, jobs, status, logs, cancel, nodes, queues, quotas, tokens. Each takes the parsed
+arguments and returns the exit code; failures are raised as CliError and printed by main."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from . import output
 from .api import Api
 from .config import resolve
-from .spec import build_spec, load_spec_file, parse_pairs
+from .spec import build_spec, load_spec_file, parse_limits, parse_pairs, parse_speed_hints
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
@@ -38,7 +38,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         file_spec=load_spec_file(args.file) if args.file else None, name=args.name, command=command,
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, accelerator=args.accelerator,
         env=parse_pairs(args.env, "--env", os.environ), labels=parse_pairs(args.label, "--label"),
-        working_dir=args.working_dir, queue=args.queue, priority=args.priority, max_restarts=args.max_restarts)
+        working_dir=args.working_dir, queue=args.queue, priority=args.priority, max_restarts=args.max_restarts,
+        overrides=_submit_overrides(args))
     with api_for(args) as api:
         job = api.submit(spec, idempotency_key=args.idempotency_key or "")
     if _json_wanted(args):
@@ -46,6 +47,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print(f"submitted job {job['id']} ({job['name']}, {output.gpus(job)} GPUs): {job['state']}")
     return 0
+
+
+def _submit_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The submit flags beyond the basic ones, as dotted spec paths (None: not given)."""
+    accelerators = None
+    if args.accelerators is not None:
+        accelerators = [a.strip() for a in args.accelerators.split(",") if a.strip()]
+    return {
+        "resources.accelerators": accelerators,
+        "resources.min_memory_gb": args.min_memory_gb,
+        "resources.min_compute_capability": args.min_cc,
+        "resources.vendor": args.vendor,
+        "resources.allow_mixed": args.allow_mixed,
+        "resources.cpus_per_node": args.cpus_per_node,
+        "resources.speed_hints": parse_speed_hints(args.speed_hint) if args.speed_hint else None,
+        "priority_class": args.priority_class,
+        "topology.tier": args.topology_tier,
+        "topology.required": args.topology_required,
+        "topology.wait_s": args.topology_wait,
+        "preemption.signal": args.preempt_signal,
+        "preemption.grace_s": args.preempt_grace,
+        "restart_backoff_s": args.restart_backoff,
+        "time_limit_s": args.time_limit,
+    }
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -209,4 +234,82 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
         output.print_json(token)
     else:
         print(f"revoked token {token['token_id']} ({token['team']}/{token['user']})")
+    return 0
+
+
+def cmd_queues_list(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        queues = api.queues()
+    if _json_wanted(args):
+        output.print_json({"queues": queues})
+    else:
+        output.queues_table(queues)
+    return 0
+
+
+def cmd_queues_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"tier": args.tier, "max_gpus": args.max_gpus,
+                            "node_labels": parse_pairs(args.node_label, "--node-label"),
+                            "description": args.description or ""}
+    with api_for(args) as api:
+        queue = api.put_queue(args.name, body)
+    if _json_wanted(args):
+        output.print_json(queue)
+    else:
+        output.queues_table([queue])
+    return 0
+
+
+def cmd_queues_delete(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        queue = api.delete_queue(args.name)
+    if _json_wanted(args):
+        output.print_json(queue)
+    else:
+        print(f"deleted queue {queue['name']}")
+    return 0
+
+
+def cmd_quotas_list(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        quotas = api.quotas()
+    if _json_wanted(args):
+        output.print_json({"quotas": quotas})
+    elif not quotas:
+        print("no quotas (a team without one runs only on borrowed, reclaimable capacity)")
+    else:
+        output.quotas_table(quotas)
+    return 0
+
+
+def cmd_quotas_get(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        quota = api.quota(args.team)
+    if _json_wanted(args):
+        output.print_json(quota)
+    else:
+        output.quotas_table([quota])
+    return 0
+
+
+def cmd_quotas_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"limits": parse_limits(args.limit)}
+    if args.weight is not None:
+        body["weight"] = args.weight
+    with api_for(args) as api:
+        quota = api.put_quota(args.team, body)
+    if _json_wanted(args):
+        output.print_json(quota)
+    else:
+        output.quotas_table([quota])
+    return 0
+
+
+def cmd_quotas_delete(args: argparse.Namespace) -> int:
+    with api_for(args) as api:
+        quota = api.delete_quota(args.team)
+    if _json_wanted(args):
+        output.print_json(quota)
+    else:
+        print(f"deleted the quota of team {quota['team']}")
     return 0

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from . import commands
 from .errors import CliError, UsageError
+from .spec import parse_duration
 
 STATES = ["pending", "admitted", "running", "succeeded", "failed", "cancelled", "preempted", "restarting"]
 
@@ -23,13 +24,58 @@ examples:
   trainyard submit --name hello --nodes 2 --gpus-per-node 1 -- python train.py --epochs 3
   trainyard submit -f job.yaml
   trainyard submit -f job.yaml --nodes 4 --env LR=3e-4      (flags override the file)
+  trainyard submit --name big --nodes 4 --gpus-per-node 8 --accelerators H100-SXM5-80GB,A100-SXM4-80GB \\
+      --priority-class high --topology-tier leaf --topology-wait 10m --time-limit 6h \\
+      --preempt-signal SIGUSR1 --preempt-grace 2m --max-restarts 3 -- python train.py
+  trainyard submit --name prep --nodes 1 --gpus-per-node 0 --cpus-per-node 16 -- python prep.py   (CPU task)
 
 spec file (YAML or JSON):
   name: hello
   command: [python, train.py]
   env: {LR: "3e-4"}
-  resources: {nodes: 2, gpus_per_node: 1, accelerator: H100-SXM5-80GB}
+  resources: {nodes: 2, gpus_per_node: 1, accelerators: [H100-SXM5-80GB, A100-SXM4-80GB], min_memory_gb: 40}
+  priority_class: high
+  topology: {tier: leaf, wait_s: 10m}
+  preemption: {signal: SIGUSR1, grace_s: 60}
+  time_limit_s: 6h
+
+durations (flags and *_s fields of a spec file): seconds, or like 90s, 10m, 1h30m, 2d
 """
+
+QUEUES_EPILOG = """\
+examples:
+  trainyard queues
+  trainyard queues set batch --tier -10 --max-gpus 64 --node-label pool=spot --description "cheap, preemptible"
+  trainyard queues delete batch
+
+`set` replaces the whole queue (flags not given go back to their defaults). Changes need an admin token.
+"""
+
+QUOTAS_EPILOG = """\
+examples:
+  trainyard quotas
+  trainyard quotas get vision
+  trainyard quotas set vision --limit H100-SXM5-80GB=64:32 --limit '*=8' --weight 2
+  trainyard quotas delete vision
+
+--limit MODEL=NOMINAL[:BORROW_LIMIT]: NOMINAL GPUs of MODEL are guaranteed to the team; it may borrow idle
+GPUs up to BORROW_LIMIT more (no :BORROW_LIMIT: no limit), and borrowed gangs are reclaimed first. '*'
+covers every model without a limit of its own. `set` replaces the whole quota. Changes need an admin token.
+"""
+TIERS = ["node", "leaf", "spine", "zone"]
+SIGNALS = ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _signal(text: str) -> str:
+    name = text.strip().upper()
+    return name if name.startswith("SIG") else "SIG" + name
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -92,6 +138,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="priority within the queue")
     p.add_argument("--max-restarts", type=int, help="restarts allowed after a failure")
     p.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
+    g = p.add_argument_group("accelerators and CPUs")
+    g.add_argument("--accelerators", metavar="A,B,...", help="any of these models; the fastest that fits is used")
+    g.add_argument("--min-memory-gb", type=int, metavar="GB", help="only GPUs with at least this much memory")
+    g.add_argument("--min-cc", metavar="X.Y", help="only GPUs of at least this compute capability, e.g. 8.0")
+    g.add_argument("--vendor", help="only GPUs of this vendor, e.g. nvidia or amd")
+    g.add_argument("--allow-mixed", action="store_true", default=None,
+                   help="let the gang span several accepted models (one model per node)")
+    g.add_argument("--cpus-per-node", type=int, metavar="N", help="CPUs held on each node")
+    g.add_argument("--speed-hint", action="append", default=[], metavar="MODEL=FACTOR",
+                   help="this job's relative speed on a model (repeatable); overrides the scheduler's factors")
+    g = p.add_argument_group("priority, topology, preemption and limits")
+    g.add_argument("--priority-class", metavar="CLASS",
+                   help="low, normal, high or critical (or a class the operator configured)")
+    g.add_argument("--topology-tier", choices=TIERS, help="keep the gang within one node, leaf switch, spine or zone")
+    g.add_argument("--topology-required", action="store_true", default=None,
+                   help="wait as long as it takes for a placement within --topology-tier")
+    g.add_argument("--topology-wait", type=_duration, metavar="DURATION",
+                   help="wait up to this long for a placement within --topology-tier, then take the best")
+    g.add_argument("--preempt-signal", type=_signal, choices=SIGNALS, metavar="SIGNAL",
+                   help=f"signal sent when the job is preempted, then SIGKILL ({', '.join(SIGNALS)})")
+    g.add_argument("--preempt-grace", type=_duration, metavar="DURATION",
+                   help="time between the preemption signal and SIGKILL")
+    g.add_argument("--restart-backoff", type=_duration, metavar="DURATION",
+                   help="delay before the first restart, doubling after each (default 10s)")
+    g.add_argument("--time-limit", type=_duration, metavar="DURATION",
+                   help="wall-clock limit of one attempt: seconds or e.g. 90m, 1h30m, 2d")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
     p.set_defaults(func=commands.cmd_submit)
 
@@ -125,6 +197,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
     p.set_defaults(func=commands.cmd_nodes)
+
+    queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (admin)",
+                            description="List the queues (the default action), or create, replace and delete them.",
+                            epilog=QUEUES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    queues.set_defaults(func=commands.cmd_queues_list)
+    qsub = queues.add_subparsers(dest="queues_command", metavar="ACTION")
+    p = qsub.add_parser("list", parents=[common], help="list queues (the default)")
+    p.set_defaults(func=commands.cmd_queues_list)
+    p = qsub.add_parser("set", parents=[common], help="create or replace a queue (admin)")
+    p.add_argument("name")
+    p.add_argument("--tier", type=int, default=0, help="higher tiers go first and may preempt lower (default 0)")
+    p.add_argument("--max-gpus", type=int, default=0,
+                   help="most GPUs the queue's jobs hold at once (default 0: no cap)")
+    p.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="run the queue's jobs only on nodes with this label (repeatable: all of them)")
+    p.add_argument("--description")
+    p.set_defaults(func=commands.cmd_queues_set)
+    p = qsub.add_parser("delete", parents=[common], help="delete a queue no unfinished job uses (admin)")
+    p.add_argument("name")
+    p.set_defaults(func=commands.cmd_queues_delete)
+
+    quotas = sub.add_parser("quotas", parents=[common], help="show team quotas, or manage them (admin)",
+                            description="List quotas (the default action; non-admins see their own team's), show "
+                                        "one, or create, replace and delete them.",
+                            epilog=QUOTAS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quotas.set_defaults(func=commands.cmd_quotas_list)
+    qsub = quotas.add_subparsers(dest="quotas_command", metavar="ACTION")
+    p = qsub.add_parser("list", parents=[common], help="list quotas (the default)")
+    p.set_defaults(func=commands.cmd_quotas_list)
+    p = qsub.add_parser("get", parents=[common], help="one team's quota")
+    p.add_argument("team")
+    p.set_defaults(func=commands.cmd_quotas_get)
+    p = qsub.add_parser("set", parents=[common], help="create or replace a team's quota (admin)")
+    p.add_argument("team")
+    p.add_argument("--limit", action="append", default=[], metavar="MODEL=NOMINAL[:BORROW]",
+                   help="GPUs of MODEL ('*': any model) guaranteed, and borrowable above that (repeatable)")
+    p.add_argument("--weight", type=float, help="fair-share weight (default 1)")
+    p.set_defaults(func=commands.cmd_quotas_set)
+    p = qsub.add_parser("delete", parents=[common], help="delete a team's quota (admin)")
+    p.add_argument("team")
+    p.set_defaults(func=commands.cmd_quotas_delete)
 
     tokens = sub.add_parser("tokens", help="manage API tokens (admin)")
     tsub = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)

@@ -52,7 +52,37 @@ def local_time(value: str | None) -> str:
 def gpus(job: dict[str, Any]) -> str:
     r = job.get("spec", {}).get("resources", {})
     nodes, per = r.get("nodes", 0), r.get("gpus_per_node", 0)
-    return f"{nodes}x{per}" + (f" {r['accelerator']}" if r.get("accelerator") else "")
+    models = r.get("accelerator") or "|".join(r.get("accelerators") or [])
+    return f"{nodes}x{per}" + (f" {models}" if models else "")
+
+
+def duration(seconds: float) -> str:
+    """5400 → '1h30m', 90 → '1m30s', 0.5 → '0.5s'."""
+    if seconds < 60 and seconds != int(seconds):
+        return f"{seconds:g}s"
+    left = int(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"
+
+
+def accelerators(r: dict[str, Any]) -> str:
+    """What a job accepts, in words: 'H100 or A100, >= 80 GB, nvidia' or 'any model'."""
+    if r.get("gpus_per_node") == 0:
+        return "no GPU (CPU task)"
+    parts = [r.get("accelerator") or " or ".join(r.get("accelerators") or []) or "any model"]
+    if r.get("min_memory_gb"):
+        parts.append(f">= {r['min_memory_gb']} GB")
+    if r.get("min_compute_capability"):
+        parts.append(f"cc >= {r['min_compute_capability']}")
+    if r.get("vendor"):
+        parts.append(r["vendor"])
+    if r.get("allow_mixed"):
+        parts.append("models may mix")
+    return ", ".join(parts)
 
 
 def jobs_table(jobs: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
@@ -80,11 +110,25 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
          + (" — cancel requested" if job.get("cancel_requested") and job["state"] not in
             ("cancelled", "succeeded", "failed") else "")),
         ("team/user", f"{job['team']}/{job['user']}"),
-        ("resources", f"{r.get('nodes')} node(s) x {r.get('gpus_per_node')} GPU(s)"
-         + f" of {r.get('accelerator') or 'any model'}"),
+        ("resources", f"{r.get('nodes')} node(s) x {r.get('gpus_per_node')} GPU(s) of {accelerators(r)}"
+         + (f", {r['cpus_per_node']} CPUs per node" if r.get("cpus_per_node") else "")),
+        ("queue", (spec.get("queue") or "default")
+         + (f", class {spec['priority_class']}" if spec.get("priority_class") else "")
+         + (f", priority {spec['priority']}" if spec.get("priority") else "")),
         ("command", " ".join(spec.get("command", []))),
         ("created", local_time(job.get("created_at"))),
     ]
+    topology = spec.get("topology") or {}
+    if topology.get("tier"):
+        how = ("required" if topology.get("required") else
+               f"waits up to {duration(topology.get('wait_s') or 0)}" if topology.get("wait_s") else "preferred")
+        lines.append(("topology", f"within one {topology['tier']} ({how})"))
+    if spec.get("time_limit_s"):
+        lines.append(("limit", f"{duration(spec['time_limit_s'])} per attempt"))
+    if spec.get("max_restarts"):
+        lines.append(("restarts", f"{job.get('restarts', 0)} of {spec['max_restarts']}"))
+    if job.get("preempted_by"):
+        lines.append(("preempted", "by " + ", ".join(job["preempted_by"])))
     if job.get("started_at"):
         lines.append(("started", local_time(job["started_at"])))
     if job.get("finished_at"):
@@ -99,8 +143,9 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
     if job.get("placement"):
         print("placement:", file=stream)
         for a in job["placement"]:
-            print(f"  {a['node_id']}  node_rank {a['node_rank']}  gpus {','.join(map(str, a['gpu_indices']))}"
-                  f"  ranks {','.join(map(str, a['ranks']))}", file=stream)
+            print(f"  {a['node_id']}  node_rank {a['node_rank']}  gpus {','.join(map(str, a['gpu_indices'])) or '-'}"
+                  f"  ranks {','.join(map(str, a['ranks']))}" + (f"  {a['model']}" if a.get("model") else ""),
+                  file=stream)
     failed = [e for e in job.get("exits", []) if e.get("exit_code") or e.get("signal")]
     if failed:
         print("failed workers:", file=stream)
@@ -111,3 +156,23 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
         print("events:", file=stream)
         for e in job["events"]:
             print(f"  {local_time(e.get('at'))}  {e['kind']}: {e['message']}", file=stream)
+
+
+def queues_table(queues: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+    rows = [[q["name"], str(q["tier"]), str(q["max_gpus"]) if q.get("max_gpus") else "-",
+             ",".join(f"{k}={v}" for k, v in sorted(q.get("node_labels", {}).items())) or "-",
+             q.get("description", "")] for q in queues]
+    table(["QUEUE", "TIER", "MAX GPUS", "NODE LABELS", "DESCRIPTION"], rows, out)
+
+
+def quotas_table(quotas: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+    rows = []
+    for q in quotas:
+        limits = sorted(q.get("limits", {}).items(), key=lambda kv: (kv[0] == "*", kv[0]))
+        if not limits:
+            rows.append([q["team"], f"{q['weight']:g}", "-", "-", "-"])
+        for model, limit in limits:
+            borrow = limit.get("borrow_limit")
+            rows.append([q["team"], f"{q['weight']:g}", "* (any)" if model == "*" else model, str(limit["nominal"]),
+                         "unlimited" if borrow is None else str(borrow)])
+    table(["TEAM", "WEIGHT", "MODEL", "NOMINAL", "BORROW LIMIT"], rows, out)

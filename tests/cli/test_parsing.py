@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from trainyard_cli.commands import _submit_overrides
 from trainyard_cli.errors import UsageError
 from trainyard_cli.main import build_parser, main
-from trainyard_cli.spec import build_spec, load_spec_file, parse_pairs
+from trainyard_cli.spec import build_spec, load_spec_file, parse_duration, parse_limits, parse_pairs
 
 FLAGS = {"file_spec": None, "name": None, "command": (), "nodes": None, "gpus_per_node": None,
          "accelerator": None, "env": {}, "labels": {}, "working_dir": None, "queue": None, "priority": None,
@@ -116,3 +117,97 @@ def test_local_subcommand_when_its_module_is_missing(monkeypatch: pytest.MonkeyP
     assert main(["local", "up"]) == 2
     assert "trainyard_cli.local is missing" in capsys.readouterr().err
     assert main(["--help"]) == 0  # the other commands are unaffected
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90.0), ("2.5", 2.5), ("45s", 45.0), ("10m", 600.0), ("1h30m", 5400.0), ("2d", 172800.0),
+    ("1.5h", 5400.0), ("1d2h3m4s", 93784.0), (" 1H ", 3600.0),
+])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "1x", "1h 30m", "-1m", "ten", "1h-30m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="duration like"):
+        parse_duration(text)
+
+
+def test_quota_limits() -> None:
+    assert parse_limits(["H100-SXM5-80GB=64:32", "*=8", "A100=0:0"]) == {
+        "H100-SXM5-80GB": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8},
+        "A100": {"nominal": 0, "borrow_limit": 0}}
+    for bad in ("H100", "=8", "H100=x", "H100=8:y", "H100=8:"):
+        if bad == "H100=8:":
+            assert parse_limits([bad]) == {"H100": {"nominal": 8}}  # an empty borrow part: no limit
+            continue
+        with pytest.raises(UsageError, match="--limit expects MODEL=NOMINAL"):
+            parse_limits([bad])
+
+
+def test_new_submit_flags_build_the_spec() -> None:
+    args = build_parser().parse_args([
+        "submit", "--name", "big", "--nodes", "4", "--gpus-per-node", "8",
+        "--accelerators", "H100-SXM5-80GB, A100-SXM4-80GB", "--min-memory-gb", "40", "--min-cc", "8.0",
+        "--vendor", "nvidia", "--allow-mixed", "--cpus-per-node", "16", "--speed-hint", "H100-SXM5-80GB=2.5",
+        "--priority-class", "high", "--topology-tier", "leaf", "--topology-wait", "10m",
+        "--preempt-signal", "usr1", "--preempt-grace", "2m", "--restart-backoff", "0", "--time-limit", "1h30m",
+        "--", "python", "train.py"])
+    spec = build_spec(**{**FLAGS, "name": args.name, "command": args.command[1:], "nodes": args.nodes,
+                         "gpus_per_node": args.gpus_per_node, "overrides": _submit_overrides(args)})
+    assert spec == {
+        "name": "big", "command": ["python", "train.py"],
+        "resources": {"nodes": 4, "gpus_per_node": 8, "accelerators": ["H100-SXM5-80GB", "A100-SXM4-80GB"],
+                      "min_memory_gb": 40, "min_compute_capability": "8.0", "vendor": "nvidia",
+                      "allow_mixed": True, "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5}},
+        "priority_class": "high", "topology": {"tier": "leaf", "wait_s": 600.0},
+        "preemption": {"signal": "SIGUSR1", "grace_s": 120.0}, "restart_backoff_s": 0.0, "time_limit_s": 5400.0}
+    plain = build_parser().parse_args(["submit", "--name", "n", "--", "true"])
+    assert build_spec(**{**FLAGS, "name": "n", "command": ["true"], "overrides": _submit_overrides(plain)}) == {
+        "name": "n", "command": ["true"], "resources": {"nodes": 1, "gpus_per_node": 1}}  # nothing else sent
+
+
+def test_spec_file_durations_and_flags_merge_into_nested_fields(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: f\ncommand: [x]\nresources: {nodes: 1, gpus_per_node: 0}\n"
+                    "topology: {tier: zone, wait_s: 1h}\npreemption: {signal: SIGUSR2, grace_s: 90s}\n"
+                    "time_limit_s: 2d\nrestart_backoff_s: 30\n")
+    spec = build_spec(**{**FLAGS, "file_spec": load_spec_file(str(path)),
+                         "overrides": {"topology.required": True, "resources.cpus_per_node": 4}})
+    assert spec["topology"] == {"tier": "zone", "wait_s": 3600.0, "required": True}
+    assert spec["preemption"] == {"signal": "SIGUSR2", "grace_s": 90.0}
+    assert (spec["time_limit_s"], spec["restart_backoff_s"]) == (172800.0, 30)
+    assert spec["resources"] == {"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 4}
+    path.write_text("name: f\ncommand: [x]\ntime_limit_s: soon\n")
+    with pytest.raises(UsageError, match="time_limit_s in the spec file: expected seconds or a duration"):
+        build_spec(**{**FLAGS, "file_spec": load_spec_file(str(path))})
+    path.write_text("name: f\ncommand: [x]\ntopology: leaf\n")
+    with pytest.raises(UsageError, match="topology in the spec file must be a mapping"):
+        build_spec(**{**FLAGS, "file_spec": load_spec_file(str(path)), "overrides": {"topology.required": True}})
+
+
+async def test_new_usage_errors_exit_2(cli: Any) -> None:
+    for argv, needle in [
+        (("submit", "--name", "x", "--time-limit", "soon", "--", "true"), "--time-limit: expected seconds"),
+        (("submit", "--name", "x", "--topology-tier", "rack", "--", "true"), "invalid choice: 'rack'"),
+        (("submit", "--name", "x", "--preempt-signal", "KILL", "--", "true"), "invalid choice: 'SIGKILL'"),
+        (("submit", "--name", "x", "--min-memory-gb", "lots", "--", "true"), "invalid int value"),
+        (("submit", "--name", "x", "--speed-hint", "H100", "--url", "http://127.0.0.1:9", "--token", "t",
+          "--", "true"), "--speed-hint expects MODEL=FACTOR"),
+        (("quotas", "set", "vision", "--limit", "H100", "--url", "http://127.0.0.1:9", "--token", "t"),
+         "--limit expects MODEL=NOMINAL"),
+        (("queues", "set", "batch", "--node-label", "=x", "--url", "http://127.0.0.1:9", "--token", "t"),
+         "--node-label expects KEY=VALUE"),
+        (("queues", "delete"), "name"),
+        (("quotas", "get"), "team"),
+    ]:
+        r = await cli(*argv)
+        assert r.rc == 2 and needle in r.err, (argv, r.err)
+        assert "Traceback" not in r.err
+
+
+async def test_help_lists_the_policy_commands(cli: Any) -> None:
+    r = await cli("--help")
+    assert "queues" in r.out and "quotas" in r.out
+    r = await cli("quotas", "--help")
+    assert r.rc == 0 and "MODEL=NOMINAL[:BORROW_LIMIT]" in r.out

@@ -17,7 +17,7 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 def test_two_node_torch_job_succeeds_and_logs_show_both_ranks(api: Api) -> None:
     job = api.submit({"name": "allreduce", "command": [sys.executable, str(PROGRAMS / "allreduce.py")],
-                      "resources": {"nodes": 2, "gpus_per_node": 1}})
+                      "resources": {"nodes": 2, "gpus_per_node": 1, "allow_mixed": True}})
     assert job["state"] == "pending"
     done = api.wait(job["id"], {"succeeded"}, timeout=120)
     assert sorted(e["rank"] for e in done["exits"]) == [0, 1]

@@ -122,3 +122,69 @@ async def test_nodes_and_health(gw: RunningGateway, scheduler: Cluster) -> None:
         health = await http.get("/healthz")
     assert [(n["node_id"], n["gpus_total"], n["models"]) for n in nodes] == [("node-a", 4, ["A100-SXM4-40GB"])]
     assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+FULL_SPEC: dict[str, Any] = {
+    **SPEC, "name": "policy-fields", "priority_class": "high", "time_limit_s": 5400, "restart_backoff_s": 0,
+    "max_restarts": 3,
+    "resources": {"nodes": 2, "gpus_per_node": 4, "accelerators": ["H100-SXM5-80GB", "A100-SXM4-80GB"],
+                  "min_memory_gb": 40, "min_compute_capability": "8.0", "vendor": "nvidia", "allow_mixed": True,
+                  "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1}},
+    "topology": {"tier": "leaf", "wait_s": 600},
+    "preemption": {"signal": "SIGUSR1", "grace_s": 60},
+}
+
+
+async def test_new_spec_fields_round_trip(gw: RunningGateway) -> None:
+    async with gw.client(gw.admin_token) as http:
+        submitted = await http.post("/v1/jobs", json=FULL_SPEC)
+        assert submitted.status_code == 201, submitted.text
+        got = (await http.get(f"/v1/jobs/{submitted.json()['id']}")).json()
+        plain = (await http.post("/v1/jobs", json=SPEC)).json()
+        cpu = await http.post("/v1/jobs", json={**SPEC, "resources": {"nodes": 2, "gpus_per_node": 0,
+                                                                       "cpus_per_node": 8}})
+    spec = got["spec"]
+    assert spec["resources"] == {**FULL_SPEC["resources"], "accelerator": "",
+                                 "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1.0}}
+    assert spec["topology"] == {"tier": "leaf", "required": False, "wait_s": 600.0}
+    assert spec["preemption"] == {"signal": "SIGUSR1", "grace_s": 60.0}
+    assert (spec["priority_class"], spec["time_limit_s"], spec["restart_backoff_s"]) == ("high", 5400.0, 0.0)
+    assert (got["restarts"], got["preempted_by"], got["not_before"], got["last_checkpoint_at"]) == (0, [], None, None)
+    assert got["queued_at"] == got["created_at"] and got["spec"] == submitted.json()["spec"]
+    # Absent fields get the scheduler's defaults.
+    assert plain["spec"]["restart_backoff_s"] == 10.0 and plain["spec"]["preemption"] == {"signal": "SIGTERM",
+                                                                                           "grace_s": 0.0}
+    assert (plain["spec"]["queue"], plain["spec"]["priority_class"], plain["spec"]["topology"]["tier"]) == (
+        "default", "", "")
+    assert cpu.status_code == 201 and cpu.json()["spec"]["resources"]["gpus_per_node"] == 0  # no nodes yet: waits
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"topology": {"tier": "island"}}, "topology.tier"),
+        ({"topology": {"tier": "leaf", "wait_s": -1}}, "topology.wait_s"),
+        ({"topology": {"required": True}}, "topology.required needs topology.tier"),
+        ({"preemption": {"signal": "SIGKILL"}}, "preemption.signal"),
+        ({"preemption": {"grace_s": 3601}}, "preemption.grace_s"),
+        ({"time_limit_s": "1h"}, "time_limit_s"),
+        ({"restart_backoff_s": 3601}, "restart_backoff_s"),
+        ({"priority_class": "vip"}, "priority_class 'vip' is not defined"),
+        ({"queue": "nope"}, "queue 'nope' does not exist"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 1, "speed_hints": {"H100": 0}}}, "resources.speed_hints"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 1, "min_compute_capability": "9"}},
+         "resources.min_compute_capability"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 1, "allow_mixed": "yes"}}, "resources.allow_mixed"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 1, "accelerators": ["a"] * 17}}, "resources.accelerators"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 1, "accelerator": "H100", "accelerators": ["A100"]}},
+         "not both"),
+        ({"resources": {"nodes": 1, "gpus_per_node": 0, "accelerator": "H100"}}, "CPU task"),
+    ],
+)
+async def test_bad_new_fields_are_400_naming_the_field(gw: RunningGateway, change: dict[str, Any],
+                                                       needle: str) -> None:
+    async with gw.client(gw.admin_token) as http:
+        reply = await http.post("/v1/jobs", json={**SPEC, **change})
+        assert reply.status_code == 400, reply.text
+        assert needle in reply.json()["error"]["message"], reply.text
+        assert (await http.get("/v1/jobs")).json()["jobs"] == []

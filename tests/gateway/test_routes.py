@@ -18,7 +18,14 @@ SPEC = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1
         "resources": {"nodes": 2, "gpus_per_node": 4, "accelerator": "H100-SXM5-80GB"},
         "labels": {"project": "llm"}}
 JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code", "message", "cancel_requested",
-            "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at"}
+            "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at", "restarts",
+            "queued_at", "not_before", "preempted_by", "last_checkpoint_at"}
+# What the API shows for the spec fields a submit leaves out.
+SPEC_DEFAULTS = {"working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0, "priority_class": "",
+                 "topology": {"tier": "", "required": False, "wait_s": 0.0},
+                 "preemption": {"signal": "SIGTERM", "grace_s": 0.0}, "restart_backoff_s": 10.0, "time_limit_s": 0.0}
+RESOURCES_DEFAULTS = {"accelerators": [], "min_memory_gb": 0, "min_compute_capability": "", "vendor": "",
+                      "allow_mixed": False, "cpus_per_node": 0, "speed_hints": {}}
 SLEEP = python("import time; time.sleep(120)")
 
 
@@ -34,7 +41,7 @@ async def test_submit_passes_team_user_and_idempotency_key(live_gateway: Running
     assert set(job) == JOB_KEYS
     assert (job["state"], job["team"], job["user"], job["name"]) == ("pending", "vision", "alice", "train-1")
     # The scheduler files a job without a queue under "default".
-    assert job["spec"] == {**SPEC, "working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0}
+    assert job["spec"] == {**SPEC, **SPEC_DEFAULTS, "resources": {**SPEC["resources"], **RESOURCES_DEFAULTS}}
     assert job["exit_code"] is None and job["placement"] == [] and job["finished_at"] is None
     assert datetime.fromisoformat(job["created_at"]).tzinfo is not None
     method, request = scheduler.calls.calls[0]
@@ -118,7 +125,8 @@ async def test_job_json_of_a_finished_job(cluster_gateway: RunningGateway, clust
     node = body["placement"][0]["node_id"]
     assert node in cluster.agents
     assert (body["state"], body["exit_code"], body["message"]) == ("failed", 3, f"rank 1 on {node} exited with code 3")
-    assert body["placement"] == [{"node_id": node, "node_rank": 0, "gpu_indices": [0, 1], "ranks": [0, 1]}]
+    assert body["placement"] == [{"node_id": node, "node_rank": 0, "gpu_indices": [0, 1], "ranks": [0, 1],
+                                  "model": "A100-SXM4-40GB", "cpus": 0}]
     assert [e["rank"] for e in body["exits"]] == [0, 1]
     failed = body["exits"][1]
     assert datetime.fromisoformat(failed.pop("exited_at")).tzinfo is not None

@@ -4,6 +4,8 @@ limits, the two-gangs-on-too-few-nodes deadlock, and a leader SIGKILLed while jo
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import signal
 import subprocess
@@ -129,8 +131,8 @@ async def test_restart_policy_retries_with_backoff_then_fails_with_the_reason(
         requeues = [e.at for e in failed.events if e.kind == "pending"]
         assert requeues[0] - restarts[0] >= 0.2 and requeues[1] - restarts[1] >= 0.4
 
-        flaky = await submit(repo, job([PY, "-c", "import os; raise SystemExit(os.environ['TRAINYARD_ATTEMPT'] == '1')"],
-                                       gpus=1, max_restarts=1, restart_backoff_s=0.1))
+        flaky_code = "import os; raise SystemExit(os.environ['TRAINYARD_ATTEMPT'] == '1')"
+        flaky = await submit(repo, job([PY, "-c", flaky_code], gpus=1, max_restarts=1, restart_backoff_s=0.1))
         ok = await wait_for(repo, flaky, JobState.SUCCEEDED)
         assert ok.attempt == 2 and ok.restarts == 1
     finally:
@@ -223,13 +225,12 @@ async def test_leader_sigkilled_while_placing_standby_finishes_without_double_pl
         assert all(j.attempt == 1 for j in done), [(j.id, j.attempt) for j in done]
         spans: dict[str, list[tuple[float, float]]] = {}
         for f in log_dir.iterdir():
-            import json
             gpu, start, end = json.loads(f.read_text())
             spans.setdefault(gpu, []).append((start, end))
         assert sum(len(v) for v in spans.values()) == len(ids)  # each job ran once
         for gpu, runs in spans.items():
             runs.sort()
-            assert all(b[0] >= a[1] for a, b in zip(runs, runs[1:], strict=False)), f"GPU {gpu} in two gangs"
+            assert all(b[0] >= a[1] for a, b in itertools.pairwise(runs)), f"GPU {gpu} in two gangs"
     finally:
         await agent.stop(kill_workers=True)
         for p in procs:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainyard_scheduler.domain.models import Allocation, JobState, NodeAssignment
-from trainyard_scheduler.policy.place import choose_master_port, place
 from trainyard_scheduler.domain.queues import PolicyConfig
+from trainyard_scheduler.policy.place import choose_master_port, place
 from trainyard_scheduler.policy.registry import build_profile
 
 from .builders import NOW, make_job, make_node, snapshot

@@ -29,7 +29,7 @@ from trainyard_core.store.etcd import EtcdStore
 from . import http_errors
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
-from .routers import health, jobs, nodes, tokens
+from .routers import health, jobs, nodes, queues, quotas, tokens
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
 from .tokens import TokenStore
@@ -50,7 +50,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None)
     app.state.deps = deps
     http_errors.install(app)
-    for module in (health, jobs, nodes, tokens):
+    for module in (health, jobs, nodes, queues, quotas, tokens):
         app.include_router(module.router)
     return app
 

@@ -1,4 +1,4 @@
-"""grpc.aio clients of the scheduler (jobs, nodes) and of the node agents (logs).
+"""grpc.aio clients of the scheduler (jobs, nodes, queues and quotas) and of the node agents (logs).
 
 They take and return API models (conversion in `convert`), so routers never see protobuf. Every failed
 call is turned into the domain error it stands for (`from_rpc_error`), which the gateway's one error
@@ -16,7 +16,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
-from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.rpc.server import insecure_channel
 
@@ -24,6 +24,8 @@ from . import convert
 from .schemas.jobs import Job, JobList, JobSubmit
 from .schemas.logs import LogLine
 from .schemas.nodes import Node
+from .schemas.queues import Queue, QueuePut
+from .schemas.quotas import Quota, QuotaPut
 
 T = TypeVar("T")
 
@@ -36,11 +38,13 @@ async def _call(what: str, call: Awaitable[T]) -> T:
 
 
 class SchedulerClient:
-    """JobService and NodeService of the scheduler. `team` empty means: every team (admin callers)."""
+    """JobService, NodeService and PolicyService of the scheduler. `team` empty means: every team (admin
+    callers)."""
 
     def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float) -> None:
         self._jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         self._nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
+        self._policy = policy_pb2_grpc.PolicyServiceStub(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout_s
 
@@ -82,6 +86,41 @@ class SchedulerClient:
         request = scheduler_pb2.CordonNodeRequest(node_id=node_id, cordoned=cordoned, reason=reason)
         reply = await _call("scheduler", self._nodes.CordonNode(request, timeout=self._timeout))
         return convert.node_from_pb(reply.node)
+
+    async def list_queues(self) -> list[Queue]:
+        reply = await _call("scheduler", self._policy.ListQueues(policy_pb2.ListQueuesRequest(),
+                                                                 timeout=self._timeout))
+        return [convert.queue_from_pb(q) for q in reply.queues]
+
+    async def put_queue(self, name: str, body: QueuePut) -> tuple[Queue, bool]:
+        request = policy_pb2.PutQueueRequest(queue=convert.queue_to_pb(name, body))
+        reply = await _call("scheduler", self._policy.PutQueue(request, timeout=self._timeout))
+        return convert.queue_from_pb(reply.queue), reply.created
+
+    async def delete_queue(self, name: str) -> Queue:
+        reply = await _call("scheduler", self._policy.DeleteQueue(policy_pb2.DeleteQueueRequest(name=name),
+                                                                  timeout=self._timeout))
+        return convert.queue_from_pb(reply.queue)
+
+    async def list_quotas(self, *, team: str) -> list[Quota]:
+        reply = await _call("scheduler", self._policy.ListQuotas(policy_pb2.ListQuotasRequest(team=team),
+                                                                 timeout=self._timeout))
+        return [convert.quota_from_pb(q) for q in reply.quotas]
+
+    async def get_quota(self, team: str) -> Quota:
+        reply = await _call("scheduler", self._policy.GetQuota(policy_pb2.GetQuotaRequest(team=team),
+                                                               timeout=self._timeout))
+        return convert.quota_from_pb(reply.quota)
+
+    async def put_quota(self, team: str, body: QuotaPut) -> tuple[Quota, bool]:
+        request = policy_pb2.PutQuotaRequest(quota=convert.quota_to_pb(team, body))
+        reply = await _call("scheduler", self._policy.PutQuota(request, timeout=self._timeout))
+        return convert.quota_from_pb(reply.quota), reply.created
+
+    async def delete_quota(self, team: str) -> Quota:
+        reply = await _call("scheduler", self._policy.DeleteQuota(policy_pb2.DeleteQuotaRequest(team=team),
+                                                                  timeout=self._timeout))
+        return convert.quota_from_pb(reply.quota)
 
     async def check_health(self, timeout_s: float) -> str:
         """'' when the scheduler answers SERVING, else why not."""

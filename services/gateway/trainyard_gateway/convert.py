@@ -1,4 +1,4 @@
-"""The only pb ↔ API-model mapping of the gateway (jobs, nodes, log lines, tokens)."""
+"""The only pb ↔ API-model mapping of the gateway (jobs, nodes, queues, quotas, log lines, tokens)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from trainyard.gateway.v1 import gateway_pb2
 
 from .schemas import jobs as js
 from .schemas import nodes as ns
+from .schemas import queues as qs
+from .schemas import quotas
 from .schemas.logs import LogLine
 from .schemas.tokens import Token
 from .tokens import TokenRecord
@@ -22,6 +24,8 @@ _JOB_STATES = frozenset(get_args(js.JobState))
 _NODE_STATES = frozenset(get_args(ns.NodeState))
 _GPU_HEALTH = frozenset(get_args(ns.GpuHealth))
 TERMINAL_EXIT_STATES = frozenset({"succeeded", "failed"})
+# What the scheduler uses when a job leaves restart_backoff_s unset (only an older scheduler answers so).
+DEFAULT_RESTART_BACKOFF_S = 10.0
 
 
 def _enum_name(value: int, enum: str, all_names: frozenset[str], descriptor: EnumDescriptor) -> str:
@@ -50,21 +54,38 @@ def job_state_from_name(name: str) -> int:
 
 
 def spec_to_pb(spec: js.JobSubmit) -> types_pb2.JobSpec:
+    r = spec.resources
     return types_pb2.JobSpec(
         name=spec.name, command=spec.command, env=spec.env,
-        resources=types_pb2.Resources(nodes=spec.resources.nodes, gpus_per_node=spec.resources.gpus_per_node,
-                                      accelerator=spec.resources.accelerator),
+        resources=types_pb2.Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator,
+                                      accelerators=r.accelerators, min_memory_gb=r.min_memory_gb,
+                                      min_compute_capability=r.min_compute_capability, vendor=r.vendor,
+                                      allow_mixed=r.allow_mixed, cpus_per_node=r.cpus_per_node,
+                                      speed_hints=r.speed_hints),
         working_dir=spec.working_dir, queue=spec.queue, priority=spec.priority,
-        max_restarts=spec.max_restarts, labels=spec.labels)
+        max_restarts=spec.max_restarts, labels=spec.labels, priority_class=spec.priority_class,
+        topology=types_pb2.TopologyRequest(tier=spec.topology.tier, required=spec.topology.required,
+                                           wait_s=spec.topology.wait_s),
+        preemption=types_pb2.PreemptionPolicy(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
+        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s)
 
 
 def spec_from_pb(spec: types_pb2.JobSpec) -> js.JobSpec:
     r = spec.resources
     return js.JobSpec(
         name=spec.name, command=list(spec.command), env=dict(spec.env),
-        resources=js.Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator),
+        resources=js.Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator,
+                               accelerators=list(r.accelerators), min_memory_gb=r.min_memory_gb,
+                               min_compute_capability=r.min_compute_capability, vendor=r.vendor,
+                               allow_mixed=r.allow_mixed, cpus_per_node=r.cpus_per_node,
+                               speed_hints=dict(r.speed_hints)),
         working_dir=spec.working_dir, queue=spec.queue, priority=spec.priority,
-        max_restarts=spec.max_restarts, labels=dict(spec.labels))
+        max_restarts=spec.max_restarts, labels=dict(spec.labels), priority_class=spec.priority_class,
+        topology=js.Topology(tier=spec.topology.tier, required=spec.topology.required,
+                             wait_s=spec.topology.wait_s),
+        preemption=js.Preemption(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
+        restart_backoff_s=spec.restart_backoff_s if spec.HasField("restart_backoff_s") else DEFAULT_RESTART_BACKOFF_S,
+        time_limit_s=spec.time_limit_s)
 
 
 def job_from_pb(job: types_pb2.Job) -> js.Job:
@@ -75,12 +96,38 @@ def job_from_pb(job: types_pb2.Job) -> js.Job:
         exit_code=job.exit_code if state in TERMINAL_EXIT_STATES else None,
         message=job.message, cancel_requested=job.cancel_requested,
         placement=[js.NodeAssignment(node_id=a.node_id, node_rank=a.node_rank, gpu_indices=list(a.gpu_indices),
-                                     ranks=list(a.ranks)) for a in job.placement],
+                                     ranks=list(a.ranks), model=a.model, cpus=a.cpus) for a in job.placement],
         exits=[js.WorkerExit(rank=e.rank, node_id=e.node_id, exit_code=e.exit_code, signal=e.signal,
                              exited_at=_time(e.exited_at)) for e in job.exits],
         events=[js.JobEvent(at=_time(e.at), kind=e.kind, message=e.message) for e in job.events],
         created_at=_time(job.created_at), updated_at=_time(job.updated_at),
-        started_at=_time(job.started_at), finished_at=_time(job.finished_at))
+        started_at=_time(job.started_at), finished_at=_time(job.finished_at), restarts=job.restarts,
+        queued_at=_time(job.queued_at), not_before=_time(job.not_before), preempted_by=list(job.preempted_by),
+        last_checkpoint_at=_time(job.last_checkpoint_at))
+
+
+def queue_to_pb(name: str, body: qs.QueuePut) -> types_pb2.QueueConfig:
+    return types_pb2.QueueConfig(name=name, tier=body.tier, node_labels=body.node_labels, max_gpus=body.max_gpus,
+                                 description=body.description)
+
+
+def queue_from_pb(queue: types_pb2.QueueConfig) -> qs.Queue:
+    return qs.Queue(name=queue.name, tier=queue.tier, node_labels=dict(queue.node_labels), max_gpus=queue.max_gpus,
+                    description=queue.description)
+
+
+def quota_to_pb(team: str, body: quotas.QuotaPut) -> types_pb2.TeamQuota:
+    return types_pb2.TeamQuota(team=team, weight=body.weight, limits={
+        model: types_pb2.QuotaLimit(nominal=limit.nominal, borrow_limit=limit.borrow_limit)
+        for model, limit in body.limits.items()})
+
+
+def quota_from_pb(quota: types_pb2.TeamQuota) -> quotas.Quota:
+    return quotas.Quota(
+        team=quota.team, weight=quota.weight if quota.HasField("weight") else 1.0,
+        limits={model: quotas.QuotaLimit(nominal=x.nominal,
+                                         borrow_limit=x.borrow_limit if x.HasField("borrow_limit") else None)
+                for model, x in quota.limits.items()})
 
 
 def node_from_pb(node: types_pb2.Node) -> ns.Node:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import socket
 
-from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store.api import Store
@@ -16,6 +16,7 @@ from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
 from .grpc.agent_client import GrpcAgents
+from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
 from .leadership import Leadership
 from .liveness import NodeLiveness
@@ -23,6 +24,7 @@ from .policy.registry import ProfileSpec, build_profile
 from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
+from .state.policy_repository import PolicyRepository
 from .state.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -54,13 +56,17 @@ class SchedulerApp:
         repo = Repository(self.store, self.keys,
                           fence=lambda: election_holder[0].fence())
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms)
-        job_servicer = JobServicer(repo, self.clock, self._mirror.changed)
+        job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
+                                   priority_classes=list(s.priority_classes))
+        policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
 
         def register(server: object) -> None:
             scheduler_pb2_grpc.add_JobServiceServicer_to_server(job_servicer, server)
             scheduler_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
+            policy_pb2_grpc.add_PolicyServiceServicer_to_server(policy_servicer, server)
 
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
+        names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                service_names=names)
         self.grpc_port = self._server.port

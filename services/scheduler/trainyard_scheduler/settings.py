@@ -11,13 +11,14 @@ from trainyard_core.settings import BaseSettings
 
 from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
 
-# Dense BF16 training throughput relative to an A100, roughly; a site should measure its own.
+# Dense BF16 training throughput relative to an A100, roughly; a site should measure its own. Keys are the
+# model names agents report (NVML's name, vendor prefix dropped, spaces as dashes).
 DEFAULT_SPEED_FACTORS = {
-    "NVIDIA A100-SXM4-80GB": 1.0,
-    "NVIDIA A100-SXM4-40GB": 1.0,
-    "NVIDIA H100 80GB HBM3": 3.0,
-    "NVIDIA L40S": 0.9,
-    "AMD Instinct MI300X": 2.5,
+    "A100-SXM4-80GB": 1.0,
+    "A100-SXM4-40GB": 1.0,
+    "H100-80GB-HBM3": 3.0,
+    "L40S": 0.9,
+    "Instinct-MI300X": 2.5,
 }
 
 

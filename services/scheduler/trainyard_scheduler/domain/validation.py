@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from trainyard_core.errors import InvalidArgument
 
-from .models import JobSpec, Node
+from .models import Gpu, JobSpec, Node, Resources
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -30,6 +31,22 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_LABELS = 64
 PRIORITY_RANGE = (-1000, 1000)
 MAX_RESTARTS = 100
+MAX_ACCELERATORS = 16
+MAX_MODEL_NAME = 64
+MAX_MEMORY_GB = 4096
+CC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,2}$")
+MAX_VENDOR = 32
+MAX_CPUS_PER_NODE = 4096
+MAX_SPEED_HINTS = 32
+MAX_SPEED_HINT = 1000.0
+# Topology tiers a job may ask for: the NVLink island is not a gang's to ask (placement packs a node's
+# share into one island anyway) and "cluster" is no constraint at all.
+TOPOLOGY_TIERS = ("", "node", "leaf", "spine", "zone")
+MAX_TOPOLOGY_WAIT_S = 7 * 86400
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+MAX_GRACE_S = 3600
+MAX_RESTART_BACKOFF_S = 3600
+MAX_TIME_LIMIT_S = 365 * 86400
 
 
 def validate_spec(spec: JobSpec) -> None:
@@ -52,13 +69,7 @@ def _problems(spec: JobSpec) -> Iterable[str]:
         yield f"command is longer than {MAX_COMMAND_BYTES} bytes"
     if any("\0" in a for a in spec.command):
         yield "command arguments must not contain NUL characters"
-    r = spec.resources
-    if not 1 <= r.nodes <= MAX_NODES:
-        yield f"resources.nodes must be between 1 and {MAX_NODES}, got {r.nodes}"
-    if not 1 <= r.gpus_per_node <= MAX_GPUS_PER_NODE:
-        yield f"resources.gpus_per_node must be between 1 and {MAX_GPUS_PER_NODE}, got {r.gpus_per_node}"
-    if len(r.accelerator) > 64:
-        yield "resources.accelerator must be at most 64 characters"
+    yield from _resource_problems(spec.resources)
     if len(spec.env) > MAX_ENV_VARS:
         yield f"env has {len(spec.env)} variables; at most {MAX_ENV_VARS} are allowed"
     for key, value in spec.env.items():
@@ -82,6 +93,90 @@ def _problems(spec: JobSpec) -> Iterable[str]:
     for key, value in spec.labels.items():
         if not LABEL_KEY_RE.match(key) or len(value) > 253:
             yield f"label {key!r} must be a short name of letters, digits, '.', '_', '/' or '-'"
+    if spec.priority_class and not NAME_RE.match(spec.priority_class):
+        yield (f"priority_class {spec.priority_class[:80]!r} must be 1-63 characters of letters, digits, '.', "
+               "'_' or '-' (or empty for the default class)")
+    yield from _policy_problems(spec)
+
+
+def _seconds_problem(field: str, value: float, limit: float, zero: str) -> str | None:
+    if not math.isfinite(value) or not 0 <= value <= limit:
+        return f"{field} must be between 0 ({zero}) and {limit:g} seconds, got {value:g}"
+    return None
+
+
+def _resource_problems(r: Resources) -> Iterable[str]:
+    if not 1 <= r.nodes <= MAX_NODES:
+        yield f"resources.nodes must be between 1 and {MAX_NODES}, got {r.nodes}"
+    if not 0 <= r.gpus_per_node <= MAX_GPUS_PER_NODE:
+        yield (f"resources.gpus_per_node must be between 0 (a CPU task, on CPU-only nodes) and "
+               f"{MAX_GPUS_PER_NODE}, got {r.gpus_per_node}")
+    if len(r.accelerator) > MAX_MODEL_NAME:
+        yield f"resources.accelerator must be at most {MAX_MODEL_NAME} characters"
+    if r.accelerator and r.accelerators:
+        yield ("resources: give either accelerator (one exact model) or accelerators (any of several), "
+               "not both")
+    if len(r.accelerators) > MAX_ACCELERATORS:
+        yield f"resources.accelerators lists {len(r.accelerators)} models; at most {MAX_ACCELERATORS} are allowed"
+    seen: set[str] = set()
+    for name in r.accelerators:
+        if not name.strip() or len(name) > MAX_MODEL_NAME:
+            yield f"resources.accelerators: each model name must be 1-{MAX_MODEL_NAME} characters, got {name[:80]!r}"
+        elif name in seen:
+            yield f"resources.accelerators lists {name!r} twice"
+        seen.add(name)
+    if not 0 <= r.min_memory_gb <= MAX_MEMORY_GB:
+        yield f"resources.min_memory_gb must be between 0 (any) and {MAX_MEMORY_GB}, got {r.min_memory_gb}"
+    if r.min_compute_capability and not CC_RE.match(r.min_compute_capability):
+        yield (f"resources.min_compute_capability must look like \"8.0\" or \"9.0\" (major.minor), got "
+               f"{r.min_compute_capability[:80]!r}")
+    if len(r.vendor) > MAX_VENDOR:
+        yield f"resources.vendor must be at most {MAX_VENDOR} characters (e.g. \"nvidia\", \"amd\")"
+    if not 0 <= r.cpus_per_node <= MAX_CPUS_PER_NODE:
+        yield f"resources.cpus_per_node must be between 0 and {MAX_CPUS_PER_NODE}, got {r.cpus_per_node}"
+    if len(r.speed_hints) > MAX_SPEED_HINTS:
+        yield f"resources.speed_hints has {len(r.speed_hints)} entries; at most {MAX_SPEED_HINTS} are allowed"
+    for model, factor in r.speed_hints.items():
+        if not model.strip() or len(model) > MAX_MODEL_NAME:
+            yield f"resources.speed_hints: model names must be 1-{MAX_MODEL_NAME} characters, got {model[:80]!r}"
+        if not math.isfinite(factor) or not 0 < factor <= MAX_SPEED_HINT:
+            yield (f"resources.speed_hints[{model[:80]!r}] must be > 0 and <= {MAX_SPEED_HINT:g} (relative "
+                   f"throughput per GPU), got {factor:g}")
+    if r.cpu_only:
+        asked = [name for name, value in (("accelerator", r.accelerator), ("accelerators", r.accelerators),
+                                          ("min_memory_gb", r.min_memory_gb),
+                                          ("min_compute_capability", r.min_compute_capability),
+                                          ("vendor", r.vendor)) if value]
+        if asked:
+            yield (f"resources.gpus_per_node=0 is a CPU task, which gets no GPU: remove resources."
+                   f"{', resources.'.join(asked)}, or ask for GPUs")
+
+
+def _policy_problems(spec: JobSpec) -> Iterable[str]:
+    t = spec.topology
+    if t.tier not in TOPOLOGY_TIERS:
+        yield (f"topology.tier {t.tier[:80]!r} must be one of node, leaf, spine, zone (or empty for no "
+               "constraint)")
+    if t.required and not t.tier:
+        yield "topology.required needs topology.tier (the domain the gang must fit in)"
+    problem = _seconds_problem("topology.wait_s", t.wait_s, MAX_TOPOLOGY_WAIT_S, "no wait")
+    if problem:
+        yield problem
+    elif t.wait_s and not t.tier:
+        yield "topology.wait_s needs topology.tier (the domain to wait for)"
+    elif t.wait_s and t.required:
+        yield ("topology.wait_s applies only when topology.required is false (required waits without a "
+               "limit); set one of them")
+    p = spec.preemption
+    if p.signal not in PREEMPTION_SIGNALS:
+        yield f"preemption.signal {p.signal[:80]!r} must be one of {', '.join(PREEMPTION_SIGNALS)}"
+    for problem_or_none in (
+        _seconds_problem("preemption.grace_s", p.grace_s, MAX_GRACE_S, "the scheduler's default grace"),
+        _seconds_problem("restart_backoff_s", spec.restart_backoff_s, MAX_RESTART_BACKOFF_S, "restart at once"),
+        _seconds_problem("time_limit_s", spec.time_limit_s, MAX_TIME_LIMIT_S, "no limit"),
+    ):
+        if problem_or_none:
+            yield problem_or_none
 
 
 def validate_team(team: str) -> None:
@@ -89,24 +184,136 @@ def validate_team(team: str) -> None:
         raise InvalidArgument(f"team {team!r} must be 1-63 lower-case letters, digits or '-'")
 
 
+def check_priority_class(spec: JobSpec, known: Collection[str]) -> None:
+    """Refuse a priority class the scheduler does not define ("" is the default class)."""
+    if spec.priority_class and spec.priority_class not in known:
+        raise InvalidArgument(f"priority_class {spec.priority_class!r} is not defined; classes: "
+                              f"{', '.join(sorted(known)) or 'none'} (or empty for the default)")
+
+
+def check_queue(spec: JobSpec, known: Collection[str]) -> None:
+    """Refuse a queue no operator created ("default" always exists)."""
+    if spec.queue != "default" and spec.queue not in known:
+        names = sorted({"default", *known})
+        raise InvalidArgument(f"queue {spec.queue!r} does not exist; queues: {', '.join(names)}")
+
+
+def _parse_cc(cc: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in cc.split(".")) if cc else ()
+    except ValueError:
+        return ()
+
+
+def gpu_matches(r: Resources, gpu: Gpu) -> bool:
+    """Whether a GPU's model is one the request accepts (the scheduler's accelerator filter, statically)."""
+    if r.accelerator and gpu.model != r.accelerator:
+        return False
+    if r.accelerators and gpu.model not in r.accelerators:
+        return False
+    if r.vendor and gpu.vendor.lower() != r.vendor.lower():
+        return False
+    if r.min_memory_gb and gpu.memory_mb < r.min_memory_gb * 1000:
+        return False
+    if r.min_compute_capability:
+        have = _parse_cc(gpu.compute_capability)
+        if not have or have < _parse_cc(r.min_compute_capability):
+            return False
+    return True
+
+
+def _describe_request(r: Resources) -> str:
+    parts = []
+    if r.accelerator:
+        parts.append(f"accelerator={r.accelerator}")
+    if r.accelerators:
+        parts.append(f"accelerators={','.join(r.accelerators)}")
+    for name, value in (("vendor", r.vendor), ("min_memory_gb", r.min_memory_gb),
+                        ("min_compute_capability", r.min_compute_capability)):
+        if value:
+            parts.append(f"{name}={value}")
+    return ", ".join(parts)
+
+
+def _describe_models(fleet: Iterable[Node]) -> str:
+    models: dict[str, Gpu] = {}
+    for n in fleet:
+        for g in n.gpus:
+            models.setdefault(g.model, g)
+    return ", ".join(f"{m} ({g.vendor or '?'}, {g.memory_mb // 1000} GB, cc {g.compute_capability or '?'})"
+                     for m, g in sorted(models.items())) or "none"
+
+
 def check_fits_fleet(spec: JobSpec, nodes: Iterable[Node]) -> None:
-    """Refuse a job that no amount of waiting could place on the registered fleet."""
+    """Refuse a job that no amount of waiting could place on the registered fleet: no accepted model, more
+    GPUs (of one accepted model) per node than any node has, fewer such nodes than the gang needs, too few
+    CPUs, or a CPU task on a fleet without CPU-only nodes. Health and current use are ignored: they change."""
     fleet = list(nodes)
     if not fleet:
         return  # nothing registered yet (a fresh cluster): the job waits for nodes
     r = spec.resources
-    matching = [n for n in fleet if not r.accelerator or any(g.model == r.accelerator for g in n.gpus)]
-    if r.accelerator and not matching:
+    if r.cpu_only:
+        _check_cpu_task(r, fleet)
+        return
+    if r.accelerator and not any(g.model == r.accelerator for n in fleet for g in n.gpus):
         models = sorted({g.model for n in fleet for g in n.gpus})
         raise InvalidArgument(f"resources.accelerator {r.accelerator!r} matches no node; "
                               f"models in the fleet: {', '.join(models) or 'none'}")
-    largest = max((sum(1 for g in n.gpus if not r.accelerator or g.model == r.accelerator)
-                   for n in matching), default=0)
+    # Per node: GPUs of each accepted model (a node's share of a gang is always of one model).
+    counts = [(n, _count_by_model(r, n)) for n in fleet]
+    if not any(n.gpus for n in fleet):
+        raise InvalidArgument(f"resources.gpus_per_node={r.gpus_per_node} asks for GPUs, and the fleet's "
+                              f"{len(fleet)} node(s) have none; use resources.gpus_per_node=0 for a CPU task")
+    if not any(c for _, c in counts):
+        raise InvalidArgument(f"resources: no GPU in the fleet matches {_describe_request(r)}; models in the "
+                              f"fleet: {_describe_models(fleet)}")
+    largest = max((max(c.values(), default=0) for _, c in counts), default=0)
     if r.gpus_per_node > largest:
+        of = f" of an accepted model ({_describe_request(r)})" if _describe_request(r) else ""
         raise InvalidArgument(f"resources.gpus_per_node={r.gpus_per_node} is more than any node has "
-                              f"(the largest has {largest} GPUs)")
-    big_enough = sum(1 for n in matching if sum(
-        1 for g in n.gpus if not r.accelerator or g.model == r.accelerator) >= r.gpus_per_node)
-    if r.nodes > big_enough:
-        raise InvalidArgument(f"resources.nodes={r.nodes} is more than the {big_enough} node(s) with "
-                              f"{r.gpus_per_node} or more GPUs in the fleet")
+                              f"(the largest has {largest} GPUs{of})")
+    big = [(n, {m for m, k in c.items() if k >= r.gpus_per_node}) for n, c in counts]
+    big = [(n, ms) for n, ms in big if ms]
+    enough_cpus = [(n, ms) for n, ms in big if n.cpus >= r.cpus_per_node]
+    if r.cpus_per_node and not enough_cpus:
+        most = max((n.cpus for n, _ in big), default=0)
+        raise InvalidArgument(f"resources.cpus_per_node={r.cpus_per_node} is more than any node with "
+                              f"{r.gpus_per_node} GPUs has (the most is {most} CPUs)")
+    if r.allow_mixed:
+        available = len(enough_cpus)
+        what = f"{r.gpus_per_node} or more accepted GPUs"
+    else:
+        per_model: dict[str, int] = {}
+        for _, ms in enough_cpus:
+            for m in ms:
+                per_model[m] = per_model.get(m, 0) + 1
+        available = max(per_model.values(), default=0)
+        what = f"{r.gpus_per_node} or more GPUs of one accepted model"
+        if r.nodes > available and len(per_model) > 1 and r.nodes <= len(enough_cpus):
+            what += " (a gang uses one model unless resources.allow_mixed is set)"
+    if r.cpus_per_node:
+        what += f" and {r.cpus_per_node} or more CPUs"
+    if r.nodes > available:
+        raise InvalidArgument(f"resources.nodes={r.nodes} is more than the {available} node(s) with {what} "
+                              "in the fleet")
+
+
+def _count_by_model(r: Resources, node: Node) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in node.gpus:
+        if gpu_matches(r, g):
+            out[g.model] = out.get(g.model, 0) + 1
+    return out
+
+
+def _check_cpu_task(r: Resources, fleet: list[Node]) -> None:
+    cpu_nodes = [n for n in fleet if not n.gpus]
+    if not cpu_nodes:
+        raise InvalidArgument("resources.gpus_per_node=0 asks for a CPU task, which runs only on CPU-only nodes "
+                              f"(nodes without GPUs), and none of the fleet's {len(fleet)} node(s) is one; ask "
+                              "for GPUs, or register CPU-only nodes first")
+    need = max(1, r.cpus_per_node)
+    fit = sum(1 for n in cpu_nodes if n.cpus >= need)
+    if r.nodes > fit:
+        raise InvalidArgument(f"resources.nodes={r.nodes} is more than the {fit} CPU-only node(s) with {need} or "
+                              f"more CPUs in the fleet ({len(cpu_nodes)} CPU-only node(s) in all)")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from trainyard.agent.v1 import agent_pb2
@@ -17,10 +20,25 @@ from ..domain.models import (
     JobState,
     Node,
     NodeAssignment,
+    PreemptionPolicy,
     Resources,
+    TopologyRequest,
     WorkerExit,
 )
+from ..domain.queues import QueueConfig, QuotaLimit, TeamQuota
 from ..launch import NodeLaunch
+
+
+# Proto3 cannot tell an unset string or number from its zero value; these are the domain's defaults for
+# the fields where zero is not the default (restart_backoff_s is `optional` so that 0 stays expressible).
+def _default(cls: Any, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+DEFAULT_QUEUE: str = _default(JobSpec, "queue")
+DEFAULT_SIGNAL: str = _default(PreemptionPolicy, "signal")
+DEFAULT_RESTART_BACKOFF_S: float = _default(JobSpec, "restart_backoff_s")
+DEFAULT_WEIGHT: float = _default(TeamQuota, "weight")
 
 _STATE_TO_PB = {
     JobState.PENDING: types_pb2.JOB_STATE_PENDING,
@@ -47,21 +65,44 @@ def _seconds(ts: Timestamp) -> float:
     return ts.ToNanoseconds() / 1e9
 
 
+def resources_from_pb(r: types_pb2.Resources) -> Resources:
+    return Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator,
+                     accelerators=tuple(r.accelerators), min_memory_gb=r.min_memory_gb,
+                     min_compute_capability=r.min_compute_capability, vendor=r.vendor, allow_mixed=r.allow_mixed,
+                     cpus_per_node=r.cpus_per_node, speed_hints=dict(r.speed_hints))
+
+
+def resources_to_pb(r: Resources) -> types_pb2.Resources:
+    return types_pb2.Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator,
+                               accelerators=list(r.accelerators), min_memory_gb=r.min_memory_gb,
+                               min_compute_capability=r.min_compute_capability, vendor=r.vendor,
+                               allow_mixed=r.allow_mixed, cpus_per_node=r.cpus_per_node,
+                               speed_hints=dict(r.speed_hints))
+
+
 def spec_from_pb(pb: types_pb2.JobSpec) -> JobSpec:
-    r = pb.resources
     return JobSpec(name=pb.name, command=tuple(pb.command), env=dict(pb.env),
-                   resources=Resources(nodes=r.nodes, gpus_per_node=r.gpus_per_node, accelerator=r.accelerator),
-                   working_dir=pb.working_dir, queue=pb.queue or "default", priority=pb.priority,
-                   max_restarts=pb.max_restarts, labels=dict(pb.labels))
+                   resources=resources_from_pb(pb.resources),
+                   working_dir=pb.working_dir, queue=pb.queue or DEFAULT_QUEUE, priority=pb.priority,
+                   max_restarts=pb.max_restarts, labels=dict(pb.labels), priority_class=pb.priority_class,
+                   topology=TopologyRequest(tier=pb.topology.tier, required=pb.topology.required,
+                                            wait_s=pb.topology.wait_s),
+                   preemption=PreemptionPolicy(signal=pb.preemption.signal or DEFAULT_SIGNAL,
+                                               grace_s=pb.preemption.grace_s),
+                   restart_backoff_s=(pb.restart_backoff_s if pb.HasField("restart_backoff_s")
+                                      else DEFAULT_RESTART_BACKOFF_S),
+                   time_limit_s=pb.time_limit_s)
 
 
 def spec_to_pb(spec: JobSpec) -> types_pb2.JobSpec:
     return types_pb2.JobSpec(
-        name=spec.name, command=list(spec.command), env=dict(spec.env),
-        resources=types_pb2.Resources(nodes=spec.resources.nodes, gpus_per_node=spec.resources.gpus_per_node,
-                                      accelerator=spec.resources.accelerator),
+        name=spec.name, command=list(spec.command), env=dict(spec.env), resources=resources_to_pb(spec.resources),
         working_dir=spec.working_dir, queue=spec.queue, priority=spec.priority,
-        max_restarts=spec.max_restarts, labels=dict(spec.labels))
+        max_restarts=spec.max_restarts, labels=dict(spec.labels), priority_class=spec.priority_class,
+        topology=types_pb2.TopologyRequest(tier=spec.topology.tier, required=spec.topology.required,
+                                           wait_s=spec.topology.wait_s),
+        preemption=types_pb2.PreemptionPolicy(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
+        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s)
 
 
 def state_from_pb(value: int) -> JobState:
@@ -73,7 +114,7 @@ def state_from_pb(value: int) -> JobState:
 
 def _assignment_pb(a: NodeAssignment) -> types_pb2.NodeAssignment:
     return types_pb2.NodeAssignment(node_id=a.node_id, node_rank=a.node_rank, gpu_indices=list(a.gpu_indices),
-                                    ranks=list(a.ranks))
+                                    ranks=list(a.ranks), model=a.model, cpus=a.cpus)
 
 
 def _exit_pb(e: WorkerExit) -> types_pb2.WorkerExit:
@@ -90,7 +131,33 @@ def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
         exit_code=job.exit_code, message=job.message, cancel_requested=job.cancel_requested,
         placement=[_assignment_pb(a) for a in job.placement], exits=[_exit_pb(e) for e in exits],
         events=[types_pb2.JobEvent(at=_ts(e.at), kind=e.kind, message=e.message) for e in job.events],
-        started_at=_ts(job.started_at), finished_at=_ts(job.finished_at))
+        started_at=_ts(job.started_at), finished_at=_ts(job.finished_at), restarts=job.restarts,
+        queued_at=_ts(job.queued_at or job.created_at), not_before=_ts(job.not_before or None),
+        preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at))
+
+
+def queue_from_pb(pb: types_pb2.QueueConfig) -> QueueConfig:
+    return QueueConfig(name=pb.name, tier=pb.tier, node_labels=dict(pb.node_labels), max_gpus=pb.max_gpus,
+                       description=pb.description)
+
+
+def queue_to_pb(q: QueueConfig) -> types_pb2.QueueConfig:
+    return types_pb2.QueueConfig(name=q.name, tier=q.tier, node_labels=dict(q.node_labels), max_gpus=q.max_gpus,
+                                 description=q.description)
+
+
+def quota_from_pb(pb: types_pb2.TeamQuota) -> TeamQuota:
+    limits = {model: QuotaLimit(nominal=x.nominal,
+                                borrow_limit=x.borrow_limit if x.HasField("borrow_limit") else None)
+              for model, x in pb.limits.items()}
+    return TeamQuota(team=pb.team, limits=limits, weight=pb.weight if pb.HasField("weight") else DEFAULT_WEIGHT)
+
+
+def quota_to_pb(q: TeamQuota) -> types_pb2.TeamQuota:
+    return types_pb2.TeamQuota(
+        team=q.team, weight=q.weight,
+        limits={model: types_pb2.QuotaLimit(nominal=x.nominal, borrow_limit=x.borrow_limit)
+                for model, x in q.limits.items()})
 
 
 def exit_from_pb(pb: types_pb2.WorkerExit, node_id: str, now: float) -> WorkerExit:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import replace
 
 import grpc.aio
@@ -21,10 +21,18 @@ from trainyard_core.logs import log_context
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
 from ..domain.models import Job, JobState
-from ..domain.validation import check_fits_fleet, validate_spec, validate_team
+from ..domain.queues import DEFAULT_CLASSES
+from ..domain.validation import (
+    check_fits_fleet,
+    check_priority_class,
+    check_queue,
+    validate_spec,
+    validate_team,
+)
 from ..leadership import Leadership
 from ..liveness import NodeLiveness
 from ..state.codec import decode_allocation, decode_job
+from ..state.policy_repository import PolicyRepository
 from ..state.repository import Repository
 from . import convert
 
@@ -45,10 +53,17 @@ def _check_job_id(job_id: str) -> None:
 
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
-    def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event) -> None:
+    """`priority_classes`: the class names a job may ask for (default: the built-in classes). `policy`:
+    where the queues are (default: the same store and keys as `repo`)."""
+
+    def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event,
+                 priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None) -> None:
         self._repo = repo
         self._clock = clock
         self._wake = wake
+        self._classes = frozenset(priority_classes if priority_classes is not None
+                                  else (c.name for c in DEFAULT_CLASSES))
+        self._policy = policy or PolicyRepository(repo.store, repo.keys)
 
     async def _visible(self, job_id: str, team: str) -> tuple[Job, int]:
         _check_job_id(job_id)
@@ -76,10 +91,13 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         validate_team(team)
         if request.idempotency_key and not IDEMPOTENCY_RE.match(request.idempotency_key):
             raise InvalidArgument("idempotency_key must be 1-128 characters of letters, digits, '.', '_', '-'")
+        check_priority_class(spec, self._classes)
+        if spec.queue != "default":  # "default" always exists: no read for the common case
+            check_queue(spec, await self._policy.queue_names())
         check_fits_fleet(spec, await self._repo.list_nodes())
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
-                  user=request.user or "unknown", created_at=now, updated_at=now,
+                  user=request.user or "unknown", created_at=now, updated_at=now, queued_at=now,
                   message="waiting for placement")
         stored, created = await self._repo.create_job(job, request.idempotency_key)
         if created:

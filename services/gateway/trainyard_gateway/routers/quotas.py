@@ -1,0 +1,61 @@
+"""/v1/quotas: team quotas. Admins see and change every team's; any other token may read only its own
+team's quota. Changes are logged with the operator's identity."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Response
+
+from trainyard_core.errors import InvalidArgument, PermissionDenied
+
+from ..auth import AdminPrincipal, Deps, Principal, team_scope
+from ..schemas.common import error_responses
+from ..schemas.quotas import TEAM_RE, TEAM_RULE, Quota, QuotaList, QuotaPut
+from ..tokens import TokenRecord
+
+router = APIRouter(prefix="/v1/quotas", tags=["quotas"])
+log = logging.getLogger(__name__)
+
+
+def _checked_team(team: str) -> str:
+    if not TEAM_RE.match(team):
+        raise InvalidArgument(f"team {team[:80]!r} is not valid ({TEAM_RULE})")
+    return team
+
+
+def _may_read(principal: TokenRecord, team: str) -> None:
+    if not principal.admin and principal.team != team:
+        raise PermissionDenied(f"a token of team {principal.team} may read only that team's quota, not {team}'s")
+
+
+@router.get("", response_model=QuotaList, summary="List quotas (admins: every team; others: their own team)",
+            responses=error_responses(401, 503))
+async def list_quotas(principal: Principal, deps: Deps) -> QuotaList:
+    return QuotaList(quotas=await deps.scheduler.list_quotas(team=team_scope(principal)))
+
+
+@router.get("/{team}", response_model=Quota, summary="One team's quota (admin, or a token of that team)",
+            responses=error_responses(400, 401, 403, 404, 503))
+async def get_quota(team: str, principal: Principal, deps: Deps) -> Quota:
+    _checked_team(team)
+    _may_read(principal, team)
+    return await deps.scheduler.get_quota(team)
+
+
+@router.put("/{team}", response_model=Quota, summary="Create or replace a team's quota (admin)",
+            description="Answers 201 when the quota was created, 200 when an existing one was replaced.",
+            responses={201: {"model": Quota, "description": "Created"}, **error_responses(400, 401, 403, 503)})
+async def put_quota(team: str, body: QuotaPut, principal: AdminPrincipal, deps: Deps, response: Response) -> Quota:
+    quota, created = await deps.scheduler.put_quota(_checked_team(team), body)
+    response.status_code = 201 if created else 200
+    log.info("quota stored", extra={"team": team, "created": created, "operator": principal.user})
+    return quota
+
+
+@router.delete("/{team}", response_model=Quota, summary="Delete a team's quota (admin)",
+               responses=error_responses(400, 401, 403, 404, 503))
+async def delete_quota(team: str, principal: AdminPrincipal, deps: Deps) -> Quota:
+    quota = await deps.scheduler.delete_quota(_checked_team(team))
+    log.info("quota deleted", extra={"team": team, "operator": principal.user})
+    return quota
