@@ -207,3 +207,52 @@ def test_backfill_never_delays_the_reserved_start(smalls, running_ends, slack) -
             world.finish(job_id)
             del ends[job_id]
     assert first_start is not None and started <= first_start + 1e-9
+
+
+@settings(max_examples=120, deadline=None)
+@given(nodes=st.lists(node_st, min_size=1, max_size=6), jobs=st.lists(job_st, min_size=1, max_size=12),
+       changes=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["cordon", "dead", "sick", "relabel", "regpu",
+                                                                        "drop", "finish"])), max_size=8),
+       rng=st.randoms(use_true_random=False))
+def test_a_kept_index_decides_exactly_like_a_fresh_one(nodes, jobs, changes, rng) -> None:  # type: ignore[no-untyped-def]
+    """The incremental index is a cache, not state: after any sequence of sessions and cluster changes,
+    placing with the index kept from the previous session gives the same result as building it anew."""
+    from trainyard_scheduler.policy.index import ClusterIndex
+
+    world = World(_fleet(nodes), PolicyConfig(speed_factors={"H100": 3.0}))
+    for i, (n, g, a, p, team, cls) in enumerate(jobs):
+        job = make_job(f"job-{i:02d}", nodes=n, gpus=g, accelerator=a, priority=p, team=team,
+                       priority_class=cls, created=NOW + i)
+        world.jobs[job.id] = job
+    index = ClusterIndex(PROFILE.gates)
+    dead: set[str] = set()
+    for step in range(len(changes) + 1):
+        snap = snapshot(world.nodes, world.jobs.values(), world.allocs.values(), dead)
+        fresh = place(snap, PROFILE, world.config, world.now)
+        kept = place(snap, PROFILE, world.config, world.now, index=index)
+        assert kept == fresh, f"step {step}"
+        world.session()  # commit the decisions, as the reconciler would
+        if step == len(changes):
+            break
+        target, kind = changes[step]
+        i = target % len(world.nodes)
+        node = world.nodes[i]
+        if kind == "cordon":
+            world.nodes[i] = replace(node, cordoned=not node.cordoned)
+        elif kind == "dead":
+            dead ^= {node.node_id}
+        elif kind == "sick" and node.gpus:
+            world.nodes[i] = replace(node, gpus=(replace(node.gpus[0], healthy=False), *node.gpus[1:]))
+        elif kind == "relabel":
+            world.nodes[i] = replace(node, labels={"switch": f"leaf-{rng.randint(0, 3)}"})
+        elif kind == "regpu":
+            world.nodes[i] = make_node(node.node_id, gpus=rng.randint(1, 12), model=rng.choice(MODELS))
+            for job_id in [j for j, al in world.allocs.items() if node.node_id in al.node_ids]:
+                world.finish(job_id)  # a re-registered node lost its workers
+        elif kind == "drop" and len(world.nodes) > 1:
+            gone = world.nodes.pop(i)
+            for job_id in [j for j, al in world.allocs.items() if gone.node_id in al.node_ids]:
+                world.finish(job_id)
+        elif kind == "finish" and world.allocs:
+            world.finish(rng.choice(sorted(world.allocs)))
+        world.now += 5

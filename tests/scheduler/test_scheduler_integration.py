@@ -178,10 +178,20 @@ async def test_exits_reported_after_the_gang_was_released_still_land_on_the_job(
     repo = Repository(leader.store, leader.keys)
     stub = job_service(leader)
     sub = await stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(["true"])))
-    job, rev = await repo.get_job(sub.job.id) or (None, 0)
+    # The leader may be writing the job's "why pending" message meanwhile: read-modify-write until it lands.
+    async def finish() -> bool:
+        found = await repo.get_job(sub.job.id)
+        assert found is not None
+        job, rev = found
+        try:
+            await repo.update_job(replace(job, state=JobState.FAILED, exits=(WorkerExit(0, "node-a", 3, 0, 1.0),)),
+                                  rev)
+        except Conflict:
+            return False
+        return True
+    await eventually(finish, what="job marked failed")
+    job = (await repo.get_job(sub.job.id) or (None, 0))[0]
     assert job is not None
-    finished = replace(job, state=JobState.FAILED, exits=(WorkerExit(0, "node-a", 3, 0, 1.0),))
-    await repo.update_job(finished, rev)
     late = WorkerExit(1, "node-a", 143, 15, 2.0)
     assert job.attempt == 1  # attempts count from 1
     assert await repo.record_exit(job.id, 1, late)

@@ -13,6 +13,8 @@ and on each node the fewest free GPUs that suffice.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,22 +35,27 @@ class Found:
 
 
 class Pool:
-    """Free GPUs of one model on schedulable nodes. Mutable: owned by one placement session."""
+    """Free GPUs of one model on schedulable nodes. Mutable: a placement session changes it while it decides
+    (`ClusterIndex` re-syncs it from the next snapshot). Every choice it makes is canonical — by counts, then
+    node and domain ids — so the same free GPUs give the same answer whatever order they were added in."""
 
     def __init__(self, model: str, paths: Mapping[str, tuple[str, str, str]], width: int) -> None:
         self.model = model
         self.paths = paths
         self.width = width  # the most GPUs of this model on one node
         self.free: dict[str, list[int]] = {}
+        self._path_of: dict[str, tuple[str, str, str]] = {}  # where each node was filed
         # tier → domain id → counts, counts[k] = nodes with >= k free (k = 0..width)
         self._counts: tuple[dict[str, list[int]], ...] = ({}, {}, {}, {})
         self._leaf_nodes: dict[str, list[str]] = {}
         self._children: tuple[dict[str, list[str]], ...] = ({}, {}, {})  # spine→leaves, zone→spines, ""→zones
-        self._by_free: list[dict[str, None]] = [{} for _ in range(width + 1)]
+        # Nodes by their free count, with a lazy min-heap per count for the lowest node id.
+        self._by_free: list[set[str]] = [set() for _ in range(width + 1)]
+        self._heaps: list[list[str]] = [[] for _ in range(width + 1)]
 
     # -- building and updating --------------------------------------------------------------------------
     def add_node(self, node_id: str, free: Sequence[int]) -> None:
-        leaf, spine, zone = self.paths[node_id]
+        leaf, spine, zone = self._path_of[node_id] = self.paths[node_id]
         if leaf not in self._leaf_nodes:
             self._leaf_nodes[leaf] = []
             self._children[0].setdefault(spine, []).append(leaf)
@@ -56,12 +63,17 @@ class Pool:
                 self._children[1].setdefault(zone, []).append(spine)
                 if zone not in self._counts[2]:
                     self._children[2].setdefault("", []).append(zone)
-        self._leaf_nodes[leaf].append(node_id)
+        bisect.insort(self._leaf_nodes[leaf], node_id)
         for tier, dom in enumerate((leaf, spine, zone, "")):
             if dom not in self._counts[tier]:
                 self._counts[tier][dom] = [0] * (self.width + 1)
         self.free[node_id] = sorted(free)
         self._shift(node_id, -1, len(free))
+
+    def remove_node(self, node_id: str) -> None:
+        old = len(self.free.pop(node_id))
+        self._shift(node_id, old, -1)
+        self._leaf_nodes[self._path_of.pop(node_id)[0]].remove(node_id)
 
     def set_free(self, node_id: str, free: Iterable[int]) -> None:
         new = sorted(free)
@@ -78,7 +90,7 @@ class Pool:
         self.set_free(node_id, set(self.free[node_id]) | set(gpus))
 
     def _shift(self, node_id: str, old: int, new: int) -> None:
-        leaf, spine, zone = self.paths[node_id]
+        leaf, spine, zone = self._path_of[node_id]
         lo, hi, d = (old + 1, new, 1) if new > old else (new + 1, old, -1)
         lo = max(lo, 0)
         for tier, dom in enumerate((leaf, spine, zone, "")):
@@ -86,8 +98,20 @@ class Pool:
             for k in range(lo, hi + 1):
                 counts[k] += d
         if old >= 0:
-            self._by_free[old].pop(node_id, None)
-        self._by_free[new][node_id] = None
+            self._by_free[old].discard(node_id)
+        if new >= 0:
+            self._by_free[new].add(node_id)
+            heap = self._heaps[new]
+            heapq.heappush(heap, node_id)
+            if len(heap) > 2 * len(self._by_free[new]) + 64:  # compact stale entries now and then
+                self._heaps[new] = sorted(self._by_free[new])
+
+    def _lowest(self, k: int) -> str:
+        """The lowest node id among nodes with exactly k free (the bucket must not be empty)."""
+        heap, bucket = self._heaps[k], self._by_free[k]
+        while heap[0] not in bucket:
+            heapq.heappop(heap)
+        return heap[0]
 
     # -- queries ------------------------------------------------------------------------------------------
     def total_free(self) -> int:
@@ -107,7 +131,12 @@ class Pool:
             return None
         if nodes == 1:
             for k in range(gpus, self.width + 1):
-                for node_id in self._by_free[k]:
+                if not self._by_free[k]:
+                    continue
+                lowest = self._lowest(k)
+                if ok(lowest):
+                    return Found((lowest,), NODE)
+                for node_id in sorted(self._by_free[k]):
                     if ok(node_id):
                         return Found((node_id,), NODE)
             return None

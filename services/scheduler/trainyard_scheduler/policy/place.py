@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from ..domain.models import TIERS, Allocation, Job, JobState, NodeAssignment
 from ..domain.queues import PolicyConfig, standing
 from ..domain.snapshot import ClusterSnapshot
-from .api import Ledger, ModelInfo, NodeView, Profile
+from .api import Ledger, NodeView, Profile
 from .capacity import Found, Pool, select_by_leaves
-from .topology import CLUSTER, NODE, TIER_INDEX, domain_path, gang_tier, islands_of, pick_gpus
+from .index import ClusterIndex
+from .topology import CLUSTER, NODE, TIER_INDEX, gang_tier, islands_of, pick_gpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +97,16 @@ def expected_end(alloc: Allocation, now: float) -> float:
 
 
 def place(snapshot: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
-          port_range: tuple[int, int] = (29500, 29999),
-          timer: Callable[[], float] | None = None) -> PlacementResult:
-    return _Session(snapshot, profile, config, now, port_range).run(timer)
+          port_range: tuple[int, int] = (29500, 29999), timer: Callable[[], float] | None = None,
+          index: ClusterIndex | None = None) -> PlacementResult:
+    """Decide for every pending job. `index`, when given, is the one the caller kept from its previous call
+    (same profile): it is brought up to date from `snapshot` instead of rebuilt — the result is the same."""
+    session = _Session(snapshot, profile, config, now, port_range, index)
+    try:
+        return session.run(timer)
+    finally:
+        # GPUs this session took (for decisions and reservations) are re-derived from the next snapshot.
+        session.index.dirty.update(session.touched)
 
 
 @dataclass
@@ -114,14 +122,13 @@ Release = tuple[str, tuple[int, ...]]
 
 class _Session:
     def __init__(self, snap: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
-                 port_range: tuple[int, int]) -> None:
+                 port_range: tuple[int, int], index: ClusterIndex | None) -> None:
         self.snap = snap
         self.profile = profile
         self.config = config
         self.now = now
         self.port_range = port_range
         self.result = PlacementResult()
-        self.paths = {n: domain_path(node.labels) for n, node in snap.nodes.items()}
         self.islands: dict[str, dict[int, int]] = {}
         self.ports = snap.used_master_ports()
         self.held: list[_Held] = []
@@ -129,62 +136,26 @@ class _Session:
         self.preemptors = 0
         self._victims: list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]] | None = None
         self._models_cache: dict[tuple[object, ...], list[str]] = {}
-        self._build()
+        if index is None:
+            index = ClusterIndex.of(snap, profile.gates)
+        else:
+            index.sync(snap)
+        self._build(index)
 
     # -- session setup ---------------------------------------------------------------------------------
-    def _build(self) -> None:
+    def _build(self, index: ClusterIndex) -> None:
         snap = self.snap
-        used = snap.used_gpus()
-        used_cpus: dict[str, int] = {}
-        for alloc in snap.allocations.values():
-            for a in alloc.assignments:
-                used_cpus[a.node_id] = used_cpus.get(a.node_id, 0) + a.cpus
-        orphaned = frozenset(snap.orphans())
-        self.model_of: dict[tuple[str, int], str] = {}
-        self.healthy: dict[str, frozenset[int]] = {}
-        self.free_cpus: dict[str, int] = {}
-        self.views: dict[str, NodeView] = {}
-        self.cpu_nodes: list[str] = []
-        catalog: dict[str, ModelInfo] = {}
-        capacity: dict[str, int] = {}
-        free_by_model: dict[str, dict[str, list[int]]] = {}
-        width: dict[str, int] = {}
-        for node_id, node in snap.nodes.items():
-            taken = used.get(node_id, set())
-            alive = node_id in snap.alive
-            healthy = frozenset(g.index for g in node.gpus if g.healthy)
-            self.healthy[node_id] = healthy
-            free = tuple(g.index for g in node.gpus if g.healthy and g.index not in taken)
-            self.free_cpus[node_id] = max(0, node.cpus - used_cpus.get(node_id, 0))
-            view = NodeView(node=node, free_gpus=free, alive=alive, has_orphans=node_id in orphaned,
-                            free_cpus=self.free_cpus[node_id])
-            per_model: dict[str, int] = {}
-            for g in node.gpus:
-                self.model_of[(node_id, g.index)] = g.model
-                if g.model not in catalog:
-                    catalog[g.model] = ModelInfo(g.model, g.vendor, g.memory_mb, g.compute_capability)
-                per_model[g.model] = per_model.get(g.model, 0) + 1
-                if alive and g.healthy:
-                    capacity[g.model] = capacity.get(g.model, 0) + 1
-            if any(gate.admit(view) is not None for gate in self.profile.gates):
-                continue
-            self.views[node_id] = view
-            if not node.gpus:
-                self.cpu_nodes.append(node_id)
-                continue
-            for model, count in per_model.items():
-                width[model] = max(width.get(model, 0), count)
-                free_by_model.setdefault(model, {})[node_id] = [i for i in free
-                                                                if self.model_of[(node_id, i)] == model]
-        self.catalog = {m: ModelInfo(i.model, i.vendor, i.memory_mb, i.compute_capability, capacity.get(m, 0))
-                        for m, i in catalog.items()}
-        self.pools: dict[str, Pool] = {}
-        for model, per_node in free_by_model.items():
-            pool = Pool(model, self.paths, width[model])
-            for node_id, free_list in per_node.items():
-                pool.add_node(node_id, free_list)
-            self.pools[model] = pool
-        self.ledger = Ledger(capacity=capacity)
+        self.index = index
+        self.paths = index.paths
+        self.pools = index.pools
+        self.views = index.views
+        self.healthy = index.healthy
+        self.model_of = index.model_of
+        self.cpu_nodes = sorted(index.cpu_nodes)
+        self.catalog = index.catalog
+        self.free_cpus = _Overlay(index.base_free_cpus)
+        self.touched: set[str] = set()
+        self.ledger = Ledger(capacity=dict(index.capacity))
         for alloc in snap.allocations.values():
             job = snap.jobs.get(alloc.job_id)
             team = alloc.team or (job.team if job else "")
@@ -396,10 +367,11 @@ class _Session:
     def _commit(self, job: Job, d: Decision) -> None:
         """Take the decision's GPUs and CPUs out of the session and charge its team and queue."""
         for a in d.assignments:
-            self.free_cpus[a.node_id] = self.free_cpus.get(a.node_id, 0) - a.cpus
+            self.free_cpus[a.node_id] = self.free_cpus[a.node_id] - a.cpus
             if not a.gpu_indices:
                 continue
             pool = self.pools[a.model]
+            self.touched.add(a.node_id)
             taken = set(a.gpu_indices)
             for h in self.held:
                 if a.node_id in h.lendable:
@@ -557,6 +529,7 @@ class _Session:
             if free_now:
                 hold = list(pick_gpus(free_now, min(need, len(free_now)), self._islands(node_id)))
                 pool.take(node_id, hold)
+                self.touched.add(node_id)
                 lendable[node_id] = hold
         res = Reservation(job.id, start, found.nodes, model)
         self.held.append(_Held(res, lendable))
@@ -673,3 +646,14 @@ class _Session:
 
 def _always(node_id: str) -> bool:
     return True
+
+
+class _Overlay(dict[str, int]):
+    """A session's changes over the index's free CPUs, leaving the index's own dict untouched."""
+
+    def __init__(self, base: dict[str, int]) -> None:
+        super().__init__()
+        self._base = base
+
+    def __missing__(self, key: str) -> int:
+        return self._base.get(key, 0)
