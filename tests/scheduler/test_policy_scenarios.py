@@ -365,3 +365,12 @@ def test_single_node_tier_is_island_when_one_island_holds_the_share() -> None:
     node = make_node("n-a", islands=[0, 0, 0, 0, 1, 1, 1, 1])
     assert run([node], [make_job(gpus=4)]).decisions[0].tier == ISLAND
     assert run([node], [make_job(gpus=8)]).decisions[0].tier == NODE
+
+
+def test_the_quota_ceiling_bounds_borrowed_plus_guaranteed() -> None:
+    """Regression (found by the property test): a team holding 4 borrowed GPUs under nominal 1 + borrow 3
+    took a 5th as 'guaranteed', since its guaranteed count was still 0."""
+    config = quota_config(TeamQuota("team-a", {"*": QuotaLimit(1, 3)}))
+    held = running(make_job("big", gpus=4), [("n-a", range(4))], borrowed=True, config=config)
+    result = run([make_node("n-a")], [make_job("one-more", gpus=1)], (held,), config=config)
+    assert result.decisions == [] and "would exceed its * quota" in result.unplaced[0].reason

@@ -124,6 +124,20 @@ class Pool:
         counts = self._counts[3].get("")
         return counts[max(gpus, 0)] if counts else 0
 
+    def feasible(self, nodes: int, gpus: int, max_tier: int) -> bool:
+        """Whether `find` would succeed when every node is acceptable to the job: one look at the counts
+        per domain, no node visited."""
+        if gpus > self.width or self.nodes_with(gpus) < nodes:
+            return False
+        if nodes == 1 or max_tier >= CLUSTER:
+            return True
+        for tier, level in ((LEAF, 0), (SPINE, 1), (ZONE, 2)):
+            if tier > max_tier:
+                return False
+            if any(c[gpus] >= nodes for c in self._counts[level].values()):
+                return True
+        return False
+
     def find(self, nodes: int, gpus: int, max_tier: int, ok: NodeOk, order: NodeOrder) -> Found | None:
         """Where a gang of `nodes` x `gpus` fits now, packed as low as possible; None if nowhere within
         `max_tier`. Does not change the pool."""

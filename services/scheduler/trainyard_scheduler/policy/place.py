@@ -436,40 +436,48 @@ class _Session:
     # -- search over releases (shared by reservations and preemption) -------------------------------------
     def _min_prefix(self, job: Job, pool: Pool, releases: Sequence[Release]) -> tuple[int, Found] | None:
         """The fewest releases, in the given order, after which the job fits in `pool`, and where.
-        Doubling then bisection: O(log n) searches. Leaves the pool as it was."""
+        Doubling then bisection: O(log n) probes. A probe is a look at the pool's counts when no node filter
+        applies to the job (exact then), a full search otherwise. Leaves the pool as it was."""
         n = len(releases)
-        applied = 0
-        step = 1
-        lo = 0
-        found: Found | None = None
+        r = job.spec.resources
+        tier = self._max_tier(job)
+        exact = self._node_ok(job) is _always
+
+        def fits() -> bool:
+            if exact:
+                return pool.feasible(r.nodes, r.gpus_per_node, tier)
+            return self._find(job, pool) is not None
 
         def apply(a: int, b: int, give: bool) -> None:
             for node_id, gpus in releases[a:b]:
                 (pool.give if give else pool.take)(node_id, gpus)
 
+        applied = lo = 0
+        step = 1
+        ok = False
         while applied < n:
             nxt = min(n, applied + step)
             apply(applied, nxt, True)
             lo, applied = applied, nxt
-            found = self._find(job, pool)
-            if found is not None:
+            if fits():
+                ok = True
                 break
             step *= 2
-        if found is None:
+        if not ok:
             apply(0, applied, False)
             return None
         hi = applied
         while hi - lo > 1:
             mid = (lo + hi) // 2
             apply(mid, hi, False)
-            probe = self._find(job, pool)
-            if probe is not None:
-                hi, found = mid, probe
+            if fits():
+                hi = mid
             else:
                 apply(mid, hi, True)
                 lo = mid
+        found = self._find(job, pool)
         apply(0, hi, False)
-        return hi, found
+        return (hi, found) if found is not None else None
 
     def _releases(self, model: str, allocs: Sequence[Allocation], skip_nodes: frozenset[str]) -> list[Release]:
         pool = self.pools.get(model)

@@ -21,13 +21,12 @@ class TeamQuota:
             return Verdict(ok=True, borrowed=True)
         key, limit = found
         guaranteed, borrowed = ledger.used(job.team, key)
-        if guaranteed + gpus <= limit.nominal:
-            return Verdict(ok=True, borrowed=False)
-        if guaranteed + borrowed + gpus <= limit.ceiling:
-            return Verdict(ok=True, borrowed=True)
-        return Verdict(ok=False, reason=(f"team {job.team} would exceed its {key} quota "
-                                         f"({guaranteed + borrowed} held + {gpus} > nominal {limit.nominal}"
-                                         f" + borrow limit {limit.borrow_limit})"))
+        # The ceiling bounds everything the team holds, however it was accounted when placed.
+        if guaranteed + borrowed + gpus > limit.ceiling:
+            return Verdict(ok=False, reason=(f"team {job.team} would exceed its {key} quota "
+                                             f"({guaranteed + borrowed} held + {gpus} > nominal {limit.nominal}"
+                                             f" + borrow limit {limit.borrow_limit})"))
+        return Verdict(ok=True, borrowed=guaranteed + gpus > limit.nominal)
 
 
 class QueueCap:
