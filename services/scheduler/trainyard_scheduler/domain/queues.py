@@ -155,6 +155,9 @@ class PolicyConfig:
     preemption: bool = True
     # Blocked jobs per session that may look for victims (bounds a session's work at 10k nodes).
     max_preemptors: int = 16
+    # Blocked jobs per session, beyond reservation_depth, whose reservation search may come up empty (they
+    # would not fit even with every gang ended) before the session stops looking.
+    max_reservation_misses: int = 4
 
     def priority_class(self, name: str) -> PriorityClass:
         return self.classes.get(name or self.default_class) or self.classes[self.default_class]

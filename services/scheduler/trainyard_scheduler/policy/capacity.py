@@ -138,6 +138,34 @@ class Pool:
                 return True
         return False
 
+    def first_fit(self, releases: Sequence[tuple[str, int]], nodes: int, gpus: int, max_tier: int) -> int | None:
+        """The fewest releases, in order, after which `feasible(nodes, gpus, max_tier)` would hold — each
+        release being (node, GPUs it gives back) — or None if even all of them are not enough. One sweep
+        over the releases with per-domain counters; the pool is not changed."""
+        if gpus > self.width:
+            return None
+        if self.feasible(nodes, gpus, max_tier):
+            return 0
+        if nodes == 1:
+            levels = [3]
+        else:
+            levels = [lvl for tier, lvl in ((LEAF, 0), (SPINE, 1), (ZONE, 2), (CLUSTER, 3)) if tier <= max_tier]
+        extra: dict[str, int] = {}
+        bumped: list[dict[str, int]] = [{}, {}, {}, {}]
+        for k, (node_id, count) in enumerate(releases, 1):
+            base = len(self.free[node_id])
+            before = base + extra.get(node_id, 0)
+            extra[node_id] = before + count - base
+            if before < gpus <= before + count:
+                path = self._path_of[node_id]
+                for lvl in levels:
+                    dom = path[lvl] if lvl < 3 else ""
+                    c = bumped[lvl].get(dom, 0) + 1
+                    bumped[lvl][dom] = c
+                    if self._counts[lvl][dom][gpus] + c >= nodes:
+                        return k
+        return None
+
     def find(self, nodes: int, gpus: int, max_tier: int, ok: NodeOk, order: NodeOrder) -> Found | None:
         """Where a gang of `nodes` x `gpus` fits now, packed as low as possible; None if nowhere within
         `max_tier`. Does not change the pool."""

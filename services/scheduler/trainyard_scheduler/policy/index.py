@@ -51,6 +51,11 @@ class ClusterIndex:
         self._used: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {}  # node → job → (gpus, cpus)
         # Nodes a session changed (took GPUs); re-derived from the next snapshot.
         self.dirty: set[str] = set()
+        # GPUs held per (team, queue, model, borrowed), for the session's ledger of quotas and fair share.
+        self.held: dict[tuple[str, str, str, bool], int] = {}
+        self._held_by: dict[str, list[tuple[tuple[str, str, str, bool], int]]] = {}
+        # job → (allocation, model → what it would give back): GPUs that are healthy on schedulable nodes.
+        self._releases: dict[str, tuple[Allocation, dict[str, list[tuple[str, tuple[int, ...]]]]]] = {}
 
     @classmethod
     def of(cls, snap: ClusterSnapshot, gates: Sequence[NodeGate]) -> ClusterIndex:
@@ -82,7 +87,9 @@ class ClusterIndex:
             if old is not alloc:
                 if old is not None:
                     affected.update(self._unuse(job_id, old))
-                affected.update(self._use(job_id, alloc))
+                job = snap.jobs.get(job_id)
+                affected.update(self._use(job_id, alloc, job.team if job else "", job.spec.queue if job else "",
+                                          snap.nodes))
         for job_id in [j for j in self._allocs if j not in snap.allocations]:
             affected.update(self._unuse(job_id, self._allocs[job_id]))
         self._nodes = dict(snap.nodes)
@@ -91,13 +98,53 @@ class ClusterIndex:
         self._orphaned = orphaned
         for node_id in sorted(affected):
             self._refresh(node_id)
+            for job_id in self._used.get(node_id, {}):
+                self._releases.pop(job_id, None)
 
-    def _use(self, job_id: str, alloc: Allocation) -> list[str]:
+    def releases(self, job_id: str, alloc: Allocation, model: str) -> list[tuple[str, tuple[int, ...]]]:
+        """The GPUs of `model` a running gang would give back: healthy ones on schedulable nodes."""
+        hit = self._releases.get(job_id)
+        if hit is None or hit[0] is not alloc:
+            hit = (alloc, {})
+            self._releases[job_id] = hit
+        rels = hit[1].get(model)
+        if rels is None:
+            rels = []
+            pool = self.pools.get(model)
+            for a in alloc.assignments:
+                node_id = a.node_id
+                if pool is None or node_id not in pool.free or not a.gpu_indices:
+                    continue
+                healthy = self.healthy[node_id]
+                gpus = tuple(g for g in a.gpu_indices if g in healthy and self.model_of.get((node_id, g)) == model)
+                if gpus:
+                    rels.append((node_id, gpus))
+            hit[1][model] = rels
+        return rels
+
+    def _use(self, job_id: str, alloc: Allocation, team: str, queue: str, nodes: Mapping[str, Node]) -> list[str]:
+        rows = []
         for a in alloc.assignments:
             self._used.setdefault(a.node_id, {})[job_id] = (a.gpu_indices, a.cpus)
+            if a.gpu_indices:
+                model = a.model
+                if not model:
+                    node = nodes.get(a.node_id)
+                    model = next((g.model for g in node.gpus if g.index == a.gpu_indices[0]), "") if node else ""
+                key = (alloc.team or team, queue, model, alloc.borrowed)
+                self.held[key] = self.held.get(key, 0) + len(a.gpu_indices)
+                rows.append((key, len(a.gpu_indices)))
+        self._held_by[job_id] = rows
         return [a.node_id for a in alloc.assignments]
 
     def _unuse(self, job_id: str, alloc: Allocation) -> list[str]:
+        self._releases.pop(job_id, None)
+        for key, gpus in self._held_by.pop(job_id, ()):
+            left = self.held[key] - gpus
+            if left:
+                self.held[key] = left
+            else:
+                del self.held[key]
         for a in alloc.assignments:
             held = self._used.get(a.node_id)
             if held is not None:

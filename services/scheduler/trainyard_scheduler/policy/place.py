@@ -134,6 +134,8 @@ class _Session:
         self.held: list[_Held] = []
         self.victims_taken: set[str] = set()
         self.preemptors = 0
+        self.reservation_tries = 0
+        self._rel_cache: dict[str, dict[str, list[Release]]] = {}
         self._victims: list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]] | None = None
         self._models_cache: dict[tuple[object, ...], list[str]] = {}
         if index is None:
@@ -156,15 +158,8 @@ class _Session:
         self.free_cpus = _Overlay(index.base_free_cpus)
         self.touched: set[str] = set()
         self.ledger = Ledger(capacity=dict(index.capacity))
-        for alloc in snap.allocations.values():
-            job = snap.jobs.get(alloc.job_id)
-            team = alloc.team or (job.team if job else "")
-            queue = job.spec.queue if job else ""
-            for a in alloc.assignments:
-                if a.gpu_indices:
-                    model = a.model or self.model_of.get((a.node_id, a.gpu_indices[0]), "")
-                    self.ledger.charge(team, queue, model, self._quota_key(team, model), len(a.gpu_indices),
-                                       alloc.borrowed)
+        for (team, queue, model, borrowed), gpus in sorted(index.held.items()):
+            self.ledger.charge(team, queue, model, self._quota_key(team, model), gpus, borrowed)
         self.nominated: dict[str, list[Allocation]] = {}
         for alloc in snap.allocations.values():
             if alloc.preempted_by:
@@ -435,22 +430,28 @@ class _Session:
 
     # -- search over releases (shared by reservations and preemption) -------------------------------------
     def _min_prefix(self, job: Job, pool: Pool, releases: Sequence[Release]) -> tuple[int, Found] | None:
-        """The fewest releases, in the given order, after which the job fits in `pool`, and where.
-        Doubling then bisection: O(log n) probes. A probe is a look at the pool's counts when no node filter
-        applies to the job (exact then), a full search otherwise. Leaves the pool as it was."""
+        """The fewest releases, in the given order, after which the job fits in `pool`, and where. When no
+        node filter applies to the job the pool's counts answer exactly, in one sweep; otherwise doubling
+        then bisection over full searches, O(log n) of them. Leaves the pool as it was."""
         n = len(releases)
         r = job.spec.resources
-        tier = self._max_tier(job)
-        exact = self._node_ok(job) is _always
-
-        def fits() -> bool:
-            if exact:
-                return pool.feasible(r.nodes, r.gpus_per_node, tier)
-            return self._find(job, pool) is not None
 
         def apply(a: int, b: int, give: bool) -> None:
             for node_id, gpus in releases[a:b]:
                 (pool.give if give else pool.take)(node_id, gpus)
+
+        if self._node_ok(job) is _always:
+            k = pool.first_fit([(node_id, len(g)) for node_id, g in releases], r.nodes, r.gpus_per_node,
+                               self._max_tier(job))
+            if k is None:
+                return None
+            apply(0, k, True)
+            found = self._find(job, pool)
+            apply(0, k, False)
+            return (k, found) if found is not None else None
+
+        def fits() -> bool:
+            return self._find(job, pool) is not None
 
         applied = lo = 0
         step = 1
@@ -479,25 +480,42 @@ class _Session:
         apply(0, hi, False)
         return (hi, found) if found is not None else None
 
+    def _release_table(self, model: str) -> dict[str, list[Release]]:
+        """What each running gang would give back of `model` (healthy GPUs on schedulable nodes); the index
+        keeps these between sessions."""
+        table = self._rel_cache.get(model)
+        if table is None:
+            table = {}
+            for job_id, alloc in self.snap.allocations.items():
+                rels = self.index.releases(job_id, alloc, model)
+                if rels:
+                    table[job_id] = rels
+            self._rel_cache[model] = table
+        return table
+
     def _releases(self, model: str, allocs: Sequence[Allocation], skip_nodes: frozenset[str]) -> list[Release]:
         pool = self.pools.get(model)
         out: list[Release] = []
         if pool is None:
             return out
+        model_of = self.model_of
         for alloc in allocs:
             for a in alloc.assignments:
                 if a.node_id in pool.free and a.node_id not in skip_nodes and a.gpu_indices:
                     healthy = self.healthy[a.node_id]
-                    gpus = tuple(g for g in a.gpu_indices
-                                 if g in healthy and self.model_of.get((a.node_id, g)) == model)
+                    node_id = a.node_id
+                    gpus = tuple(g for g in a.gpu_indices if g in healthy and model_of.get((node_id, g)) == model)
                     if gpus:
-                        out.append((a.node_id, gpus))
+                        out.append((node_id, gpus))
         return out
 
     # -- reservations (backfill guard) -----------------------------------------------------------------
     def _reserve(self, job: Job, admitted: Sequence[tuple[str, bool]]) -> None:
         if len(self.held) >= self.config.reservation_depth:
             return
+        if self.reservation_tries >= self.config.reservation_depth + self.config.max_reservation_misses:
+            return  # the jobs at the top cannot fit even when everything ends; the rest wait for a later cycle
+        self.reservation_tries += 1
         ends: list[tuple[float, str, Allocation]] = []
         for alloc in self.snap.allocations.values():
             ends.append((expected_end(alloc, self.now), alloc.job_id, alloc))
@@ -512,13 +530,16 @@ class _Session:
             pool = self.pools.get(model)
             if pool is None:
                 continue
-            order = [(end, alloc) for end, _, alloc in ends]
+            table = self._release_table(model)
             releases: list[Release] = []
             times: list[float] = []
-            for end, alloc in order:
-                for rel in self._releases(model, [alloc], claimed):
-                    releases.append(rel)
-                    times.append(end)
+            for end, job_id, alloc in ends:
+                rels = table.get(job_id) if job_id in self.snap.allocations else self._releases(model, [alloc],
+                                                                                                 frozenset())
+                for rel in rels or ():
+                    if rel[0] not in claimed:
+                        releases.append(rel)
+                        times.append(end)
             hit = self._min_prefix_excluding(job, pool, releases, claimed)
             if hit is None:
                 continue
@@ -586,10 +607,11 @@ class _Session:
             pool = self.pools.get(model)
             if pool is None:
                 continue
+            table = self._release_table(model)
             releases: list[Release] = []
             owner: list[str] = []
-            for _, job_id, alloc in candidates:
-                for rel in self._releases(model, [alloc], frozenset()):
+            for _, job_id, _alloc in candidates:
+                for rel in table.get(job_id, ()):
                     releases.append(rel)
                     owner.append(job_id)
             hit = self._min_prefix(job, pool, releases)
