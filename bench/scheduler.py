@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import math
 import statistics
 import time
@@ -41,9 +40,10 @@ from trainyard_scheduler.domain.jobs import admit
 from trainyard_scheduler.domain.models import Allocation, Job, JobSpec, JobState, Node, Resources, TopologyRequest
 from trainyard_scheduler.domain.queues import PolicyConfig, standing
 from trainyard_scheduler.domain.snapshot import ClusterSnapshot
+from trainyard_scheduler.policy.index import ClusterIndex
 from trainyard_scheduler.policy.place import Decision, PlacementResult, place
 from trainyard_scheduler.policy.registry import build_profile
-from trainyard_scheduler.settings import DEFAULT_SPEED_FACTORS
+from trainyard_scheduler.settings import SchedulerSettings
 from trainyard_scheduler.sim import FleetShape, SimResult, Simulator, TraceJob, gang_fifo, make_fleet, synthetic_trace
 from trainyard_scheduler.sim.simulator import BUCKETS, PlaceFn
 from trainyard_scheduler.state.codec import encode_allocation, encode_job
@@ -248,22 +248,11 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
 # --- the run -------------------------------------------------------------------------------------------
 
 def _kept_index_place() -> PlaceFn:
-    """`place` with its index of free capacity kept from one call to the next, as the reconciler keeps it;
-    plain `place` (a full index build per call) where the placement core has no such index."""
-    try:
-        from trainyard_scheduler.policy.index import ClusterIndex
-    except ImportError:
-        return place
-    if "index" not in inspect.signature(place).parameters:
-        return place
+    """`place` with its index of free capacity kept from one call to the next, as the reconciler keeps it."""
     return cast(PlaceFn, functools.partial(place, index=ClusterIndex(build_profile().gates)))
 
 
 def _full_index_build_ms(snap: ClusterSnapshot) -> float:
-    try:
-        from trainyard_scheduler.policy.index import ClusterIndex
-    except ImportError:
-        return math.nan
     gates = build_profile().gates
     took = []
     for _ in range(3):
@@ -323,8 +312,9 @@ def _compare(nodes: list[Node], shape: FleetShape, config: PolicyConfig, load: f
 
 def run() -> dict[str, float]:
     t_start = time.perf_counter()
-    # The scheduler's default policy settings (classes, reservation depth 1, preemption on, speed factors).
-    config = PolicyConfig(speed_factors=dict(DEFAULT_SPEED_FACTORS))
+    # Exactly the scheduler's default policy settings (classes, speed factors, reservation depth 1,
+    # preemption on with its exemption).
+    config = SchedulerSettings.model_validate({}).policy()
     shape = FleetShape(nodes=NODES, gpus_per_node=GPUS_PER_NODE)
     nodes = make_fleet(NODES, GPUS_PER_NODE, shape=shape)
 

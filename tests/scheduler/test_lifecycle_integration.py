@@ -35,7 +35,9 @@ PY = sys.executable
 
 @pytest.fixture
 async def leader(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
-    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")))
+    # No preemption exemption: the preemption test preempts a gang seconds after it started.
+    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")).model_copy(
+        update={"preempt_exempt_s": 0.0}))
     await app.start()
     await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
     yield app

@@ -374,3 +374,26 @@ def test_the_quota_ceiling_bounds_borrowed_plus_guaranteed() -> None:
     held = running(make_job("big", gpus=4), [("n-a", range(4))], borrowed=True, config=config)
     result = run([make_node("n-a")], [make_job("one-more", gpus=1)], (held,), config=config)
     assert result.decisions == [] and "would exceed its * quota" in result.unplaced[0].reason
+
+
+@pytest.mark.parametrize(("ran_s", "times_preempted", "expect"), [
+    (100, 0, False),   # younger than the exemption
+    (400, 0, True),
+    (400, 1, False),   # preempted once before: 600 s
+    (700, 1, True),
+    (1000, 2, False),  # twice: 1200 s
+])
+def test_young_gangs_are_exempt_with_backoff(ran_s: float, times_preempted: int, expect: bool) -> None:
+    config = replace(CONFIG, preempt_exempt_s=300)
+    victim = make_job("v", gpus=8, preempted_by=[f"p{i}" for i in range(times_preempted)])
+    alloc = running(victim, [("n-a", range(8))], started=NOW - ran_s)
+    result = run([make_node("n-a")], [make_job("vip", gpus=8, priority=10)], (alloc,), config=config)
+    assert bool(result.preemptions) is expect
+
+
+def test_the_victim_preempted_least_often_goes_first() -> None:
+    nodes = [make_node("n-a"), make_node("n-b")]
+    often = running(make_job("often", gpus=8, preempted_by=["x", "y"]), [("n-a", range(8))])
+    never = running(make_job("never", gpus=8), [("n-b", range(8))])
+    result = run(nodes, [make_job("vip", gpus=8, priority=10)], (often, never))
+    assert result.preemptions[0].victims == ("never",)

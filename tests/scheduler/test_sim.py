@@ -238,3 +238,24 @@ def test_mixed_gpu_policy_beats_type_unaware_fifo_on_average_jct() -> None:
     assert ours.average_jct() < 0.8 * fifo.average_jct()
     # It packs gangs closer, too.
     assert ours.mean_tiers_over_optimal() < fifo.mean_tiers_over_optimal()
+
+
+@pytest.mark.parametrize(("exempt_s", "at_most"), [(0.0, None), (300.0, 6)])
+def test_a_gang_preempted_again_and_again_still_progresses(exempt_s: float, at_most: int | None) -> None:
+    """A long low-class job and a stream of short normal ones on one node. Without an exemption the low job
+    is preempted by every arrival, each time before its first checkpoint (18 times); with the exemption
+    doubling after each preemption it gets to checkpoint and is preempted a few times only."""
+    one_node = FleetShape(nodes_per_leaf=1, leaves_per_spine=1, zones=1, block_leaves=1, mix=((H100, 1.0),))
+    nodes = make_fleet(1, 8, shape=one_node)
+    low = trace_job("low", 0.0, gpus_per_node=8, work=8 * 3600.0, speeds={H100: 1.0}, priority_class="low",
+                    checkpoint_s=1800.0, time_limit_s=50_000.0)
+    normals = [trace_job(f"n-{i:02d}", 600.0 * (i + 1), gpus_per_node=8, work=8 * 300.0, speeds={H100: 1.0},
+                         time_limit_s=600.0) for i in range(18)]
+    config = replace(CONFIG, preempt_exempt_s=exempt_s)
+    result = Simulator(nodes, PROFILE, config, cycle_s=10.0).run([low, *normals])
+    preempted = result.jobs["low"].preemptions
+    if at_most is None:
+        assert preempted >= 18
+    else:
+        assert preempted <= at_most and result.jobs["low"].state is JobState.SUCCEEDED
+    assert all(result.jobs[n.job_id].state is JobState.SUCCEEDED for n in normals)

@@ -56,6 +56,9 @@ class SchedulerSettings(BaseSettings):
     reservation_depth: int = Field(1, ge=0, le=100, description="How many blocked jobs (highest standing first) "
                                    "hold a reservation that backfill must not delay; 0 turns backfill protection off")
     preemption: bool = Field(True, description="Let jobs preempt lower-standing or borrowed gangs")
+    preempt_exempt_s: float = Field(300.0, ge=0, le=7 * 86400,
+                                    description="A gang runs at least this long before it may be preempted, doubled "
+                                                "for each earlier preemption of its job (capped at 64x)")
     placement_order: Literal["fair-share", "fifo"] = Field(
         "fair-share", description="Order of jobs of equal standing: team fair share, or submission time")
 
@@ -82,7 +85,8 @@ class SchedulerSettings(BaseSettings):
         return PolicyConfig(classes={c.name: c for c in self.policy_classes()},
                             default_class=self.default_priority_class, speed_factors=dict(self.speed_factors),
                             fair_share_half_life_s=self.fair_share_half_life_s,
-                            reservation_depth=self.reservation_depth, preemption=self.preemption)
+                            reservation_depth=self.reservation_depth, preemption=self.preemption,
+                            preempt_exempt_s=self.preempt_exempt_s)
 
     @field_validator("master_port_range")
     @classmethod

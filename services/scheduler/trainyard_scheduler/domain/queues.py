@@ -155,9 +155,16 @@ class PolicyConfig:
     preemption: bool = True
     # Blocked jobs per session that may look for victims (bounds a session's work at 10k nodes).
     max_preemptors: int = 16
+    # A gang may not be preempted before it has run this long, doubled for each time its job was preempted
+    # before (capped at 64x): a job preempted again and again still gets to its next checkpoint
+    # (Slurm's PreemptExemptTime, with backoff).
+    preempt_exempt_s: float = 0.0
     # Blocked jobs per session, beyond reservation_depth, whose reservation search may come up empty (they
     # would not fit even with every gang ended) before the session stops looking.
     max_reservation_misses: int = 4
+
+    def exempt_until(self, placed_at: float, times_preempted: int) -> float:
+        return placed_at + self.preempt_exempt_s * float(2 ** min(times_preempted, 6))
 
     def priority_class(self, name: str) -> PriorityClass:
         return self.classes.get(name or self.default_class) or self.classes[self.default_class]

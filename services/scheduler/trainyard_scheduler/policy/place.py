@@ -636,7 +636,8 @@ class _Session:
             out = []
             for alloc in self.snap.allocations.values():
                 victim = self.snap.jobs.get(alloc.job_id)
-                if victim is not None and not alloc.stop_reason and alloc.preemptible:
+                if (victim is not None and not alloc.stop_reason and alloc.preemptible
+                        and self.now >= self.config.exempt_until(alloc.created_at, len(victim.preempted_by))):
                     out.append((cost.cost(victim, alloc, self.now), alloc.job_id, alloc, alloc.priority))
             out.sort(key=lambda c: (c[0], c[1]))
             lowest = min((c[3] for c in out), default=(0, 0, 0))

@@ -1,5 +1,5 @@
-"""Preemption cost: borrowed gangs first, then lowest standing, then least work lost since the last
-checkpoint (GPU-seconds), then the youngest gang."""
+"""Preemption cost: borrowed gangs first, then lowest standing, then the job preempted least often so far
+(the pain is spread), then least work lost since the last checkpoint (GPU-seconds), then the youngest."""
 
 from __future__ import annotations
 
@@ -15,4 +15,5 @@ class LeastLostWork:
     name = "least-lost-work"
 
     def cost(self, job: Job, alloc: Allocation, now: float) -> tuple[float, ...]:
-        return (0 if alloc.borrowed else 1, *alloc.priority, lost_gpu_seconds(job, alloc, now), -alloc.created_at)
+        return (0 if alloc.borrowed else 1, *alloc.priority, len(job.preempted_by), lost_gpu_seconds(job, alloc, now),
+                -alloc.created_at)
