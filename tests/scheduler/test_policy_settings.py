@@ -20,6 +20,7 @@ default_priority_class: normal
 fair_share_half_life_s: 3600
 reservation_depth: 1
 preemption: true
+preempt_exempt_s: 300
 placement_order: fair-share
 """
 
@@ -37,6 +38,7 @@ def test_the_readme_example_loads_into_the_policy(tmp_path: Path) -> None:
     assert policy.priority_class("").name == "normal"
     assert not policy.priority_class("low").can_preempt and not policy.priority_class("critical").preemptible
     assert policy.reservation_depth == 1 and policy.preemption
+    assert policy.exempt_until(100.0, 2) == 100.0 + 1200.0
 
 
 def test_speed_factor_flags_override(tmp_path: Path) -> None:
