@@ -70,6 +70,9 @@ def _submit_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "preemption.grace_s": args.preempt_grace,
         "restart_backoff_s": args.restart_backoff,
         "time_limit_s": args.time_limit,
+        "checkpoint.every_steps": args.checkpoint_every,
+        "checkpoint.interval_s": args.checkpoint_interval,
+        "checkpoint.keep_last": args.keep_last,
     }
 
 

@@ -108,6 +108,7 @@ class LocalCluster:
         self.procs: dict[str, Proc] = {}
         self.url = ""
         self.scheduler_address = ""
+        self.checkpoint_store_address = ""
 
     def _proc(self, name: str, module: str, env_prefix: str, settings: dict[str, str]) -> Proc:
         logs = self.workdir / "logs"
@@ -139,13 +140,16 @@ class LocalCluster:
         common = {"etcd_endpoints": self.etcd.endpoint}
 
         sched_port = free_port()
+        ckpt_port = free_port()
         self.scheduler_address = f"127.0.0.1:{sched_port}"
+        self.checkpoint_store_address = f"127.0.0.1:{ckpt_port}"
         self.procs["scheduler"] = self._proc("scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
             **common, "listen_port": str(sched_port), "stop_grace_s": str(self.stop_grace_s),
-            "node_timeout_s": str(self.node_timeout_s), "reconcile_interval_s": "0.5"})
+            "node_timeout_s": str(self.node_timeout_s), "reconcile_interval_s": "0.5",
+            "checkpoint_store_address": self.checkpoint_store_address})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_",
-            {**common, "listen_port": "0", "storage_url": (self.workdir / "checkpoints").as_uri()})
+            {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri()})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
             print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)

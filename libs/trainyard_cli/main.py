@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delay before the first restart, doubling after each (default 10s)")
     g.add_argument("--time-limit", type=_duration, metavar="DURATION",
                    help="wall-clock limit of one attempt: seconds or e.g. 90m, 1h30m, 2d")
+    g = p.add_argument_group("checkpoints (handed to the job's checkpoint library)")
+    g.add_argument("--checkpoint-every", type=int, metavar="STEPS", help="save every this many training steps")
+    g.add_argument("--checkpoint-interval", type=_duration, metavar="DURATION", help="save at least this often")
+    g.add_argument("--keep-last", type=int, metavar="N", help="committed checkpoints the store keeps for the job")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
     p.set_defaults(func=commands.cmd_submit)
 

@@ -53,7 +53,8 @@ def parse_pairs(items: Sequence[str], flag: str, environ: Mapping[str, str] | No
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # Spec fields (dotted paths) that take seconds; in a spec file they may also be written like "1h30m".
-DURATION_FIELDS = ("time_limit_s", "restart_backoff_s", "topology.wait_s", "preemption.grace_s")
+DURATION_FIELDS = ("time_limit_s", "restart_backoff_s", "topology.wait_s", "preemption.grace_s",
+                   "checkpoint.interval_s")
 
 
 def parse_duration(text: str) -> float:

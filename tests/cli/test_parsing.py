@@ -152,7 +152,7 @@ def test_new_submit_flags_build_the_spec() -> None:
         "--vendor", "nvidia", "--allow-mixed", "--cpus-per-node", "16", "--speed-hint", "H100-SXM5-80GB=2.5",
         "--priority-class", "high", "--topology-tier", "leaf", "--topology-wait", "10m",
         "--preempt-signal", "usr1", "--preempt-grace", "2m", "--restart-backoff", "0", "--time-limit", "1h30m",
-        "--", "python", "train.py"])
+        "--checkpoint-every", "500", "--checkpoint-interval", "30m", "--keep-last", "3", "--", "python", "train.py"])
     spec = build_spec(**{**FLAGS, "name": args.name, "command": args.command[1:], "nodes": args.nodes,
                          "gpus_per_node": args.gpus_per_node, "overrides": _submit_overrides(args)})
     assert spec == {
@@ -161,7 +161,8 @@ def test_new_submit_flags_build_the_spec() -> None:
                       "min_memory_gb": 40, "min_compute_capability": "8.0", "vendor": "nvidia",
                       "allow_mixed": True, "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5}},
         "priority_class": "high", "topology": {"tier": "leaf", "wait_s": 600.0},
-        "preemption": {"signal": "SIGUSR1", "grace_s": 120.0}, "restart_backoff_s": 0.0, "time_limit_s": 5400.0}
+        "preemption": {"signal": "SIGUSR1", "grace_s": 120.0}, "restart_backoff_s": 0.0, "time_limit_s": 5400.0,
+        "checkpoint": {"every_steps": 500, "interval_s": 1800.0, "keep_last": 3}}
     plain = build_parser().parse_args(["submit", "--name", "n", "--", "true"])
     assert build_spec(**{**FLAGS, "name": "n", "command": ["true"], "overrides": _submit_overrides(plain)}) == {
         "name": "n", "command": ["true"], "resources": {"nodes": 1, "gpus_per_node": 1}}  # nothing else sent

@@ -132,6 +132,7 @@ FULL_SPEC: dict[str, Any] = {
                   "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1}},
     "topology": {"tier": "leaf", "wait_s": 600},
     "preemption": {"signal": "SIGUSR1", "grace_s": 60},
+    "checkpoint": {"every_steps": 500, "interval_s": 1800, "keep_last": 3},
 }
 
 
@@ -148,6 +149,7 @@ async def test_new_spec_fields_round_trip(gw: RunningGateway) -> None:
                                  "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1.0}}
     assert spec["topology"] == {"tier": "leaf", "required": False, "wait_s": 600.0}
     assert spec["preemption"] == {"signal": "SIGUSR1", "grace_s": 60.0}
+    assert spec["checkpoint"] == {"every_steps": 500, "interval_s": 1800.0, "keep_last": 3}
     assert (spec["priority_class"], spec["time_limit_s"], spec["restart_backoff_s"]) == ("high", 5400.0, 0.0)
     assert (got["restarts"], got["preempted_by"], got["not_before"], got["last_checkpoint_at"]) == (0, [], None, None)
     assert got["queued_at"] == got["created_at"] and got["spec"] == submitted.json()["spec"]

@@ -32,6 +32,8 @@ def test_policy_fields_queues_quotas_and_usage_round_trip() -> None:
                            queue="prod", time_limit=3600, tier="leaf", required=True, wait_s=60,
                            preempted_by=["job-x"], max_restarts=3, signal="SIGUSR1", grace_s=30),
                   restarts=2, not_before=NOW + 5, queued_at=NOW + 1)
+    from trainyard_scheduler.domain.models import CheckpointPolicy
+    job = replace(job, spec=replace(job.spec, checkpoint=CheckpointPolicy(every_steps=5, interval_s=60, keep_last=2)))
     assert codec.decode_job(codec.encode_job(job)) == job
     alloc = Allocation(job_id="job-1", attempt=1, master_addr="h", master_port=1, created_at=NOW,
                        assignments=(NodeAssignment("n-a", 0, (0,), (0,), model="H100", cpus=4),), team="team-a",

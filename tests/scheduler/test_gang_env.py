@@ -90,3 +90,24 @@ async def test_two_nodes_two_gpus_each(cluster: tuple[SchedulerApp, list[AgentAp
                 "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1", "TRAINYARD_NNODES": "2", "MY_VAR": "x y"}
     # Ranks are contiguous per node, node 0 holds ranks 0-1.
     assert list(master.ranks) == [0, 1] and sorted(by_node) == ["node-a", "node-b"]
+
+
+def test_workers_learn_the_checkpoint_store_and_the_jobs_checkpoint_policy() -> None:
+    from dataclasses import replace as _replace
+
+    from trainyard_scheduler.domain.models import Allocation, CheckpointPolicy, NodeAssignment
+    from trainyard_scheduler.launch import node_launches
+
+    from .builders import NOW, make_job
+
+    job = make_job(gpus=1)
+    job = _replace(job, spec=_replace(job.spec, checkpoint=CheckpointPolicy(every_steps=500, interval_s=1800,
+                                                                            keep_last=3)))
+    alloc = Allocation(job.id, 2, (NodeAssignment("n-a", 0, (0,), (0,)),), "h", 29500, NOW)
+    (launch,) = node_launches(job, alloc, "10.0.0.5:50053")
+    assert {k: v for k, v in launch.env.items() if k.startswith("TRAINYARD_CHECKPOINT")} == {
+        "TRAINYARD_CHECKPOINT_STORE": "10.0.0.5:50053", "TRAINYARD_CHECKPOINT_EVERY_STEPS": "500",
+        "TRAINYARD_CHECKPOINT_INTERVAL_S": "1800", "TRAINYARD_CHECKPOINT_KEEP_LAST": "3"}
+    assert launch.env["TRAINYARD_ATTEMPT"] == "2"  # a restart reaches the same store under the same job id
+    (bare,) = node_launches(make_job(gpus=1), alloc)
+    assert not any(k.startswith("TRAINYARD_CHECKPOINT") for k in bare.env)

@@ -7,7 +7,15 @@ from dataclasses import replace
 import pytest
 
 from trainyard_core.errors import InvalidArgument
-from trainyard_scheduler.domain.models import Gpu, JobSpec, Node, PreemptionPolicy, Resources, TopologyRequest
+from trainyard_scheduler.domain.models import (
+    CheckpointPolicy,
+    Gpu,
+    JobSpec,
+    Node,
+    PreemptionPolicy,
+    Resources,
+    TopologyRequest,
+)
 from trainyard_scheduler.domain.queues import DEFAULT_CLASSES
 from trainyard_scheduler.domain.validation import (
     check_fits_fleet,
@@ -105,6 +113,9 @@ def res(**kw: object) -> Resources:
         ({"restart_backoff_s": 3601.0}, "restart_backoff_s"),
         ({"time_limit_s": 365 * 86400 + 1.0}, "time_limit_s"),
         ({"time_limit_s": -5.0}, "time_limit_s"),
+        ({"checkpoint": CheckpointPolicy(keep_last=-1)}, "checkpoint.keep_last"),
+        ({"checkpoint": CheckpointPolicy(every_steps=-1)}, "checkpoint.every_steps"),
+        ({"checkpoint": CheckpointPolicy(interval_s=float("nan"))}, "checkpoint.interval_s"),
     ],
 )
 def test_bad_policy_fields_name_the_field(change: dict[str, object], fragment: str) -> None:
@@ -126,6 +137,7 @@ def test_bad_policy_fields_name_the_field(change: dict[str, object], fragment: s
         {"topology": TopologyRequest(tier="node")},
         {"preemption": PreemptionPolicy(signal="SIGUSR1", grace_s=60)},
         {"restart_backoff_s": 0.0, "time_limit_s": 3600.0},
+        {"checkpoint": CheckpointPolicy(every_steps=500, interval_s=1800, keep_last=3)},
     ],
 )
 def test_good_policy_fields_pass(change: dict[str, object]) -> None:

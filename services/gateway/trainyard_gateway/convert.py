@@ -67,7 +67,10 @@ def spec_to_pb(spec: js.JobSubmit) -> types_pb2.JobSpec:
         topology=types_pb2.TopologyRequest(tier=spec.topology.tier, required=spec.topology.required,
                                            wait_s=spec.topology.wait_s),
         preemption=types_pb2.PreemptionPolicy(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
-        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s)
+        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s,
+        checkpoint=types_pb2.CheckpointPolicy(every_steps=spec.checkpoint.every_steps,
+                                              interval_s=spec.checkpoint.interval_s,
+                                              keep_last=spec.checkpoint.keep_last))
 
 
 def spec_from_pb(spec: types_pb2.JobSpec) -> js.JobSpec:
@@ -85,7 +88,9 @@ def spec_from_pb(spec: types_pb2.JobSpec) -> js.JobSpec:
                              wait_s=spec.topology.wait_s),
         preemption=js.Preemption(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
         restart_backoff_s=spec.restart_backoff_s if spec.HasField("restart_backoff_s") else DEFAULT_RESTART_BACKOFF_S,
-        time_limit_s=spec.time_limit_s)
+        time_limit_s=spec.time_limit_s,
+        checkpoint=js.Checkpoint(every_steps=spec.checkpoint.every_steps, interval_s=spec.checkpoint.interval_s,
+                                 keep_last=spec.checkpoint.keep_last))
 
 
 def job_from_pb(job: types_pb2.Job) -> js.Job:

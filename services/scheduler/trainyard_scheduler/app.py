@@ -96,7 +96,8 @@ class SchedulerApp:
                 profile=build_profile(ProfileSpec(order=s.placement_order)), clock=self.clock,
                 epoch=lambda: election.epoch,
                 settings=ReconcileSettings(interval_s=s.reconcile_interval_s, stop_grace_s=s.stop_grace_s,
-                                           port_range=s.port_range, policy=s.policy()))
+                                           port_range=s.port_range, policy=s.policy(),
+                                           checkpoint_store=s.checkpoint_store_address))
             stop_term = asyncio.Event()
 
             async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:

@@ -30,7 +30,24 @@ class NodeLaunch:
     workers: tuple[WorkerPlan, ...]
 
 
-def node_launches(job: Job, alloc: Allocation) -> list[NodeLaunch]:
+def checkpoint_env(job: Job, store_address: str) -> dict[str, str]:
+    """Where the job's checkpoint library finds the checkpoint-store, and the job's checkpoint policy.
+    On a restart the same job id reaches the same store, whose latest committed checkpoint is where the
+    workers resume from."""
+    env: dict[str, str] = {}
+    if store_address:
+        env["TRAINYARD_CHECKPOINT_STORE"] = store_address
+    c = job.spec.checkpoint
+    if c.every_steps:
+        env["TRAINYARD_CHECKPOINT_EVERY_STEPS"] = str(c.every_steps)
+    if c.interval_s:
+        env["TRAINYARD_CHECKPOINT_INTERVAL_S"] = f"{c.interval_s:g}"
+    if c.keep_last:
+        env["TRAINYARD_CHECKPOINT_KEEP_LAST"] = str(c.keep_last)
+    return env
+
+
+def node_launches(job: Job, alloc: Allocation, checkpoint_store: str = "") -> list[NodeLaunch]:
     world = alloc.world_size
     out = []
     for a in alloc.assignments:
@@ -46,6 +63,7 @@ def node_launches(job: Job, alloc: Allocation) -> list[NodeLaunch]:
             "TRAINYARD_JOB_NAME": job.spec.name,
             "TRAINYARD_ATTEMPT": str(alloc.attempt),
             "TRAINYARD_NNODES": str(len(alloc.assignments)),
+            **checkpoint_env(job, checkpoint_store),
         })
         if a.gpu_indices:
             workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=(g,))

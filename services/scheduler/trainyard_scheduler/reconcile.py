@@ -66,6 +66,8 @@ class ReconcileSettings:
     # etcd each cycle and replace the ones here).
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     usage_interval_s: float = 10.0
+    # host:port of the checkpoint-store, handed to workers (TRAINYARD_CHECKPOINT_STORE); "" when none.
+    checkpoint_store: str = ""
     # A pending job's "why" message is rewritten at most this often (it changes as the cluster does).
     reason_interval_s: float = 5.0
     commit_concurrency: int = 64
@@ -381,7 +383,8 @@ class Reconciler:
                     metrics.JOBS_FINISHED.labels(step.job.state.value).inc()
         current = step.alloc or alloc
         for node_id in step.launch:
-            launch = next(x for x in node_launches(job, current) if x.node_id == node_id)
+            launch = next(x for x in node_launches(job, current, self._settings.checkpoint_store)
+                          if x.node_id == node_id)
             self._spawn((job.id, current.attempt, node_id, "launch"),
                         functools.partial(self._launch, snap.nodes[node_id], launch))
         for node_id in step.stop:

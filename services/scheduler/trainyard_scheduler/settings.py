@@ -41,6 +41,8 @@ class SchedulerSettings(BaseSettings):
     master_port_range: str = Field("29500-29999", description="MASTER_PORT range for rank-0 rendezvous")
     leader_ttl_s: int = Field(3, ge=1, le=60, description="leader lease TTL; bounds failover time")
     agent_call_timeout_s: float = Field(10.0, gt=0)
+    checkpoint_store_address: str = Field("", description="host:port of the checkpoint-store, given to every "
+                                          "worker as TRAINYARD_CHECKPOINT_STORE; empty: none")
     # --- placement policy (queues and team quotas live in etcd, set through the gateway's admin API) ---
     speed_factors: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_SPEED_FACTORS),

@@ -108,6 +108,17 @@ class PreemptionRequest(ApiModel):
         "seconds between the signal and SIGKILL; 0: the scheduler's default grace"))] = 0.0
 
 
+class CheckpointRequest(ApiModel):
+    """The job's checkpoint policy, handed to its checkpoint library as TRAINYARD_CHECKPOINT_* variables."""
+
+    every_steps: Annotated[int, Field(strict=True, ge=0, le=10**9, description=(
+        "save every this many training steps; 0: the script decides"))] = 0
+    interval_s: Annotated[float, _seconds(7 * DAY_S, (
+        "save at least this often, in seconds; 0: no time-based saves"))] = 0.0
+    keep_last: Annotated[int, Field(strict=True, ge=0, le=10_000, description=(
+        "committed checkpoints the store keeps for the job; 0: the store's default retention"))] = 0
+
+
 class JobSubmit(ApiModel):
     """Body of POST /v1/jobs."""
 
@@ -130,6 +141,7 @@ class JobSubmit(ApiModel):
         "preempted), unless the operator configured others; empty: the default class (normal)"))
     topology: TopologyRequest = Field(default_factory=lambda: TopologyRequest())
     preemption: PreemptionRequest = Field(default_factory=lambda: PreemptionRequest())
+    checkpoint: CheckpointRequest = Field(default_factory=lambda: CheckpointRequest())
     restart_backoff_s: Annotated[float | None, _seconds(3600, (
         "delay before the first restart, doubling for each further one (capped at 600 s); null or absent: "
         "10 s; 0: restart at once"))] = None
@@ -220,6 +232,12 @@ class Preemption(ApiModel):
     grace_s: float
 
 
+class Checkpoint(ApiModel):
+    every_steps: int
+    interval_s: float
+    keep_last: int
+
+
 class JobSpec(ApiModel):
     name: str
     command: list[str]
@@ -235,6 +253,7 @@ class JobSpec(ApiModel):
     preemption: Preemption
     restart_backoff_s: float = Field(description="delay before the first restart (10 unless the job set it)")
     time_limit_s: float = Field(description="wall-clock limit of one attempt; 0: none")
+    checkpoint: Checkpoint = Field(default_factory=lambda: Checkpoint(every_steps=0, interval_s=0.0, keep_last=0))
 
 
 class NodeAssignment(ApiModel):

@@ -67,6 +67,17 @@ class TopologyRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointPolicy:
+    """What the job's checkpoint library is told (worker environment): save every `every_steps` steps
+    and/or every `interval_s` seconds, and keep the last `keep_last` committed checkpoints (0: the
+    store's default retention). The scheduler does not save anything itself."""
+
+    every_steps: int = 0
+    interval_s: float = 0.0
+    keep_last: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class PreemptionPolicy:
     """How the job is asked to stop when preempted: `signal` first (a job that checkpoints on it can
     save its state), then SIGKILL after `grace_s` (0: the scheduler's default stop grace)."""
@@ -94,6 +105,7 @@ class JobSpec:
     restart_backoff_s: float = 10.0
     # Wall-clock limit of one attempt (0: none). Also what backfill uses as the job's expected run time.
     time_limit_s: float = 0.0
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
 
 
 @dataclass(frozen=True, slots=True)

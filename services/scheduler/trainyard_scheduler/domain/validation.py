@@ -31,6 +31,9 @@ MAX_ENV_VALUE_BYTES = 32 * 1024
 MAX_LABELS = 64
 PRIORITY_RANGE = (-1000, 1000)
 MAX_RESTARTS = 100
+MAX_CHECKPOINT_STEPS = 10**9
+MAX_CHECKPOINT_INTERVAL_S = 7 * 86400.0
+MAX_KEEP_LAST = 10_000
 MAX_ACCELERATORS = 16
 MAX_MODEL_NAME = 64
 MAX_MEMORY_GB = 4096
@@ -174,9 +177,17 @@ def _policy_problems(spec: JobSpec) -> Iterable[str]:
         _seconds_problem("preemption.grace_s", p.grace_s, MAX_GRACE_S, "the scheduler's default grace"),
         _seconds_problem("restart_backoff_s", spec.restart_backoff_s, MAX_RESTART_BACKOFF_S, "restart at once"),
         _seconds_problem("time_limit_s", spec.time_limit_s, MAX_TIME_LIMIT_S, "no limit"),
+        _seconds_problem("checkpoint.interval_s", spec.checkpoint.interval_s, MAX_CHECKPOINT_INTERVAL_S,
+                         "no time-based saves"),
     ):
         if problem_or_none:
             yield problem_or_none
+    c = spec.checkpoint
+    if not 0 <= c.every_steps <= MAX_CHECKPOINT_STEPS:
+        yield f"checkpoint.every_steps must be between 0 (the script decides) and {MAX_CHECKPOINT_STEPS}, got " \
+              f"{c.every_steps}"
+    if not 0 <= c.keep_last <= MAX_KEEP_LAST:
+        yield f"checkpoint.keep_last must be between 0 (the store's default) and {MAX_KEEP_LAST}, got {c.keep_last}"
 
 
 def validate_team(team: str) -> None:

@@ -13,6 +13,7 @@ from trainyard_core.errors import InvalidArgument
 
 from ..domain.models import (
     Allocation,
+    CheckpointPolicy,
     Gpu,
     GpuLink,
     Job,
@@ -91,7 +92,10 @@ def spec_from_pb(pb: types_pb2.JobSpec) -> JobSpec:
                                                grace_s=pb.preemption.grace_s),
                    restart_backoff_s=(pb.restart_backoff_s if pb.HasField("restart_backoff_s")
                                       else DEFAULT_RESTART_BACKOFF_S),
-                   time_limit_s=pb.time_limit_s)
+                   time_limit_s=pb.time_limit_s,
+                   checkpoint=CheckpointPolicy(every_steps=pb.checkpoint.every_steps,
+                                               interval_s=pb.checkpoint.interval_s,
+                                               keep_last=pb.checkpoint.keep_last))
 
 
 def spec_to_pb(spec: JobSpec) -> types_pb2.JobSpec:
@@ -102,7 +106,10 @@ def spec_to_pb(spec: JobSpec) -> types_pb2.JobSpec:
         topology=types_pb2.TopologyRequest(tier=spec.topology.tier, required=spec.topology.required,
                                            wait_s=spec.topology.wait_s),
         preemption=types_pb2.PreemptionPolicy(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
-        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s)
+        restart_backoff_s=spec.restart_backoff_s, time_limit_s=spec.time_limit_s,
+        checkpoint=types_pb2.CheckpointPolicy(every_steps=spec.checkpoint.every_steps,
+                                              interval_s=spec.checkpoint.interval_s,
+                                              keep_last=spec.checkpoint.keep_last))
 
 
 def state_from_pb(value: int) -> JobState:

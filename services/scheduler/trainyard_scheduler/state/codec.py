@@ -8,6 +8,7 @@ import orjson
 
 from ..domain.models import (
     Allocation,
+    CheckpointPolicy,
     Gpu,
     GpuLink,
     Job,
@@ -77,7 +78,9 @@ def encode_job(job: Job) -> bytes:
                  "topology": {"tier": s.topology.tier, "required": s.topology.required,
                               "wait_s": s.topology.wait_s},
                  "preemption": {"signal": s.preemption.signal, "grace_s": s.preemption.grace_s},
-                 "restart_backoff_s": s.restart_backoff_s, "time_limit_s": s.time_limit_s},
+                 "restart_backoff_s": s.restart_backoff_s, "time_limit_s": s.time_limit_s,
+                 "checkpoint": {"every_steps": s.checkpoint.every_steps, "interval_s": s.checkpoint.interval_s,
+                                "keep_last": s.checkpoint.keep_last}},
         "queued_at": job.queued_at, "restarts": job.restarts, "not_before": job.not_before,
         "preempted_by": list(job.preempted_by),
         "placement": [_assignment(a) for a in job.placement],
@@ -99,7 +102,8 @@ def decode_job(raw: bytes) -> Job:
                    topology=TopologyRequest(tier=t.get("tier", ""), required=t.get("required", False),
                                             wait_s=t.get("wait_s", 0.0)),
                    preemption=PreemptionPolicy(signal=pre.get("signal", "SIGTERM"), grace_s=pre.get("grace_s", 0.0)),
-                   restart_backoff_s=s.get("restart_backoff_s", 10.0), time_limit_s=s.get("time_limit_s", 0.0))
+                   restart_backoff_s=s.get("restart_backoff_s", 10.0), time_limit_s=s.get("time_limit_s", 0.0),
+                   checkpoint=CheckpointPolicy(**s.get("checkpoint", {})))
     return Job(id=d["id"], spec=spec, state=JobState(d["state"]), team=d["team"], user=d["user"],
                created_at=d["created_at"], updated_at=d["updated_at"], attempt=d.get("attempt", 1),
                exit_code=d.get("exit_code", 0), message=d.get("message", ""),
