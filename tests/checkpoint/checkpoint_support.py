@@ -3,7 +3,6 @@ drive the service through a real gRPC stub."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -13,12 +12,15 @@ import grpc.aio
 
 from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from trainyard_checkpoint import checksum
+
+# Small chunks, so that test shards of a few dozen bytes have several and a mismatch names one.
+TEST_CHUNK_BYTES = 16
 
 
 def checksum_of(data: bytes) -> str:
-    """A well-formed checksum string. Not a real crc32c: the service records checksums as declared and
-    does not read shard contents (verification belongs to the client library of issue 5)."""
-    return "crc32c:" + hashlib.sha256(data).hexdigest()[:8]
+    """The per-chunk XXH3 checksum a worker declares (the service reads the shard and checks it)."""
+    return str(checksum.of_bytes(data, TEST_CHUNK_BYTES))
 
 
 def location_dir(location: str) -> Path:
@@ -53,9 +55,11 @@ class Client:
     stub: pb_grpc.CheckpointServiceAsyncStub
 
     async def begin(self, job_id: str, step: int, world_size: int = 2, attempt: int = 0,
-                    metadata: dict[str, str] | None = None) -> pb.Checkpoint:
+                    metadata: dict[str, str] | None = None, lineage: pb.Lineage | None = None,
+                    retention: pb.RetentionPolicy | None = None) -> pb.Checkpoint:
         resp = await self.stub.BeginCheckpoint(pb.BeginCheckpointRequest(
-            job_id=job_id, step=step, world_size=world_size, attempt=attempt, metadata=metadata or {}))
+            job_id=job_id, step=step, world_size=world_size, attempt=attempt, metadata=metadata or {},
+            lineage=lineage, retention=retention))
         return resp.checkpoint
 
     async def commit(self, checkpoint_id: str, shards: list[pb.ShardInfo]) -> pb.Checkpoint:
@@ -83,6 +87,31 @@ class Client:
 
     async def delete(self, checkpoint_id: str) -> None:
         await self.stub.DeleteCheckpoint(pb.DeleteCheckpointRequest(checkpoint_id=checkpoint_id))
+
+    async def tag(self, checkpoint_id: str, tag: str) -> pb.Checkpoint:
+        resp = await self.stub.TagCheckpoint(pb.TagCheckpointRequest(checkpoint_id=checkpoint_id, tag=tag))
+        return resp.checkpoint
+
+    async def untag(self, checkpoint_id: str, tag: str) -> pb.Checkpoint:
+        resp = await self.stub.UntagCheckpoint(pb.UntagCheckpointRequest(checkpoint_id=checkpoint_id, tag=tag))
+        return resp.checkpoint
+
+    async def set_retention(self, job_id: str, keep_last: int = 0, keep_every_steps: int = 0) -> None:
+        await self.stub.SetRetention(pb.SetRetentionRequest(
+            job_id=job_id, policy=pb.RetentionPolicy(keep_last=keep_last, keep_every_steps=keep_every_steps)))
+
+    async def acquire(self, checkpoint_id: str, ttl_s: int = 60, holder: str = "test") -> str:
+        resp = await self.stub.AcquireRestoreLease(pb.AcquireRestoreLeaseRequest(
+            checkpoint_id=checkpoint_id, ttl_s=ttl_s, holder=holder))
+        return resp.lease_id
+
+    async def release(self, checkpoint_id: str, lease_id: str) -> None:
+        await self.stub.ReleaseRestoreLease(pb.ReleaseRestoreLeaseRequest(checkpoint_id=checkpoint_id,
+                                                                          lease_id=lease_id))
+
+    async def gc(self, dry_run: bool = False) -> list[pb.GcAction]:
+        resp = await self.stub.RunGc(pb.RunGcRequest(dry_run=dry_run))
+        return list(resp.actions)
 
 
 async def rpc_error(call: object) -> grpc.aio.AioRpcError:

@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from trainyard_checkpoint.domain import BeginRequest, Checkpoint, CheckpointState, Shard
+from trainyard_checkpoint.domain import BeginRequest, Checkpoint, CheckpointState, RetentionPolicy, Shard
+from trainyard_checkpoint.domain.gc import ActionKind, GcTiming
+from trainyard_checkpoint.gc import GarbageCollector
+from trainyard_checkpoint.leases import RestoreLeases
 from trainyard_checkpoint.manager import CheckpointManager
 from trainyard_checkpoint.repository import CheckpointRepository
 from trainyard_checkpoint.storage import PosixStorage
@@ -55,6 +58,7 @@ class Replicas:
     racing: CheckpointManager
     other: CheckpointManager
     hook: RacingStore
+    clock: ManualClock
 
 
 @pytest.fixture(params=["etcd", "memory"])
@@ -69,7 +73,7 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: s
         yield Replicas(
             racing=CheckpointManager(CheckpointRepository(racing_store, prefix), storage, clock),
             other=CheckpointManager(CheckpointRepository(store, prefix), storage, clock),
-            hook=racing_store)
+            hook=racing_store, clock=clock)
     finally:
         await store.close()
 
@@ -149,3 +153,59 @@ async def test_many_concurrent_commits_leave_latest_at_the_highest_step(replicas
     results = await asyncio.gather(*(managers[i % 2].commit(c.id, s) for i, (c, s) in enumerate(saves)))
     assert all(r.state is CheckpointState.COMMITTED for r in results)
     assert (await replicas.other.latest(JOB)).step == max(steps)
+
+
+def leases_of(manager: CheckpointManager, clock: ManualClock) -> RestoreLeases:
+    return RestoreLeases(manager.repo, clock, max_ttl_s=3600)
+
+
+async def test_delete_racing_a_restore_lease_loses(replicas: Replicas) -> None:
+    old, old_shards = await begin_and_write(replicas.other, 1)
+    await replicas.other.commit(old.id, old_shards)
+    newer, newer_shards = await begin_and_write(replicas.other, 2)
+    await replicas.other.commit(newer.id, newer_shards)
+    leases = leases_of(replicas.other, replicas.clock)
+    replicas.hook.before_next_txn = lambda: leases.acquire(old.id, 60, "restorer")
+    with pytest.raises(FailedPrecondition, match="being restored"):
+        await replicas.racing.delete(old.id)
+    assert (await replicas.other.get(old.id)).state is CheckpointState.COMMITTED
+    assert location_dir(old.location).is_dir()
+
+
+@pytest.mark.parametrize("protect", ["lease", "tag"])
+async def test_gc_delete_racing_a_lease_or_a_tag_loses(replicas: Replicas, protect: str) -> None:
+    old, old_shards = await begin_and_write(replicas.other, 1)
+    await replicas.other.commit(old.id, old_shards)
+    newer, newer_shards = await begin_and_write(replicas.other, 2)
+    await replicas.other.commit(newer.id, newer_shards)
+    await replicas.other.set_retention(JOB, RetentionPolicy(keep_last=1))
+    gc = GarbageCollector(replicas.racing, replicas.clock, GcTiming(3600, 3600, 3600))
+    leases = leases_of(replicas.other, replicas.clock)
+
+    async def protect_it() -> None:
+        if protect == "lease":
+            await leases.acquire(old.id, 60, "restorer")
+        else:
+            await replicas.other.tag(old.id, "keep")
+
+    async def after_the_lock() -> None:  # the GC lock is the pass's first transaction
+        replicas.hook.before_next_txn = protect_it
+
+    replicas.hook.before_next_txn = after_the_lock
+    assert await gc.run_once() == [], "the deletion decided before the lease/tag was taken must fail"
+    assert (await replicas.other.get(old.id)).state is CheckpointState.COMMITTED
+    assert location_dir(old.location).is_dir()
+    # The next pass sees the protection and plans nothing.
+    assert await gc.run_once(dry_run=True) == []
+
+
+async def test_gc_applies_the_plan_it_made(replicas: Replicas) -> None:
+    old, old_shards = await begin_and_write(replicas.other, 1)
+    await replicas.other.commit(old.id, old_shards)
+    newer, newer_shards = await begin_and_write(replicas.other, 2)
+    await replicas.other.commit(newer.id, newer_shards)
+    await replicas.other.set_retention(JOB, RetentionPolicy(keep_last=1))
+    gc = GarbageCollector(replicas.racing, replicas.clock, GcTiming(3600, 3600, 3600))
+    done = await gc.run_once()
+    assert [(a.kind, a.checkpoint_id) for a in done] == [(ActionKind.DELETE_BY_RETENTION, old.id)]
+    assert not location_dir(old.location).exists()

@@ -18,7 +18,7 @@ from trainyard_core.rpc.server import insecure_channel
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.memory import MemoryStore
 
-from .checkpoint_support import Client, dcp_like_files, location_dir, rpc_error, write_shards
+from .checkpoint_support import Client, checksum_of, dcp_like_files, location_dir, rpc_error, write_shards
 
 JOB = "job-ckpt-test"
 
@@ -78,6 +78,25 @@ async def test_damaged_shard_is_refused_and_nothing_changes(
     assert (await client.latest(JOB)).id == good.id
 
 
+async def test_commit_with_missing_shards_names_every_one(client: Client, etcd_store: EtcdStore,
+                                                          key_prefix: str) -> None:
+    good = await client.save(JOB, step=1, world_size=4)
+    ckpt = await client.begin(JOB, step=2, world_size=4)
+    shards = write_shards(ckpt, dcp_like_files(world_size=4, step=2))
+    for name in ("__1_0.distcp", "__3_0.distcp"):
+        (location_dir(ckpt.location) / name).unlink()
+    before = await snapshot(etcd_store, key_prefix)
+    files_before = sorted(p.name for p in location_dir(good.location).iterdir())
+    err = await rpc_error(client.commit(ckpt.id, shards))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = err.details() or ""
+    assert "'__1_0.distcp' (rank 1) is missing" in details and "'__3_0.distcp' (rank 3) is missing" in details
+    assert "'__0_0.distcp'" not in details
+    assert await snapshot(etcd_store, key_prefix) == before
+    assert sorted(p.name for p in location_dir(good.location).iterdir()) == files_before
+    assert (await client.latest(JOB)).id == good.id
+
+
 async def test_declared_size_larger_than_file_names_the_shard(client: Client) -> None:
     ckpt = await client.begin(JOB, step=1, world_size=1)
     shards = write_shards(ckpt, {"__0_0.distcp": (0, b"x" * 100), ".metadata": (0, b"m")})
@@ -126,21 +145,29 @@ async def test_abort_after_commit_is_refused(client: Client) -> None:
 async def test_latest_only_moves_forward_in_step(client: Client) -> None:
     at_100 = await client.save(JOB, step=100)
     assert (await client.latest(JOB)).id == at_100.id
-    at_50 = await client.save(JOB, step=50)
-    assert at_50.state == pb.CHECKPOINT_STATE_COMMITTED
-    assert (await client.latest(JOB)).id == at_100.id, "an older step does not move latest back"
-    same_step = await client.save(JOB, step=100)
-    assert (await client.latest(JOB)).id == at_100.id, "an equal step keeps the first committed"
     at_200 = await client.save(JOB, step=200)
     assert (await client.latest(JOB)).id == at_200.id
-    assert same_step.id != at_100.id
 
     # A slow save that finishes after a newer one: begun first, committed last.
     slow = await client.begin(JOB, step=300)
     fast = await client.begin(JOB, step=400)
     await client.commit(fast.id, write_shards(fast, dcp_like_files(2, 400)))
     await client.commit(slow.id, write_shards(slow, dcp_like_files(2, 300)))
-    assert (await client.latest(JOB)).id == fast.id
+    assert (await client.latest(JOB)).id == fast.id, "an older step committed late does not move latest back"
+
+
+@pytest.mark.parametrize("step", [399, 400])
+async def test_begin_with_a_step_not_after_latest_is_refused(client: Client, etcd_store: EtcdStore,
+                                                             key_prefix: str, storage_root: Path, step: int) -> None:
+    latest = await client.save(JOB, step=400)
+    before = await snapshot(etcd_store, key_prefix)
+    dirs_before = sorted(p.name for p in (storage_root / JOB).iterdir())
+    err = await rpc_error(client.begin(JOB, step=step))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"step {step} is not after step 400" in (err.details() or "") and latest.id in (err.details() or "")
+    assert await snapshot(etcd_store, key_prefix) == before
+    assert sorted(p.name for p in (storage_root / JOB).iterdir()) == dirs_before
+    assert (await client.begin(JOB, step=401)).state == pb.CHECKPOINT_STATE_WRITING
 
 
 async def test_latest_is_per_job(client: Client) -> None:
@@ -237,6 +264,17 @@ BAD_BEGINS = [
     (dict(job_id="job-x", step=1, world_size=0), "world_size must be >= 1"),
     (dict(job_id="job-x", step=1, world_size=1, attempt=-1), "attempt must be >= 0"),
     (dict(job_id="job-x", step=1, world_size=1, metadata={"": "v"}), "metadata key"),
+    (dict(job_id="job-x", step=1, world_size=1, lineage=pb.Lineage(job_spec="{not json")),
+     "lineage.job_spec is not valid JSON"),
+    (dict(job_id="job-x", step=1, world_size=1, lineage=pb.Lineage(job_spec="[1, 2]")),
+     "lineage.job_spec must be a JSON object"),
+    (dict(job_id="job-x", step=1, world_size=1, lineage=pb.Lineage(job_spec='{"a": "' + "x" * 70_000 + '"}')),
+     "lineage.job_spec is 70009 bytes; at most 65536"),
+    (dict(job_id="job-x", step=1, world_size=1, lineage=pb.Lineage(code_version="abc\ndef")),
+     "lineage.code_version"),
+    (dict(job_id="job-x", step=1, world_size=1, lineage=pb.Lineage(parameters={"": "1"})),
+     "lineage.parameters key"),
+    (dict(job_id="job-x", step=1, world_size=1, retention=pb.RetentionPolicy()), "retention keeps nothing"),
 ]
 
 
@@ -250,7 +288,7 @@ async def test_bad_begin_is_invalid_argument(client: Client, etcd_store: EtcdSto
     assert not any(storage_root.iterdir())  # noqa: ASYNC240 - a listing of an empty test directory
 
 
-def _shard(path: str = "__0_0.distcp", size: int = 1, checksum: str = "crc32c:0badf00d",
+def _shard(path: str = "__0_0.distcp", size: int = 1, checksum: str = checksum_of(b"x"),
            rank: int = 0) -> pb.ShardInfo:
     return pb.ShardInfo(path=path, size_bytes=size, checksum=checksum, rank=rank)
 
@@ -269,6 +307,11 @@ BAD_COMMITS = [
     ([_shard(rank=-1)], "must be in [0, 2)"),
     ([_shard(checksum="md5:0123")], "checksum of '__0_0.distcp'"),
     ([_shard(checksum="crc32c:0BADF00D")], "lower-case hex"),
+    ([_shard(checksum="crc32c:0badf00d")], "crc32c, which this service cannot verify"),
+    ([_shard(checksum="xxh3c:0:0123456789abcdef")], "xxh3c:<chunk bytes>"),
+    ([_shard(path=".trainyard-manifest.json")], "reserved prefix"),
+    ([_shard(path="sub/.trainyard-x")], "reserved prefix"),
+    ([_shard(path="a\x00b")], "control character"),
     ([_shard(checksum="xxh3:0123")], "checksum"),
     ([_shard(checksum="")], "checksum"),
     ([_shard(), _shard(rank=1)], "declared twice"),

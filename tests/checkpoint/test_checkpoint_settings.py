@@ -8,7 +8,7 @@ import pytest
 
 from trainyard_checkpoint.main import main
 from trainyard_checkpoint.settings import CheckpointSettings
-from trainyard_core.settings import SettingsError, load_settings
+from trainyard_core.settings import SettingsError, load_settings, redacted
 
 PREFIX = "TRAINYARD_CHECKPOINT_"
 
@@ -29,9 +29,27 @@ def test_defaults_and_sources() -> None:
         Path("/data/my ckpts")
 
 
+def test_s3_url_and_credentials() -> None:
+    s = load({PREFIX + "STORAGE_URL": "s3://ckpt-bucket/team/a/", PREFIX + "S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+              PREFIX + "S3_ACCESS_KEY_ID": "AKIDEXAMPLE", PREFIX + "S3_SECRET_ACCESS_KEY": "very-secret-value"})
+    assert (s.storage.scheme, s.storage.bucket, s.storage.prefix) == ("s3", "ckpt-bucket", "team/a")
+    assert s.s3_credentials() == ("AKIDEXAMPLE", "very-secret-value", "")
+    shown = redacted(s)
+    assert shown["s3_secret_access_key"] == "***" and shown["s3_access_key_id"] == "***"
+    assert "very-secret-value" not in repr(s) and "very-secret-value" not in str(shown)
+    assert load({PREFIX + "STORAGE_URL": "S3://ckpt-bucket"}).storage.prefix == ""
+
+
+def test_s3_secret_without_key_is_refused_without_echoing_it() -> None:
+    with pytest.raises(SettingsError, match="s3_access_key_id and s3_secret_access_key go together") as info:
+        load({PREFIX + "STORAGE_URL": "s3://ckpt-bucket/p", PREFIX + "S3_SECRET_ACCESS_KEY": "very-secret-value"})
+    assert "very-secret-value" not in info.value.message
+
+
 @pytest.mark.parametrize(("url", "message"), [
-    ("s3://bucket/prefix", "S3 support arrives with the checkpoint issue"),
-    ("S3://bucket/prefix", "S3 support arrives with the checkpoint issue"),
+    ("s3://Bad_Bucket/prefix", "not a valid S3 bucket name"),
+    ("s3://key:secret@bucket/prefix", "not in the URL"),
+    ("s3://bucket/a/../b", "'..'"),
     ("/var/lib/ckpt", "unsupported storage URL scheme '(none)'"),
     ("gs://bucket", "unsupported storage URL scheme 'gs'"),
     ("file://server/share", "takes no host"),
@@ -47,6 +65,15 @@ def test_bad_storage_urls(url: str, message: str) -> None:
 
 
 def test_main_exits_2_with_the_message_on_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--storage-url", "s3://bucket/ckpt"]) == 2
+    assert main(["--storage-url", "gs://bucket/ckpt"]) == 2
     err = capsys.readouterr().err
-    assert "S3 support arrives with the checkpoint issue" in err
+    assert "unsupported storage URL scheme 'gs'" in err
+
+
+def test_commit_verify_and_gc_settings() -> None:
+    s = load({})
+    assert (s.commit_verify, s.gc_interval_s, s.gc_grace_s) == ("checksum", 300.0, 3600.0)
+    s = load({PREFIX + "COMMIT_VERIFY": "size", PREFIX + "GC_INTERVAL_S": "0"})
+    assert (s.commit_verify, s.gc_interval_s) == ("size", 0.0)
+    with pytest.raises(SettingsError, match="commit_verify"):
+        load({PREFIX + "COMMIT_VERIFY": "md5"})

@@ -1,4 +1,4 @@
-"""POSIX storage backend on a real directory: layout, sizes, containment, removal."""
+"""POSIX storage backend on a real directory: layout, sizes, reads, listing, containment, removal."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard_checkpoint.checksum import ChecksumMismatch
 from trainyard_checkpoint.storage import PosixStorage
 from trainyard_core.errors import FailedPrecondition
 
@@ -85,3 +86,31 @@ def test_unusable_root_fails_start_up_with_a_clear_message(tmp_path: Path) -> No
     blocker.write_bytes(b"")
     with pytest.raises(OSError, match=r"cannot create checkpoint storage root .*STORAGE_URL"):
         PosixStorage(blocker / "root").ensure_root()
+
+
+async def test_read_blocks_streams_and_refuses_what_stat_refuses(storage: PosixStorage, tmp_path: Path) -> None:
+    location = storage.location_for("job-a", "ckpt-4")
+    await storage.prepare(location)
+    directory = tmp_path / "root" / "job-a" / "ckpt-4"
+    (directory / "s.distcp").write_bytes(bytes(range(250)))
+    assert [len(b) for b in storage.read_blocks(location, "s.distcp", 100)] == [100, 100, 50]
+    assert b"".join(storage.read_blocks(location, "s.distcp", 64)) == bytes(range(250))
+    (tmp_path / "outside").write_bytes(b"secret")
+    os.symlink(tmp_path / "outside", directory / "link")
+    with pytest.raises(FailedPrecondition, match="leads outside"):
+        list(storage.read_blocks(location, "link", 100))
+    with pytest.raises(ChecksumMismatch, match="missing"):
+        list(storage.read_blocks(location, "gone", 100))
+
+
+async def test_list_locations_names_only_checkpoint_directories(storage: PosixStorage, tmp_path: Path) -> None:
+    for job, ckpt in (("job-a", "ckpt-1"), ("job-a", "ckpt-2"), ("job-b", "ckpt-3")):
+        await storage.prepare(storage.location_for(job, ckpt))
+    root = tmp_path / "root"
+    (root / "job-a" / "notes.txt").write_text("x")
+    (root / "job-a" / "other-dir").mkdir()
+    (root / "Bad Job").mkdir()
+    (root / "file-at-root").write_text("x")
+    found = sorted((s.job_id, s.checkpoint_id, s.location) for s in await storage.list_locations())
+    assert found == [(j, c, storage.location_for(j, c)) for j, c in
+                     (("job-a", "ckpt-1"), ("job-a", "ckpt-2"), ("job-b", "ckpt-3"))]

@@ -1,10 +1,13 @@
-"""The checkpoint-store assembled: store, storage, manager and gRPC server, started and stopped in order.
+"""The checkpoint-store assembled: store, storage, manager, leases, GC loop and gRPC server, started and
+stopped in order.
 
 Used by main.py (the process) and by tests (in-process on port 0).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import grpc.aio
@@ -15,11 +18,15 @@ from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 
+from .domain.gc import GcTiming
+from .gc import GarbageCollector
 from .grpc.servicer import SERVICE_NAME, CheckpointServicer
+from .leases import RestoreLeases
 from .manager import CheckpointManager
 from .repository import CheckpointRepository
 from .settings import CheckpointSettings
-from .storage import PosixStorage
+from .storage import CheckpointStorage, open_storage
+from .verify import ShardVerifier
 
 log = logging.getLogger(__name__)
 
@@ -34,41 +41,82 @@ class CheckpointApp:
         self._given_store = store
         self._clock = clock or SystemClock()
         self._store: Store | None = None
+        self._storage: CheckpointStorage | None = None
         self._server: GrpcServer | None = None
+        self._manager: CheckpointManager | None = None
+        self._gc_stop = asyncio.Event()
+        self._gc_task: asyncio.Task[None] | None = None
+        self.gc: GarbageCollector | None = None
         self.grpc_port = 0
 
     async def start(self) -> None:
-        """Check the storage root, connect the store lazily, serve. Raises OSError when the storage root
-        or the listen address cannot be used (the process then exits with a clear message)."""
-        storage = PosixStorage(self.settings.storage_root)
-        storage.ensure_root()
-        store: Store = self._given_store if self._given_store is not None else \
-            EtcdStore(self.settings.etcd_endpoints)
+        """Check the storage, connect the store lazily, serve, start the GC loop. Raises OSError when the
+        storage or the listen address cannot be used (the process then exits with a clear message)."""
+        s = self.settings
+        storage = open_storage(s)
+        self._storage = storage
+        try:
+            await storage.check()
+        except BaseException:
+            await self._close_storage()
+            raise
+        store: Store = self._given_store if self._given_store is not None else EtcdStore(s.etcd_endpoints)
         self._store = store
-        repo = CheckpointRepository(store, self.settings.etcd_prefix)
-        servicer = CheckpointServicer(CheckpointManager(repo, storage, self._clock))
+        repo = CheckpointRepository(store, s.etcd_prefix)
+        verifier = ShardVerifier(storage, mode=s.commit_verify, concurrency=s.verify_concurrency)
+        manager = CheckpointManager(repo, storage, self._clock, verifier=verifier)
+        self._manager = manager
+        leases = RestoreLeases(repo, self._clock, max_ttl_s=s.restore_lease_max_ttl_s)
+        timing = GcTiming(grace_s=s.gc_grace_s, abandon_writing_s=s.gc_abandon_writing_s,
+                          tombstone_retention_s=s.gc_tombstone_retention_s)
+        self.gc = GarbageCollector(manager, self._clock, timing, lock_ttl_s=s.gc_lock_ttl_s)
+        servicer = CheckpointServicer(manager, leases, self.gc)
 
         def register(server: grpc.aio.Server) -> None:
             pb_grpc.add_CheckpointServiceServicer_to_server(servicer, server)
 
         try:
-            self._server = await start_grpc_server(host=self.settings.listen_host,
-                                                   port=self.settings.listen_port, register=register,
+            self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                    service_names=[SERVICE_NAME])
         except BaseException:
             await self._close_store()
             raise
         self.grpc_port = self._server.port
+        if s.gc_interval_s > 0:
+            self._gc_task = asyncio.create_task(self.gc.run_forever(s.gc_interval_s, self._gc_stop),
+                                                name="checkpoint gc")
         log.info("checkpoint-store serving", extra={
-            "grpc_address": f"{self.settings.listen_host}:{self.grpc_port}", "storage_url": storage.url})
+            "grpc_address": f"{s.listen_host}:{self.grpc_port}", "storage_url": storage.url,
+            "commit_verify": s.commit_verify, "gc_interval_s": s.gc_interval_s})
+
+    async def _close_storage(self) -> None:
+        storage, self._storage = self._storage, None
+        if storage is not None:
+            await storage.close()
 
     async def _close_store(self) -> None:
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.close()
         store, self._store = self._store, None
-        if store is not None and self._given_store is None:
-            await store.close()
+        try:
+            if store is not None and self._given_store is None:
+                await store.close()
+        finally:
+            await self._close_storage()
 
     async def stop(self) -> None:
-        """Stop serving (in-flight calls get `shutdown_grace_s`), then close the store. Idempotent."""
+        """Stop the GC loop and serving (in-flight calls get `shutdown_grace_s`), then close the store and
+        the storage. Idempotent."""
+        self._gc_stop.set()
+        task, self._gc_task = self._gc_task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, self.settings.shutdown_grace_s + 1)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         server, self._server = self._server, None
         try:
             if server is not None:

@@ -3,13 +3,13 @@
 Each operation reads what it needs, asks the domain what the new record is, and writes it with a
 transaction guarded by the revisions it read. When a concurrent change wins, it reads again and decides
 again (bounded; Conflict after that). Storage is looked at before the transaction, never inside it.
+The commit order (verify, manifest, transaction) is documented in `domain/checkpoint.py`.
 
-Idempotency: Begin is not (each call reserves a new id); Commit, Abort and Delete are (see the domain).
+Idempotency: Begin is not (each call reserves a new id); Commit, Abort, Delete, Tag and Untag are.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from trainyard_core.ids import new_id
 from trainyard_core.logs import log_context
 
 from . import domain
-from .domain import Checkpoint, CheckpointState, Shard
+from .domain import Checkpoint, CheckpointState, RetentionPolicy, Shard
 from .domain.validation import (
     CHECKPOINT_ID_PREFIX,
     BeginRequest,
@@ -31,9 +31,12 @@ from .domain.validation import (
     validate_job_id,
     validate_page_token,
     validate_shards,
+    validate_tag,
 )
-from .repository import CheckpointRepository, StoredCheckpoint
+from .manifest import manifest_bytes
+from .repository import CheckpointRepository, LeaseState, StoredCheckpoint
 from .storage import CheckpointStorage
+from .verify import ShardVerifier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,12 +53,23 @@ class Page:
 
 class CheckpointManager:
     def __init__(self, repo: CheckpointRepository, storage: CheckpointStorage, clock: Clock, *,
-                 stat_concurrency: int = 32, max_attempts: int = 16) -> None:
+                 verifier: ShardVerifier | None = None, max_attempts: int = 16) -> None:
         self._repo = repo
         self._storage = storage
         self._clock = clock
-        self._stat_concurrency = stat_concurrency
+        self._verifier = verifier or ShardVerifier(storage)
         self._max_attempts = max_attempts
+
+    @property
+    def repo(self) -> CheckpointRepository:
+        return self._repo
+
+    @property
+    def storage(self) -> CheckpointStorage:
+        return self._storage
+
+    def close(self) -> None:
+        self._verifier.close()
 
     async def _load(self, checkpoint_id: str) -> StoredCheckpoint:
         stored = await self._repo.load(checkpoint_id)
@@ -73,8 +87,20 @@ class CheckpointManager:
 
     # -- Begin --------------------------------------------------------------------------------------
     async def begin(self, req: BeginRequest) -> Checkpoint:
-        """Reserve an id and a location (created in storage) for a new WRITING checkpoint."""
+        """Reserve an id and a location (prepared in storage) for a new WRITING checkpoint.
+
+        Refused (FailedPrecondition) when `req.step` is not above the job's latest committed step. The
+        check reads the pointer without guarding it: a commit racing this Begin can only be of an
+        older Begin, and the pointer only moves forward, so the new checkpoint is at worst one that
+        never becomes latest.
+        """
         validate_begin(req)
+        latest = await self._latest_or_none(req.job_id)
+        problem = domain.step_problem(req.step, latest)
+        if problem is not None:
+            raise FailedPrecondition(problem)
+        if req.retention is not None and await self._repo.retention(req.job_id) != req.retention:
+            await self._repo.set_retention(req.job_id, req.retention)
 
         async def attempt() -> Checkpoint | None:
             now = self._clock.now()
@@ -82,9 +108,11 @@ class CheckpointManager:
             location = self._storage.location_for(req.job_id, checkpoint_id)
             ckpt = domain.new_checkpoint(
                 checkpoint_id=checkpoint_id, job_id=req.job_id, attempt=req.attempt, step=req.step,
-                world_size=req.world_size, location=location, metadata=req.metadata, now=now)
+                world_size=req.world_size, location=location, metadata=req.metadata, now=now,
+                lineage=req.lineage)
             # The directory first: if the store write then fails, an empty directory is all that is
-            # left, while the other order could leave a WRITING record with nowhere to write.
+            # left (GC removes it as an orphan), while the other order could leave a WRITING record
+            # with nowhere to write.
             await self._storage.prepare(location)
             return ckpt if await self._repo.create(ckpt) else None
 
@@ -96,32 +124,28 @@ class CheckpointManager:
 
     # -- Commit -------------------------------------------------------------------------------------
     async def _verify_storage(self, ckpt: Checkpoint, shards: Sequence[Shard]) -> None:
-        limit = asyncio.Semaphore(self._stat_concurrency)
-
-        async def size_of(shard: Shard) -> tuple[str, int | None]:
-            async with limit:
-                return shard.path, await self._storage.stat(ckpt.location, shard.path)
-
-        # gather, not a TaskGroup: the first domain error (a shard that is a directory, storage that
-        # cannot be read) must reach the error mapping as itself, not wrapped in an ExceptionGroup.
-        sizes = await asyncio.gather(*(size_of(s) for s in shards))
-        problems = domain.storage_problems(shards, dict(sizes))
+        problems = await self._verifier.problems(ckpt.location, shards)
         if problems:
             shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
             more = len(problems) - MAX_PROBLEMS_SHOWN
-            raise FailedPrecondition(f"checkpoint {ckpt.id} was not committed: {shown}"
+            raise FailedPrecondition(f"checkpoint {ckpt.id} was not committed (it stays WRITING: rewrite the "
+                                     f"shards and commit again, or abort it): {shown}"
                                      + (f"; and {more} more" if more > 0 else ""))
 
     async def commit(self, checkpoint_id: str, shards: Sequence[Shard]) -> Checkpoint:
-        """Verify every declared shard in storage, then record them and move the job's latest pointer
-        (forward only) in one transaction. Nothing is written when a shard is missing or truncated."""
+        """Verify every declared shard in storage, write the manifest, then record the shards and move
+        the job's latest pointer (forward only) in one transaction. Nothing is written when a shard is
+        missing, truncated or corrupt."""
         validate_checkpoint_id(checkpoint_id)
         stored = await self._load(checkpoint_id)
-        validate_shards(shards, stored.checkpoint.world_size)
+        validate_shards(shards, stored.checkpoint.world_size, verifiable=self._verifier.mode == "checksum")
         if stored.checkpoint.state is not CheckpointState.WRITING:
             # Either the idempotent answer or the refusal; storage need not be looked at.
             return domain.commit(stored.checkpoint, shards, self._clock.now())
         await self._verify_storage(stored.checkpoint, shards)
+        # The manifest does not depend on the commit time, so a retried commit writes the same bytes.
+        draft = domain.commit(stored.checkpoint, shards, self._clock.now())
+        await self._storage.write_once(draft.location, domain.MANIFEST_NAME, manifest_bytes(draft))
 
         async def attempt() -> Checkpoint | None:
             nonlocal stored
@@ -139,7 +163,8 @@ class CheckpointManager:
                 with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
                     log.info("checkpoint committed", extra={
                         "step": committed.step, "shards": len(committed.shards),
-                        "total_bytes": committed.total_bytes, "moved_latest": move})
+                        "total_bytes": committed.total_bytes, "moved_latest": move,
+                        "verified": self._verifier.mode})
                 return committed
             stored = await self._load(checkpoint_id)
             return None
@@ -159,36 +184,32 @@ class CheckpointManager:
 
         async def attempt() -> Checkpoint | None:
             stored = await self._load(checkpoint_id)
-            ckpt = stored.checkpoint
-            aborted = domain.abort(ckpt, reason, self._clock.now())
-            if aborted == ckpt:
-                return ckpt
-            if not await self._repo.update(aborted, expected_revision=stored.mod_revision):
-                return None
-            with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
-                log.info("checkpoint aborted", extra={"reason": aborted.abort_reason})
-            return aborted
+            return await self.abort_if_unchanged(stored, reason)
 
         return await self._retry("abort", attempt)
 
+    async def abort_if_unchanged(self, stored: StoredCheckpoint, reason: str) -> Checkpoint | None:
+        """Abort as read at `stored.mod_revision`; None when the record changed since (decide again)."""
+        ckpt = stored.checkpoint
+        aborted = domain.abort(ckpt, reason, self._clock.now())
+        if aborted == ckpt:
+            return ckpt
+        if not await self._repo.update(aborted, expected_revision=stored.mod_revision):
+            return None
+        with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
+            log.info("checkpoint aborted", extra={"reason": aborted.abort_reason})
+        return aborted
+
     # -- Delete -------------------------------------------------------------------------------------
     async def delete(self, checkpoint_id: str) -> Checkpoint:
-        """Mark DELETED, then remove the files. A retry after a failed removal finishes it."""
+        """Mark DELETED, then remove the files. A retry after a failed removal finishes it. Refused for
+        the latest checkpoint, a tagged one and one under a restore lease."""
         validate_checkpoint_id(checkpoint_id)
 
         async def attempt() -> Checkpoint | None:
             stored = await self._load(checkpoint_id)
-            ckpt = stored.checkpoint
-            latest = await self._repo.latest_pointer(ckpt.job_id)
-            deleted = domain.delete(ckpt, latest_id=latest.checkpoint_id, now=self._clock.now())
-            if deleted == ckpt:
-                return ckpt
-            # No guard on the pointer is needed: it only ever moves onto a checkpoint in the
-            # transaction that commits it, and this one was already COMMITTED (or ABORTED) when read,
-            # at the revision the write below is guarded by.
-            if not await self._repo.update(deleted, expected_revision=stored.mod_revision):
-                return None
-            return deleted
+            leases = await self._repo.lease_state(stored.checkpoint.job_id)
+            return await self.delete_if_unchanged(stored, leases)
 
         deleted = await self._retry("delete", attempt)
         await self._storage.remove(deleted.location)
@@ -196,24 +217,81 @@ class CheckpointManager:
             log.info("checkpoint deleted", extra={"location": deleted.location})
         return deleted
 
+    async def delete_if_unchanged(self, stored: StoredCheckpoint, leases: LeaseState) -> Checkpoint | None:
+        """Mark DELETED as read at `stored.mod_revision` and with the leases in `leases`; None when the
+        record changed or a lease was taken since (decide again). Does not touch storage."""
+        ckpt = stored.checkpoint
+        latest = await self._repo.latest_pointer(ckpt.job_id)
+        deleted = domain.delete(ckpt, latest_id=latest.checkpoint_id, leases=leases.leased.get(ckpt.id, 0),
+                                now=self._clock.now())
+        if deleted == ckpt:
+            return ckpt
+        # No guard on the pointer is needed: it only ever moves onto a checkpoint in the transaction
+        # that commits it, and this one was already COMMITTED (or ABORTED) when read, at the revision
+        # the write below is guarded by. Tags live in the record, so that guard covers them too.
+        if not await self._repo.update(deleted, expected_revision=stored.mod_revision,
+                                       lease_guard_revision=leases.guard_revision):
+            return None
+        return deleted
+
+    # -- Tags ---------------------------------------------------------------------------------------
+    async def tag(self, checkpoint_id: str, name: str) -> Checkpoint:
+        return await self._retag(checkpoint_id, name, domain.tag, "tag")
+
+    async def untag(self, checkpoint_id: str, name: str) -> Checkpoint:
+        return await self._retag(checkpoint_id, name, domain.untag, "untag")
+
+    async def _retag(self, checkpoint_id: str, name: str, change: Callable[[Checkpoint, str], Checkpoint],
+                     what: str) -> Checkpoint:
+        validate_checkpoint_id(checkpoint_id)
+        validate_tag(name)
+
+        async def attempt() -> Checkpoint | None:
+            stored = await self._load(checkpoint_id)
+            changed = change(stored.checkpoint, name)
+            if changed == stored.checkpoint:
+                return changed
+            return changed if await self._repo.update(changed, expected_revision=stored.mod_revision) else None
+
+        return await self._retry(what, attempt)
+
+    # -- Retention ----------------------------------------------------------------------------------
+    async def set_retention(self, job_id: str, policy: RetentionPolicy | None) -> RetentionPolicy | None:
+        validate_job_id(job_id)
+        if policy is not None:
+            domain.validate_policy(policy)
+        await self._repo.set_retention(job_id, policy)
+        log.info("retention set", extra={"job_id": job_id, "policy": policy})
+        return policy
+
+    async def retention(self, job_id: str) -> RetentionPolicy | None:
+        validate_job_id(job_id)
+        return await self._repo.retention(job_id)
+
     # -- Reads --------------------------------------------------------------------------------------
     async def get(self, checkpoint_id: str) -> Checkpoint:
         validate_checkpoint_id(checkpoint_id)
         return (await self._load(checkpoint_id)).checkpoint
 
-    async def latest(self, job_id: str) -> Checkpoint:
-        """The job's latest committed checkpoint; NotFound when it has none."""
-        validate_job_id(job_id)
+    async def _latest_or_none(self, job_id: str) -> Checkpoint | None:
         for _ in range(self._max_attempts):
             pointer = await self._repo.latest_pointer(job_id)
             if pointer.checkpoint_id is None:
-                raise NotFound(f"job {job_id} has no committed checkpoint")
+                return None
             stored = await self._repo.load_in_job(job_id, pointer.checkpoint_id)
             # Between the two reads the pointer may have moved on and the old latest been deleted.
             if stored is not None and stored.checkpoint.state is CheckpointState.COMMITTED:
                 return stored.checkpoint
         raise Unavailable(f"the latest pointer of job {job_id} keeps naming a checkpoint that is not "
                           "committed; the metadata store may be inconsistent")
+
+    async def latest(self, job_id: str) -> Checkpoint:
+        """The job's latest committed checkpoint; NotFound when it has none."""
+        validate_job_id(job_id)
+        latest = await self._latest_or_none(job_id)
+        if latest is None:
+            raise NotFound(f"job {job_id} has no committed checkpoint")
+        return latest
 
     async def list(self, job_id: str, requested_page_size: int, page_token: str) -> Page:
         """A job's checkpoints (every state) in creation order, one page at a time.

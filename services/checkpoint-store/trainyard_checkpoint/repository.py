@@ -4,7 +4,12 @@ Keys, under the service's `etcd_prefix` (see `domain/checkpoint.py` for who writ
 
 - `{prefix}/checkpoints/<job_id>/<checkpoint_id>` → the record as JSON (`"v": 1`);
 - `{prefix}/checkpoint-ids/<checkpoint_id>` → the job id (an immutable index: RPCs name only the id);
-- `{prefix}/checkpoints-latest/<job_id>` → the id of the job's latest committed checkpoint.
+- `{prefix}/checkpoints-latest/<job_id>` → the id of the job's latest committed checkpoint;
+- `{prefix}/checkpoint-retention/<job_id>` → the job's retention policy as JSON;
+- `{prefix}/checkpoint-leases/<job_id>/<checkpoint_id>/<lease_id>` → a restore lease (bound to an etcd
+  lease: etcd drops the key when it expires);
+- `{prefix}/checkpoint-lease-guard/<job_id>` → rewritten by every lease acquisition (guards deletions);
+- `{prefix}/checkpoint-gc-lock` → the replica running a GC pass (bound to an etcd lease).
 
 Every write is a transaction guarded by mod revisions read before it; a lost race returns False and the
 caller re-reads and decides again. Nothing here holds a lock or waits on anything but the store.
@@ -13,13 +18,15 @@ caller re-reads and decides again. Nothing here holds a lock or waits on anythin
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainyard_core.errors import InvalidArgument, Unavailable
-from trainyard_core.store import Compare, Put, Store, absent, mod_revision_is
+from trainyard_core.store import Compare, Delete, Put, Store, absent, mod_revision_is
+from trainyard_core.store.api import Op
 
-from .domain import Checkpoint, CheckpointState, Shard
+from .domain import Checkpoint, CheckpointState, Lineage, RetentionPolicy, Shard
 
 RECORD_VERSION = 1
 # etcd refuses requests over 1.5 MiB by default; stay clear of it with the whole transaction.
@@ -30,6 +37,25 @@ MAX_RECORD_BYTES = 1024 * 1024
 class StoredCheckpoint:
     checkpoint: Checkpoint
     mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """A job's restore leases as read: active leases per checkpoint id, and the revision of the job's
+    lease guard key read before them (0 when absent). A deletion guarded by that revision cannot miss
+    a lease taken after the look."""
+
+    leased: dict[str, int]
+    guard_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreLease:
+    job_id: str
+    checkpoint_id: str
+    lease_id: int
+    holder: str
+    ttl_s: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +87,8 @@ def encode(ckpt: Checkpoint) -> bytes:
                    for s in ckpt.shards],
         "tags": list(ckpt.tags),
         "metadata": dict(ckpt.metadata),
+        "lineage": {"job_spec": ckpt.lineage.job_spec, "code_version": ckpt.lineage.code_version,
+                    "parameters": dict(ckpt.lineage.parameters)},
     }
     data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
     if len(data) > MAX_RECORD_BYTES:
@@ -82,10 +110,34 @@ def decode(data: bytes) -> Checkpoint:
             shards=tuple(Shard(rank=int(s["rank"]), path=s["path"], size_bytes=int(s["size_bytes"]),
                                checksum=s["checksum"]) for s in doc["shards"]),
             committed_at=doc["committed_at"], aborted_at=doc["aborted_at"], deleted_at=doc["deleted_at"],
-            abort_reason=doc["abort_reason"], tags=tuple(doc["tags"]), metadata=dict(doc["metadata"]))
+            abort_reason=doc["abort_reason"], tags=tuple(doc["tags"]), metadata=dict(doc["metadata"]),
+            # Records written before lineage existed have none.
+            lineage=_decode_lineage(doc.get("lineage") or {}))
     except (ValueError, KeyError, TypeError) as e:
         # A record this version cannot read is an operator problem, not the caller's: say so plainly.
         raise Unavailable(f"unreadable checkpoint record in the metadata store: {e}") from e
+
+
+def _decode_lineage(doc: dict[str, Any]) -> Lineage:
+    return Lineage(job_spec=str(doc.get("job_spec", "")), code_version=str(doc.get("code_version", "")),
+                   parameters={str(k): str(v) for k, v in (doc.get("parameters") or {}).items()})
+
+
+def encode_policy(policy: RetentionPolicy) -> bytes:
+    return json.dumps({"v": 1, "keep_last": policy.keep_last, "keep_every_steps": policy.keep_every_steps},
+                      sort_keys=True).encode()
+
+
+def decode_policy(data: bytes) -> RetentionPolicy:
+    try:
+        doc = json.loads(data)
+        return RetentionPolicy(keep_last=int(doc["keep_last"]), keep_every_steps=int(doc["keep_every_steps"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise Unavailable(f"unreadable retention policy in the metadata store: {e}") from e
+
+
+# The repository has a method named `list`; inside the class these aliases name the builtin type.
+_StoredList = list[StoredCheckpoint]
 
 
 class CheckpointRepository:
@@ -105,6 +157,26 @@ class CheckpointRepository:
 
     def latest_key(self, job_id: str) -> str:
         return f"{self._prefix}/checkpoints-latest/{job_id}"
+
+    def retention_key(self, job_id: str) -> str:
+        return f"{self._prefix}/checkpoint-retention/{job_id}"
+
+    def lease_prefix(self, job_id: str, checkpoint_id: str = "") -> str:
+        return f"{self._prefix}/checkpoint-leases/{job_id}/" + (f"{checkpoint_id}/" if checkpoint_id else "")
+
+    def lease_key(self, job_id: str, checkpoint_id: str, lease_id: int) -> str:
+        return f"{self.lease_prefix(job_id, checkpoint_id)}{lease_id:x}"
+
+    def lease_guard_key(self, job_id: str) -> str:
+        return f"{self._prefix}/checkpoint-lease-guard/{job_id}"
+
+    @property
+    def gc_lock_key(self) -> str:
+        return f"{self._prefix}/checkpoint-gc-lock"
+
+    @property
+    def store(self) -> Store:
+        return self._store
 
     # -- reads --------------------------------------------------------------------------------------
     async def load(self, checkpoint_id: str) -> StoredCheckpoint | None:
@@ -134,6 +206,46 @@ class CheckpointRepository:
                                          limit=limit)
         return [decode(kv.value) for kv in result.kvs], result.more
 
+    async def list_all(self, *, page_size: int = 256) -> _StoredList:
+        """Every record of every job, in key order (job, then creation), read page by page."""
+        prefix = f"{self._prefix}/checkpoints/"
+        out: _StoredList = []
+        after: str | None = None
+        while True:
+            result = await self._store.range(prefix, start_after=after, limit=page_size)
+            out.extend(StoredCheckpoint(decode(kv.value), kv.mod_revision) for kv in result.kvs)
+            if not result.more or not result.kvs:
+                return out
+            after = result.kvs[-1].key
+
+    async def retention(self, job_id: str) -> RetentionPolicy | None:
+        kv = await self._store.get(self.retention_key(job_id))
+        return None if kv is None else decode_policy(kv.value)
+
+    async def set_retention(self, job_id: str, policy: RetentionPolicy | None) -> None:
+        """Last writer wins: a policy is one value set by an operator or the job, not a merge."""
+        if policy is None:
+            await self._store.delete(self.retention_key(job_id))
+        else:
+            await self._store.put(self.retention_key(job_id), encode_policy(policy))
+
+    async def lease_state(self, job_id: str) -> LeaseState:
+        """Read the guard FIRST, then the leases (see LeaseState)."""
+        guard = await self._store.get(self.lease_guard_key(job_id))
+        result = await self._store.range(self.lease_prefix(job_id))
+        leased: dict[str, int] = {}
+        for kv in result.kvs:
+            checkpoint_id = kv.key[len(self.lease_prefix(job_id)):].split("/", 1)[0]
+            leased[checkpoint_id] = leased.get(checkpoint_id, 0) + 1
+        return LeaseState(leased, 0 if guard is None else guard.mod_revision)
+
+    async def lease(self, job_id: str, checkpoint_id: str, lease_id: int) -> RestoreLease | None:
+        kv = await self._store.get(self.lease_key(job_id, checkpoint_id, lease_id))
+        if kv is None or kv.lease != lease_id:
+            return None
+        doc = json.loads(kv.value)
+        return RestoreLease(job_id, checkpoint_id, lease_id, str(doc.get("holder", "")), int(doc.get("ttl_s", 0)))
+
     # -- writes -------------------------------------------------------------------------------------
     async def create(self, ckpt: Checkpoint) -> bool:
         """Store a new record and its id index; False when either key exists already (an id clash)."""
@@ -145,14 +257,19 @@ class CheckpointRepository:
         return result.succeeded
 
     async def update(self, ckpt: Checkpoint, *, expected_revision: int,
-                     latest_guard: LatestPointer | None = None, move_latest: bool = False) -> bool:
+                     latest_guard: LatestPointer | None = None, move_latest: bool = False,
+                     lease_guard_revision: int | None = None) -> bool:
         """Replace the record if unchanged since `expected_revision`, in one transaction.
 
         With `latest_guard`, the write also requires the job's latest pointer to be unchanged since it
         was read; with `move_latest`, the pointer is set to this checkpoint in the same transaction.
+        With `lease_guard_revision`, it requires that no restore lease was taken on the job since the
+        leases were read (a deletion).
         """
         record_key = self.record_key(ckpt.job_id, ckpt.id)
         compares: list[Compare] = [mod_revision_is(record_key, expected_revision)]
+        if lease_guard_revision is not None:
+            compares.append(mod_revision_is(self.lease_guard_key(ckpt.job_id), lease_guard_revision))
         ops: list[Put] = [Put(record_key, encode(ckpt))]
         if latest_guard is not None or move_latest:
             if latest_guard is None:
@@ -161,4 +278,23 @@ class CheckpointRepository:
         if move_latest:
             ops.append(Put(self.latest_key(ckpt.job_id), ckpt.id.encode()))
         result = await self._store.txn(compares, ops)
+        return result.succeeded
+
+    async def purge(self, ckpt: Checkpoint, *, expected_revision: int) -> bool:
+        """Drop a DELETED record and its id index, if unchanged since `expected_revision`."""
+        record_key = self.record_key(ckpt.job_id, ckpt.id)
+        ops: Sequence[Op] = [Delete(record_key), Delete(self.index_key(ckpt.id))]
+        result = await self._store.txn([mod_revision_is(record_key, expected_revision)], ops)
+        return result.succeeded
+
+    async def add_lease(self, ckpt: Checkpoint, *, expected_revision: int, lease_id: int, holder: str,
+                        ttl_s: int, now: float) -> bool:
+        """Record a restore lease on `ckpt` (bound to etcd lease `lease_id`) if the record is unchanged
+        since `expected_revision`, and touch the job's lease guard in the same transaction."""
+        record_key = self.record_key(ckpt.job_id, ckpt.id)
+        value = json.dumps({"holder": holder, "ttl_s": ttl_s, "acquired_at": now}).encode()
+        result = await self._store.txn(
+            [mod_revision_is(record_key, expected_revision)],
+            [Put(self.lease_key(ckpt.job_id, ckpt.id, lease_id), value, lease=lease_id),
+             Put(self.lease_guard_key(ckpt.job_id), f"{lease_id:x}".encode())])
         return result.succeeded

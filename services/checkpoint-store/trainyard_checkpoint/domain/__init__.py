@@ -1,9 +1,12 @@
-"""Pure checkpoint domain: the record, its state machine and request validation (no grpc, no etcd)."""
+"""Pure checkpoint domain: the record, its state machine, retention, GC decisions and request validation
+(no grpc, no etcd, no storage)."""
 
 from .checkpoint import (
+    MANIFEST_NAME,
     TRANSITIONS,
     Checkpoint,
     CheckpointState,
+    Lineage,
     Shard,
     abort,
     can_transition,
@@ -12,11 +15,17 @@ from .checkpoint import (
     delete,
     moves_latest,
     new_checkpoint,
+    step_problem,
     storage_problems,
+    tag,
+    untag,
 )
+from .retention import RetentionPolicy, keep_reasons, validate_policy
 from .validation import BeginRequest
 
 __all__ = [
-    "TRANSITIONS", "BeginRequest", "Checkpoint", "CheckpointState", "Shard", "abort", "can_transition",
-    "canonical_shards", "commit", "delete", "moves_latest", "new_checkpoint", "storage_problems",
+    "MANIFEST_NAME", "TRANSITIONS", "BeginRequest", "Checkpoint", "CheckpointState", "Lineage",
+    "RetentionPolicy", "Shard", "abort", "can_transition", "canonical_shards", "commit", "delete",
+    "keep_reasons", "moves_latest", "new_checkpoint", "step_problem", "storage_problems", "tag", "untag",
+    "validate_policy",
 ]

@@ -4,17 +4,24 @@ message names the field and says what is accepted.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.ids import is_valid_id
 
-from .checkpoint import Shard
+from .. import checksum
+from .checkpoint import RESERVED_PREFIX, Lineage, Shard
+from .retention import RetentionPolicy, validate_policy
 
 CHECKPOINT_ID_PREFIX = "ckpt"
-CHECKSUM_RE = re.compile(r"^(crc32c:[0-9a-f]{8}|xxh3:[0-9a-f]{16})$")
+MAX_JOB_SPEC_BYTES = 64 * 1024
+MAX_CODE_VERSION_CHARS = 256
+MAX_HOLDER_CHARS = 256
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+LEASE_ID_RE = re.compile(r"^[0-9a-f]{1,16}$")
 # The record (with every shard) is one etcd value, and etcd caps a request at 1.5 MiB by default.
 # 10,000 shards of ~100 bytes each stay well under it; issue 5 moves big manifests into storage.
 MAX_SHARDS = 10_000
@@ -33,6 +40,8 @@ class BeginRequest:
     step: int
     world_size: int
     metadata: Mapping[str, str]
+    lineage: Lineage = field(default_factory=Lineage)
+    retention: RetentionPolicy | None = None
 
 
 def validate_job_id(job_id: str, field_name: str = "job_id") -> None:
@@ -43,10 +52,14 @@ def validate_job_id(job_id: str, field_name: str = "job_id") -> None:
                               "letters, digits and '-', starting with a letter)")
 
 
+def is_checkpoint_id(value: str) -> bool:
+    return is_valid_id(value) and value.startswith(CHECKPOINT_ID_PREFIX + "-")
+
+
 def validate_checkpoint_id(checkpoint_id: str, field_name: str = "checkpoint_id") -> None:
     if not checkpoint_id:
         raise InvalidArgument(f"{field_name} is required")
-    if not (is_valid_id(checkpoint_id) and checkpoint_id.startswith(CHECKPOINT_ID_PREFIX + "-")):
+    if not is_checkpoint_id(checkpoint_id):
         raise InvalidArgument(f"{field_name} {checkpoint_id!r} is not a checkpoint id (expected "
                               f"'{CHECKPOINT_ID_PREFIX}-' followed by lower-case letters and digits, as "
                               "returned by BeginCheckpoint)")
@@ -61,20 +74,64 @@ def validate_begin(req: BeginRequest) -> None:
     if req.world_size < 1:
         raise InvalidArgument(f"world_size must be >= 1, got {req.world_size}")
     validate_metadata(req.metadata)
+    validate_lineage(req.lineage)
+    if req.retention is not None:
+        validate_policy(req.retention, "retention")
 
 
-def validate_metadata(metadata: Mapping[str, str]) -> None:
+def validate_metadata(metadata: Mapping[str, str], field_name: str = "metadata") -> None:
     if len(metadata) > MAX_METADATA_ENTRIES:
-        raise InvalidArgument(f"metadata has {len(metadata)} entries; at most {MAX_METADATA_ENTRIES} "
+        raise InvalidArgument(f"{field_name} has {len(metadata)} entries; at most {MAX_METADATA_ENTRIES} "
                               "are allowed")
     size = 0
     for key, value in metadata.items():
         if not key or len(key) > MAX_METADATA_KEY_CHARS:
-            raise InvalidArgument(f"metadata key {key!r} must be 1-{MAX_METADATA_KEY_CHARS} characters")
+            raise InvalidArgument(f"{field_name} key {key!r} must be 1-{MAX_METADATA_KEY_CHARS} characters")
         size += len(key.encode()) + len(value.encode())
     if size > MAX_METADATA_BYTES:
-        raise InvalidArgument(f"metadata is {size} bytes; at most {MAX_METADATA_BYTES} are allowed (put "
+        raise InvalidArgument(f"{field_name} is {size} bytes; at most {MAX_METADATA_BYTES} are allowed (put "
                               "large data in storage and a reference here)")
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def validate_lineage(lineage: Lineage) -> None:
+    if lineage.job_spec:
+        size = len(lineage.job_spec.encode())
+        if size > MAX_JOB_SPEC_BYTES:
+            raise InvalidArgument(f"lineage.job_spec is {size} bytes; at most {MAX_JOB_SPEC_BYTES} are allowed")
+        try:
+            spec = json.loads(lineage.job_spec)
+        except ValueError as e:
+            raise InvalidArgument(f"lineage.job_spec is not valid JSON: {e}") from None
+        if not isinstance(spec, dict):
+            raise InvalidArgument("lineage.job_spec must be a JSON object (the job's spec as submitted)")
+    if len(lineage.code_version) > MAX_CODE_VERSION_CHARS or _has_control(lineage.code_version):
+        raise InvalidArgument(f"lineage.code_version must be at most {MAX_CODE_VERSION_CHARS} characters "
+                              "without control characters")
+    validate_metadata(lineage.parameters, "lineage.parameters")
+
+
+def validate_tag(tag: str) -> None:
+    if not TAG_RE.match(tag):
+        raise InvalidArgument(f"tag {tag!r} must be 1-63 characters: letters, digits, '.', '_' and '-', "
+                              "starting with a letter or digit")
+
+
+def validate_lease_request(ttl_s: int, max_ttl_s: int, holder: str) -> None:
+    if not 1 <= ttl_s <= max_ttl_s:
+        raise InvalidArgument(f"ttl_s must be in [1, {max_ttl_s}] seconds, got {ttl_s}")
+    if len(holder) > MAX_HOLDER_CHARS or _has_control(holder):
+        raise InvalidArgument(f"holder must be at most {MAX_HOLDER_CHARS} characters without control characters")
+
+
+def validate_lease_id(lease_id: str) -> None:
+    if not lease_id:
+        raise InvalidArgument("lease_id is required")
+    if not LEASE_ID_RE.match(lease_id):
+        raise InvalidArgument(f"lease_id {lease_id[:40]!r} is not a lease id returned by AcquireRestoreLease")
 
 
 def shard_path_problem(path: str) -> str | None:
@@ -99,11 +156,17 @@ def shard_path_problem(path: str) -> str | None:
         return "contains '..'; shards must stay inside the checkpoint's location"
     if "" in parts or "." in parts:
         return "is not in canonical form (empty or '.' component)"
+    if any(p.startswith(RESERVED_PREFIX) for p in parts):
+        return f"uses the reserved prefix {RESERVED_PREFIX!r} (the service's own files)"
     return None
 
 
-def validate_shards(shards: Sequence[Shard], world_size: int) -> None:
-    """Checks a commit's shard list against the checkpoint's world size."""
+def validate_shards(shards: Sequence[Shard], world_size: int, *, verifiable: bool = False) -> None:
+    """Checks a commit's shard list against the checkpoint's world size.
+
+    `verifiable`: the service verifies checksums at commit, so each must be one it can compute (xxh3c
+    or xxh3; a crc32c is refused rather than recorded unchecked).
+    """
     if not shards:
         raise InvalidArgument("shards is empty: a commit declares every file of the checkpoint")
     if len(shards) > MAX_SHARDS:
@@ -123,9 +186,14 @@ def validate_shards(shards: Sequence[Shard], world_size: int) -> None:
         if not 0 <= shard.rank < world_size:
             raise InvalidArgument(f"{where}.rank of {shard.path!r} must be in [0, {world_size}) for a "
                                   f"checkpoint of world size {world_size}, got {shard.rank}")
-        if not CHECKSUM_RE.match(shard.checksum):
-            raise InvalidArgument(f"{where}.checksum of {shard.path!r} must be 'crc32c:' and 8 or 'xxh3:' "
-                                  f"and 16 lower-case hex digits, got {shard.checksum!r}")
+        try:
+            parsed = checksum.parse(shard.checksum)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{where}.checksum of {shard.path!r}: {e.message} (lower-case hex)") from None
+        if verifiable and not parsed.verifiable:
+            raise InvalidArgument(f"{where}.checksum of {shard.path!r} is {parsed.algo}, which this service "
+                                  "cannot verify at commit (commit_verify=checksum); declare "
+                                  "xxh3c:<chunk bytes>:<hex>... (trainyard_checkpoint.checksum)")
 
 
 def page_size(requested: int) -> int:
