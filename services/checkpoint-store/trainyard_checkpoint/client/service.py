@@ -1,0 +1,183 @@
+"""A blocking client of the CheckpointService for training processes (which are not asyncio programs).
+
+Only the coordinator rank talks to the service: one Begin and one Commit per checkpoint, whatever the
+world size. Calls that are safe to repeat (Commit, Abort and the reads are idempotent on the service)
+are retried while the service is unavailable; Begin is retried only when the service was unreachable,
+where at worst it leaves an unused WRITING reservation that GC aborts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
+from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from trainyard_core.rpc.server import CHANNEL_OPTIONS
+
+from .env import Retention
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+_RETRY_IDEMPOTENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_STATES = {
+    pb.CHECKPOINT_STATE_WRITING: "WRITING",
+    pb.CHECKPOINT_STATE_COMMITTED: "COMMITTED",
+    pb.CHECKPOINT_STATE_ABORTED: "ABORTED",
+    pb.CHECKPOINT_STATE_DELETED: "DELETED",
+}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ShardRecord:
+    """One file of a checkpoint: its path relative to the location, size, xxh3c checksum, writer rank."""
+
+    path: str
+    size_bytes: int
+    checksum: str
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    id: str
+    job_id: str
+    attempt: int
+    step: int
+    world_size: int
+    location: str
+    state: str
+    shards: tuple[ShardRecord, ...]
+    total_bytes: int
+    manifest_path: str
+
+    @property
+    def committed(self) -> bool:
+        return self.state == "COMMITTED"
+
+
+def _info(msg: pb.Checkpoint) -> CheckpointInfo:
+    return CheckpointInfo(
+        id=msg.id, job_id=msg.job_id, attempt=msg.attempt, step=msg.step, world_size=msg.world_size,
+        location=msg.location, state=_STATES.get(msg.state, "UNSPECIFIED"),
+        shards=tuple(ShardRecord(s.path, s.size_bytes, s.checksum, s.rank) for s in msg.shards),
+        total_bytes=msg.total_bytes, manifest_path=msg.manifest_path)
+
+
+class ServiceClient:
+    """Thread-safe (a gRPC channel is). `close()` releases the channel."""
+
+    def __init__(self, address: str, *, timeout_s: float = 60.0, retry_for_s: float = 30.0) -> None:
+        self.address = address
+        self._timeout_s = timeout_s
+        self._retry_for_s = retry_for_s
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.CheckpointServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, what: str, call: Callable[[], T], *, idempotent: bool) -> T:
+        retry = _RETRY_IDEMPOTENT_CODES if idempotent else _RETRY_CODES
+        deadline = time.monotonic() + self._retry_for_s
+        pause = 0.05
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                code = e.code()
+                if code in retry and time.monotonic() + pause < deadline:
+                    log.warning("checkpoint-store call %s failed (%s); retrying", what, code.name)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 2.0)
+                    continue
+                raise CheckpointError(f"checkpoint-store {what} failed: {code.name}: {e.details()}") from None
+
+    def begin(self, *, job_id: str, attempt: int, step: int, world_size: int, metadata: Mapping[str, str],
+              code_version: str = "", retention: Retention | None = None) -> CheckpointInfo:
+        req = pb.BeginCheckpointRequest(job_id=job_id, attempt=attempt, step=step, world_size=world_size,
+                                        metadata=dict(metadata))
+        if code_version:
+            req.lineage.code_version = code_version
+        if retention is not None:
+            req.retention.keep_last = retention.keep_last
+            req.retention.keep_every_steps = retention.keep_every_steps
+        resp = self._call(f"BeginCheckpoint(job {job_id}, step {step})",
+                          lambda: self._stub.BeginCheckpoint(req, timeout=self._timeout_s), idempotent=False)
+        return _info(resp.checkpoint)
+
+    def commit(self, checkpoint_id: str, shards: Iterable[ShardRecord]) -> CheckpointInfo:
+        req = pb.CommitCheckpointRequest(checkpoint_id=checkpoint_id, shards=[
+            pb.ShardInfo(path=s.path, size_bytes=s.size_bytes, checksum=s.checksum, rank=s.rank) for s in shards])
+        resp = self._call(f"CommitCheckpoint({checkpoint_id})",
+                          lambda: self._stub.CommitCheckpoint(req, timeout=self._timeout_s), idempotent=True)
+        return _info(resp.checkpoint)
+
+    def abort(self, checkpoint_id: str, reason: str) -> CheckpointInfo:
+        req = pb.AbortCheckpointRequest(checkpoint_id=checkpoint_id, reason=reason[:1024])
+        resp = self._call(f"AbortCheckpoint({checkpoint_id})",
+                          lambda: self._stub.AbortCheckpoint(req, timeout=self._timeout_s), idempotent=True)
+        return _info(resp.checkpoint)
+
+    def get(self, checkpoint_id: str) -> CheckpointInfo:
+        req = pb.GetCheckpointRequest(checkpoint_id=checkpoint_id)
+        resp = self._call(f"GetCheckpoint({checkpoint_id})",
+                          lambda: self._stub.GetCheckpoint(req, timeout=self._timeout_s), idempotent=True)
+        return _info(resp.checkpoint)
+
+    def latest(self, job_id: str) -> CheckpointInfo | None:
+        """The job's latest committed checkpoint, None when it has none."""
+        req = pb.GetLatestCheckpointRequest(job_id=job_id)
+        try:
+            resp = self._stub.GetLatestCheckpoint(req, timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            resp = self._call(f"GetLatestCheckpoint({job_id})",
+                              lambda: self._stub.GetLatestCheckpoint(req, timeout=self._timeout_s),
+                              idempotent=True)
+        return _info(resp.checkpoint)
+
+    def list_all(self, job_id: str) -> list[CheckpointInfo]:
+        """Every checkpoint of the job (all states), in creation order."""
+        out: list[CheckpointInfo] = []
+        token = ""
+        while True:
+            req = pb.ListCheckpointsRequest(job_id=job_id, page_size=1000, page_token=token)
+            resp = self._call(f"ListCheckpoints({job_id})",
+                              lambda req=req: self._stub.ListCheckpoints(req, timeout=self._timeout_s),  # type: ignore[misc]
+                              idempotent=True)
+            out.extend(_info(c) for c in resp.checkpoints)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def acquire_restore_lease(self, checkpoint_id: str, ttl_s: int, holder: str) -> str | None:
+        """A lease that keeps GC and Delete off the checkpoint while it is loaded. None when the service
+        does not offer leases; CheckpointError when the checkpoint cannot be leased (deleted meanwhile)."""
+        req = pb.AcquireRestoreLeaseRequest(checkpoint_id=checkpoint_id, ttl_s=ttl_s, holder=holder[:256])
+        try:
+            resp = self._call(f"AcquireRestoreLease({checkpoint_id})",
+                              lambda: self._stub.AcquireRestoreLease(req, timeout=self._timeout_s), idempotent=True)
+        except CheckpointError as e:
+            if "UNIMPLEMENTED" in e.message:
+                return None
+            raise
+        return str(resp.lease_id)
+
+    def release_restore_lease(self, checkpoint_id: str, lease_id: str) -> None:
+        req = pb.ReleaseRestoreLeaseRequest(checkpoint_id=checkpoint_id, lease_id=lease_id)
+        try:
+            self._call(f"ReleaseRestoreLease({checkpoint_id})",
+                       lambda: self._stub.ReleaseRestoreLease(req, timeout=self._timeout_s), idempotent=True)
+        except CheckpointError as e:
+            # It expires by itself; a failed release only keeps the checkpoint a little longer.
+            log.warning("could not release the restore lease on %s: %s", checkpoint_id, e)
