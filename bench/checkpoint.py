@@ -1,0 +1,164 @@
+"""Checkpoint save and load against this machine's disk, every figure next to a baseline from the same run.
+
+State: STATE_GIB of float32 tensors (TENSORS of them), on CPU. Files live under BENCH_DIR (default a fresh
+directory in the system temp dir, on the same disk as the repository here). Before every read
+measurement the files are evicted from the page cache (posix_fadvise DONTNEED after fsync), so reads
+come from the disk, as after a restart on another node.
+
+Baselines:
+- raw write: `dd bs=64M conv=fdatasync` of the same number of bytes (and `oflag=direct`, reported beside);
+- raw read: `dd bs=64M iflag=direct` of that file;
+- `torch.save` of the state to one file + fsync (the synchronous save a training loop would block on);
+- stock DCP `FileSystemWriter` with 1 and with N threads (`dcp.save`, no process group).
+Trainyard: the client library's synchronous save (bandwidth) and async_save (time the training loop is
+blocked, and time until committed), load_latest (bandwidth, checksums verified), and loads that reshard a
+2-rank checkpoint onto 1 and 3 ranks (gloo processes), relative to a 2-rank load of the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+STATE_GIB = float(os.environ.get("BENCH_CHECKPOINT_GIB", "1.0"))
+TENSORS = 16
+THREADS = 4
+REPEATS = 2
+
+
+def make_state(gib: float = STATE_GIB, tensors: int = TENSORS) -> dict[str, torch.Tensor]:
+    per = int(gib * (1 << 30) / tensors / 4)
+    gen = torch.Generator().manual_seed(0)
+    return {f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(tensors)}
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def evict(path: Path) -> None:
+    """Drop a file's (or a directory's files') pages from the page cache."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    for f in [p for p in path.rglob("*") if p.is_file()]:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def best(fn: Callable[[], float], repeats: int = REPEATS) -> float:
+    """The shortest of `repeats` runs (seconds): this machine is shared and noisy."""
+    return min(fn() for _ in range(repeats))
+
+
+def dd_write(path: Path, nbytes: int, direct: bool = False) -> float:
+    count = max(1, nbytes // (64 << 20))
+    flag = "oflag=direct" if direct else "conv=fdatasync"
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=64M", f"count={count}", flag, "status=none"],
+                   check=True)
+    took = time.perf_counter() - t0
+    return count * (64 << 20) / took
+
+
+def dd_read(path: Path) -> float:
+    evict(path)
+    size = path.stat().st_size
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=64M", "iflag=direct", "status=none"], check=True)
+    return size / (time.perf_counter() - t0)
+
+
+def torch_save(state: dict[str, torch.Tensor], path: Path) -> float:
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t0
+
+
+def dcp_save(state: dict[str, torch.Tensor], path: Path, threads: int) -> float:
+    shutil.rmtree(path, ignore_errors=True)
+    t0 = time.perf_counter()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path), thread_count=threads, sync_files=True))
+    fsync_tree(path)
+    return time.perf_counter() - t0
+
+
+def dcp_load(state: dict[str, torch.Tensor], path: Path) -> float:
+    evict(path)
+    target = {k: torch.empty_like(v) for k, v in state.items()}
+    t0 = time.perf_counter()
+    dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)))
+    took = time.perf_counter() - t0
+    assert all(torch.equal(target[k], state[k]) for k in state)
+    return took
+
+
+def run() -> dict[str, float]:
+    root = Path(os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="trainyard-ckpt-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(root: Path) -> dict[str, float]:
+    state = make_state()
+    nbytes = state_bytes(state)
+    gib = nbytes / (1 << 30)
+    f: dict[str, float] = {"state_gib": gib}
+    raw = root / "raw.bin"
+    f["raw_write_gib_s"] = max(dd_write(raw, nbytes) for _ in range(REPEATS)) / (1 << 30)
+    f["raw_write_direct_gib_s"] = max(dd_write(raw, nbytes, direct=True) for _ in range(REPEATS)) / (1 << 30)
+    f["raw_read_gib_s"] = max(dd_read(raw) for _ in range(REPEATS)) / (1 << 30)
+    raw.unlink()
+    f["torch_save_s"] = best(lambda: torch_save(state, root / "model.pt"))
+    f["torch_save_gib_s"] = gib / f["torch_save_s"]
+    (root / "model.pt").unlink()
+    f["dcp_save_1thread_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcp1", 1))
+    f["dcp_save_nthreads_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcpn", THREADS))
+    f["dcp_load_gib_s"] = gib / best(lambda: dcp_load(state, root / "dcpn"))
+    shutil.rmtree(root / "dcp1", ignore_errors=True)
+    shutil.rmtree(root / "dcpn", ignore_errors=True)
+    f.update(_trainyard(state, root))
+    base_dcp = max(f["dcp_save_1thread_gib_s"], f["dcp_save_nthreads_gib_s"])
+    if "save_gib_s" in f:
+        f["save_vs_raw_write"] = f["save_gib_s"] / f["raw_write_gib_s"]
+        f["save_vs_dcp"] = f["save_gib_s"] / base_dcp
+        f["load_vs_raw_read"] = f["load_gib_s"] / f["raw_read_gib_s"]
+        f["async_stall_vs_torch_save"] = f["async_blocking_s"] / f["torch_save_s"]
+    return f
+
+
+def _trainyard(state: dict[str, torch.Tensor], root: Path) -> dict[str, float]:
+    """The client library's figures (filled in with the library; see bench/_checkpoint_trainyard.py)."""
+    from bench._checkpoint_trainyard import measure
+
+    return measure(state, root)
