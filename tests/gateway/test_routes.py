@@ -23,7 +23,8 @@ JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code
 # What the API shows for the spec fields a submit leaves out.
 SPEC_DEFAULTS = {"working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0, "priority_class": "",
                  "topology": {"tier": "", "required": False, "wait_s": 0.0},
-                 "preemption": {"signal": "SIGTERM", "grace_s": 0.0}, "restart_backoff_s": 10.0, "time_limit_s": 0.0}
+                 "preemption": {"signal": "SIGTERM", "grace_s": 0.0}, "restart_backoff_s": 10.0, "time_limit_s": 0.0,
+                 "checkpoint": {"every_steps": 0, "interval_s": 0.0, "keep_last": 0}}
 RESOURCES_DEFAULTS = {"accelerators": [], "min_memory_gb": 0, "min_compute_capability": "", "vendor": "",
                       "allow_mixed": False, "cpus_per_node": 0, "speed_hints": {}}
 SLEEP = python("import time; time.sleep(120)")
