@@ -2,9 +2,10 @@
 
 Under Trainyard every worker already has the environment it needs (TRAINYARD_CHECKPOINT_STORE,
 TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). By hand, against a
-local cluster (`make run`, checkpoint-store on 127.0.0.1:50053):
+local cluster (`make run` prints the checkpoint-store's address and writes it to .trainyard/local.env):
 
-    TRAINYARD_CHECKPOINT_STORE=127.0.0.1:50053 TRAINYARD_JOB_ID=job-demo \
+    set -a; . .trainyard/local.env; set +a
+    TRAINYARD_JOB_ID=job-demo \
         torchrun --nproc-per-node 2 examples/train_with_checkpoints.py --steps 200 --every 20
 
 It resumes from the job's latest intact checkpoint when there is one (after a restart, on any number of

@@ -195,7 +195,8 @@ class LocalCluster:
 
     def write_env_file(self) -> Path:
         path = self.workdir / "local.env"
-        path.write_text(f"TRAINYARD_URL={self.url}\nTRAINYARD_TOKEN={self.token}\n")
+        path.write_text(f"TRAINYARD_URL={self.url}\nTRAINYARD_TOKEN={self.token}\n"
+                        f"TRAINYARD_CHECKPOINT_STORE={self.checkpoint_store_address}\n")
         path.chmod(0o600)
         return path
 
@@ -239,6 +240,7 @@ def up(args: argparse.Namespace) -> int:
             cluster.start()
             env_file = cluster.write_env_file()
             print(f"\nTrainyard is up.\n  gateway:  {cluster.url}\n  token:    {cluster.token}\n"
+                  f"  checkpoint-store: {cluster.checkpoint_store_address}\n"
                   f"  logs:     {workdir / 'logs'}/\n  env file: {env_file}\n\n"
                   "In another terminal:\n  source .trainyard/local.env\n  .venv/bin/trainyard nodes\n\n"
                   "Press Ctrl-C to stop everything.", flush=True)
