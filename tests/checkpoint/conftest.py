@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -122,27 +123,8 @@ def s3_settings(moto_server: MotoServer, s3_bucket: str, etcd_endpoint: str, key
         etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), shutdown_grace_s=1.0, gc_interval_s=0)
 
 
-@pytest.fixture
-async def s3_app(s3_settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator[CheckpointApp]:
-    app = CheckpointApp(s3_settings, clock=clock)
-    await app.start()
-    try:
-        yield app
-    finally:
-        await app.stop()
-
-
-@pytest.fixture
-async def s3_client(s3_app: CheckpointApp) -> AsyncIterator[Client]:
-    channel = insecure_channel(f"127.0.0.1:{s3_app.grpc_port}")
-    try:
-        yield Client(pb_grpc.CheckpointServiceStub(channel))
-    finally:
-        await channel.close()
-
-
-@pytest.fixture
-async def app(settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator[CheckpointApp]:
+@contextlib.asynccontextmanager
+async def running_app(settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator[CheckpointApp]:
     app = CheckpointApp(settings, clock=clock)
     await app.start()
     try:
@@ -151,10 +133,34 @@ async def app(settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator
         await app.stop()
 
 
-@pytest.fixture
-async def client(app: CheckpointApp) -> AsyncIterator[Client]:
+@contextlib.asynccontextmanager
+async def client_of(app: CheckpointApp) -> AsyncIterator[Client]:
     channel = insecure_channel(f"127.0.0.1:{app.grpc_port}")
     try:
         yield Client(pb_grpc.CheckpointServiceStub(channel))
     finally:
         await channel.close()
+
+
+@pytest.fixture
+async def s3_app(s3_settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator[CheckpointApp]:
+    async with running_app(s3_settings, clock) as app:
+        yield app
+
+
+@pytest.fixture
+async def s3_client(s3_app: CheckpointApp) -> AsyncIterator[Client]:
+    async with client_of(s3_app) as client:
+        yield client
+
+
+@pytest.fixture
+async def app(settings: CheckpointSettings, clock: ManualClock) -> AsyncIterator[CheckpointApp]:
+    async with running_app(settings, clock) as app:
+        yield app
+
+
+@pytest.fixture
+async def client(app: CheckpointApp) -> AsyncIterator[Client]:
+    async with client_of(app) as client:
+        yield client

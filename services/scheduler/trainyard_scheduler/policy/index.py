@@ -109,17 +109,21 @@ class ClusterIndex:
             self._releases[job_id] = hit
         rels = hit[1].get(model)
         if rels is None:
-            rels = []
-            pool = self.pools.get(model)
-            for a in alloc.assignments:
-                node_id = a.node_id
-                if pool is None or node_id not in pool.free or not a.gpu_indices:
-                    continue
-                healthy = self.healthy[node_id]
-                gpus = tuple(g for g in a.gpu_indices if g in healthy and self.model_of.get((node_id, g)) == model)
-                if gpus:
-                    rels.append((node_id, gpus))
-            hit[1][model] = rels
+            rels = hit[1][model] = self.releases_of(alloc, model)
+        return rels
+
+    def releases_of(self, alloc: Allocation, model: str) -> list[tuple[str, tuple[int, ...]]]:
+        """`releases` without the cache (for gangs a session decided, which no snapshot holds yet)."""
+        rels = []
+        pool = self.pools.get(model)
+        for a in alloc.assignments:
+            node_id = a.node_id
+            if pool is None or node_id not in pool.free or not a.gpu_indices:
+                continue
+            healthy = self.healthy[node_id]
+            gpus = tuple(g for g in a.gpu_indices if g in healthy and self.model_of.get((node_id, g)) == model)
+            if gpus:
+                rels.append((node_id, gpus))
         return rels
 
     def _use(self, job_id: str, alloc: Allocation, team: str, queue: str, nodes: Mapping[str, Node]) -> list[str]:

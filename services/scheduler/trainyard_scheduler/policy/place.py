@@ -493,22 +493,6 @@ class _Session:
             self._rel_cache[model] = table
         return table
 
-    def _releases(self, model: str, allocs: Sequence[Allocation], skip_nodes: frozenset[str]) -> list[Release]:
-        pool = self.pools.get(model)
-        out: list[Release] = []
-        if pool is None:
-            return out
-        model_of = self.model_of
-        for alloc in allocs:
-            for a in alloc.assignments:
-                if a.node_id in pool.free and a.node_id not in skip_nodes and a.gpu_indices:
-                    healthy = self.healthy[a.node_id]
-                    node_id = a.node_id
-                    gpus = tuple(g for g in a.gpu_indices if g in healthy and model_of.get((node_id, g)) == model)
-                    if gpus:
-                        out.append((node_id, gpus))
-        return out
-
     # -- reservations (backfill guard) -----------------------------------------------------------------
     def _reserve(self, job: Job, admitted: Sequence[tuple[str, bool]]) -> None:
         if len(self.held) >= self.config.reservation_depth:
@@ -534,8 +518,7 @@ class _Session:
             releases: list[Release] = []
             times: list[float] = []
             for end, job_id, alloc in ends:
-                rels = table.get(job_id) if job_id in self.snap.allocations else self._releases(model, [alloc],
-                                                                                                 frozenset())
+                rels = table.get(job_id) if job_id in self.snap.allocations else self.index.releases_of(alloc, model)
                 for rel in rels or ():
                     if rel[0] not in claimed:
                         releases.append(rel)
