@@ -104,6 +104,8 @@ def main() -> int:
             with open(args.out, "w") as f:
                 json.dump({"start": start, "steps": args.steps, "weights": digest}, f)
     if distributed:
+        # Every rank leaves together: tearing down a gloo group while a peer has already exited can hang.
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
