@@ -16,6 +16,8 @@ from trainyard_checkpoint.domain import (
     can_transition,
     commit,
     delete,
+    fallback_latest,
+    mark_damaged,
     moves_latest,
     new_checkpoint,
     storage_problems,
@@ -35,8 +37,8 @@ from trainyard_checkpoint.domain.validation import (
 from trainyard_core.errors import FailedPrecondition, InvalidArgument
 
 NOW = 1_700_000_000.0
-W, C, A, D = (CheckpointState.WRITING, CheckpointState.COMMITTED, CheckpointState.ABORTED,
-              CheckpointState.DELETED)
+W, C, A, D, X = (CheckpointState.WRITING, CheckpointState.COMMITTED, CheckpointState.ABORTED,
+                 CheckpointState.DELETED, CheckpointState.DAMAGED)
 
 
 def make_ckpt(state: CheckpointState = W, *, step: int = 10, shards: tuple[Shard, ...] = (),
@@ -54,8 +56,41 @@ SHARDS = (shard("__0_0.distcp", 10, 0), shard("__1_0.distcp", 12, 1), shard(".me
 
 
 def test_transition_table_is_the_documented_machine() -> None:
-    assert {s: set(t) for s, t in TRANSITIONS.items()} == {W: {C, A}, C: {D}, A: {D}, D: set()}
+    assert {s: set(t) for s, t in TRANSITIONS.items()} == {W: {C, A}, C: {D, X}, A: {D}, X: {D}, D: set()}
     assert can_transition(W, C) and not can_transition(C, W) and not can_transition(D, C)
+    assert can_transition(C, X) and not can_transition(X, C) and not can_transition(W, X)
+
+
+@pytest.mark.parametrize(("state", "outcome"), [(W, "refused"), (C, "ok"), (A, "refused"), (D, "refused"),
+                                                (X, "same")])
+def test_mark_damaged(state: CheckpointState, outcome: str) -> None:
+    ckpt = replace(make_ckpt(state), damaged_at=NOW - 5 if state is X else None,
+                   damage="first finding" if state is X else "")
+    if outcome == "refused":
+        with pytest.raises(FailedPrecondition, match="cannot be marked damaged"):
+            mark_damaged(ckpt, "x", NOW)
+        return
+    marked = mark_damaged(ckpt, "shard 'a' is missing" + "!" * 5000, NOW)
+    if outcome == "same":
+        assert marked is ckpt and marked.damage == "first finding"
+    else:
+        assert marked.state is X and marked.damaged_at == NOW
+        assert marked.damage.startswith("shard 'a' is missing") and len(marked.damage) == MAX_ABORT_REASON_CHARS
+    # A damaged checkpoint is never committed again, and can be deleted once it is not latest.
+    with pytest.raises(FailedPrecondition):
+        commit(replace(ckpt, state=X), [], NOW)
+    assert delete(replace(ckpt, state=X), latest_id=None, now=NOW).state is D
+
+
+def test_fallback_latest_is_the_highest_committed_step_left() -> None:
+    def at(step: int, state: CheckpointState, n: int) -> Checkpoint:
+        return make_ckpt(state, step=step, ckpt_id=f"ckpt-{n:010d}abcdefgh")
+
+    bad = at(50, C, 9)
+    others = [at(40, C, 1), at(45, W, 2), at(48, A, 3), at(47, X, 4), at(30, C, 5), at(40, C, 6), at(49, D, 7)]
+    # Step 40 twice: the newer id wins.
+    assert fallback_latest([bad, *others], excluded=bad.id) == others[5]
+    assert fallback_latest([bad], excluded=bad.id) is None
 
 
 # (state, aborted_at set, outcome): "ok" changes, "same" returns unchanged, "refused" raises.

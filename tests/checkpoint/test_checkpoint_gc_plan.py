@@ -118,6 +118,16 @@ def test_aborted_files_wait_for_the_grace() -> None:
         [(ActionKind.REMOVE_ABORTED, due.id)]
 
 
+def test_damaged_files_wait_for_the_grace_and_a_tag_keeps_them() -> None:
+    recent = replace(ckpt(1, CheckpointState.DAMAGED), damaged_at=NOW - 99)
+    due = replace(ckpt(2, CheckpointState.DAMAGED), damaged_at=NOW - 100)
+    tagged = replace(ckpt(3, CheckpointState.DAMAGED, tags=("forensics",)), damaged_at=NOW - 10_000)
+    good = ckpt(4)
+    actions = plan(snapshot(recent, due, tagged, good, latest=good), here(recent, due, tagged, good), {}, TIMING, NOW)
+    assert kinds(actions) == [(ActionKind.REMOVE_DAMAGED, due.id)]
+    assert "damaged" in actions[0].reason
+
+
 def test_deleted_leftovers_and_tombstones() -> None:
     straggler = ckpt(1, CheckpointState.DELETED, deleted=NOW - 200)
     fresh_straggler = ckpt(2, CheckpointState.DELETED, deleted=NOW - 50)

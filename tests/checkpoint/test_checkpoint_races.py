@@ -21,7 +21,7 @@ from trainyard_checkpoint.manager import CheckpointManager
 from trainyard_checkpoint.repository import CheckpointRepository
 from trainyard_checkpoint.storage import PosixStorage
 from trainyard_core.clock import ManualClock
-from trainyard_core.errors import FailedPrecondition
+from trainyard_core.errors import FailedPrecondition, NotFound
 from trainyard_core.store import Compare, Store, TxnResult
 from trainyard_core.store.api import Op
 from trainyard_core.store.etcd import EtcdStore
@@ -209,3 +209,88 @@ async def test_gc_applies_the_plan_it_made(replicas: Replicas) -> None:
     done = await gc.run_once()
     assert [(a.kind, a.checkpoint_id) for a in done] == [(ActionKind.DELETE_BY_RETENTION, old.id)]
     assert not location_dir(old.location).exists()
+
+
+async def committed_at(manager: CheckpointManager, step: int) -> Checkpoint:
+    ckpt, shards = await begin_and_write(manager, step)
+    return await manager.commit(ckpt.id, shards)
+
+
+def damage(ckpt: Checkpoint) -> None:
+    (location_dir(ckpt.location) / "__1_0.distcp").unlink()
+
+
+async def test_damaged_latest_racing_a_newer_commit_leaves_the_newer_one_latest(replicas: Replicas) -> None:
+    await committed_at(replicas.other, 1)
+    bad = await committed_at(replicas.other, 2)
+    damage(bad)
+    newer, newer_shards = await begin_and_write(replicas.other, 3)
+    replicas.hook.before_next_txn = lambda: replicas.other.commit(newer.id, newer_shards)
+
+    report = await replicas.racing.report_damaged(bad.id, ["__1_0.distcp"], "missing")
+
+    assert report.checkpoint.state is CheckpointState.DAMAGED and "missing" in report.checkpoint.damage
+    assert report.latest_id == newer.id, "the pointer moved on meanwhile: it is not moved back"
+    assert (await replicas.other.latest(JOB)).id == newer.id
+
+
+async def test_damaged_latest_racing_the_deletion_of_its_fallback_falls_back_further(replicas: Replicas) -> None:
+    oldest = await committed_at(replicas.other, 1)
+    fallback = await committed_at(replicas.other, 2)
+    bad = await committed_at(replicas.other, 3)
+    damage(bad)
+    replicas.hook.before_next_txn = lambda: replicas.other.delete(fallback.id)
+
+    report = await replicas.racing.report_damaged(bad.id, [], "")
+
+    assert report.latest_id == oldest.id
+    assert (await replicas.other.latest(JOB)).id == oldest.id
+    # And the job can save the steps after it again.
+    again = await committed_at(replicas.other, 2)
+    assert (await replicas.other.latest(JOB)).id == again.id
+
+
+async def test_deleting_the_fallback_racing_a_damage_report_is_refused(replicas: Replicas) -> None:
+    await committed_at(replicas.other, 1)
+    fallback = await committed_at(replicas.other, 2)
+    bad = await committed_at(replicas.other, 3)
+    damage(bad)
+    # The delete reads the pointer (naming `bad`), then the report moves it to `fallback` before the
+    # delete's transaction: the delete must decide again and refuse.
+    replicas.hook.before_next_txn = lambda: replicas.other.report_damaged(bad.id, ["__1_0.distcp"], "")
+
+    with pytest.raises(FailedPrecondition, match="is the latest checkpoint"):
+        await replicas.racing.delete(fallback.id)
+
+    assert (await replicas.other.latest(JOB)).id == fallback.id
+    assert (await replicas.other.get(fallback.id)).state is CheckpointState.COMMITTED
+
+
+async def test_damage_on_the_only_checkpoint_clears_latest_and_a_report_it_cannot_confirm_is_refused(
+        replicas: Replicas) -> None:
+    only = await committed_at(replicas.other, 5)
+    with pytest.raises(FailedPrecondition, match="not marked damaged"):
+        await replicas.racing.report_damaged(only.id, [], "reader saw zeros")
+    assert (await replicas.other.get(only.id)).state is CheckpointState.COMMITTED
+    damage(only)
+    first = await replicas.racing.report_damaged(only.id, [], "")
+    assert first.latest_id is None
+    assert await replicas.other.report_damaged(only.id, [], "again") == first, "idempotent"
+    assert (await replicas.other.list(JOB, 0, "")).checkpoints[0].state is CheckpointState.DAMAGED
+    with pytest.raises(NotFound):
+        await replicas.other.latest(JOB)
+    await committed_at(replicas.other, 1)
+
+
+async def test_gc_removes_a_damaged_checkpoint_after_the_grace(replicas: Replicas) -> None:
+    good = await committed_at(replicas.other, 1)
+    bad = await committed_at(replicas.other, 2)
+    damage(bad)
+    await replicas.other.report_damaged(bad.id, [], "")
+    gc = GarbageCollector(replicas.racing, replicas.clock, GcTiming(3600, 3600, 3600))
+    assert await gc.run_once() == [], "kept for inspection during the grace"
+    replicas.clock.advance(3600)
+    done = await gc.run_once()
+    assert [(a.kind, a.checkpoint_id) for a in done] == [(ActionKind.REMOVE_DAMAGED, bad.id)]
+    assert not location_dir(bad.location).exists() and location_dir(good.location).exists()
+    assert (await replicas.other.get(bad.id)).state is CheckpointState.DELETED

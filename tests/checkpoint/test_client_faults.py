@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 
 from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
@@ -70,9 +71,8 @@ async def test_damaged_checkpoints_are_named_and_skipped_for_the_previous_good_o
     data[4096 + 10] ^= 0xFF
     flipped.write_bytes(bytes(data))
 
-    two, one = await asyncio.gather(run_gang(zygote, ["load"], world_size=2, env=env, out=tmp_path / "load2"),
-                                    run_gang(zygote, ["load"], world_size=1, env=env, out=tmp_path / "load1"))
-    for report in two + one:
+    two = await run_gang(zygote, ["load"], world_size=2, env=env, out=tmp_path / "load2")
+    for report in two:
         assert report["step"] == 1 and report["mismatches"] == [], report
         skipped = {s["step"]: " ".join(s["problems"]) for s in report["skipped"]}
         assert list(skipped) == [5, 4, 3, 2], report
@@ -83,12 +83,42 @@ async def test_damaged_checkpoints_are_named_and_skipped_for_the_previous_good_o
         assert f"'{flipped_name}'" in skipped[2] and "chunk 1 (bytes 4096-8191)" in skipped[2], skipped[2]
     log = (tmp_path / "load2" / "rank0.log").read_text()
     assert "is damaged, falling back" in log and f"{flipped_name}" in log and "chunk 1" in log, log
-    # Damage found by a reader is not the service's to undo: the records are untouched.
-    assert (await client.latest("job-damage")).step == 5
+    # The reader reported each one; the service checked the named files itself and marked them DAMAGED,
+    # moving the job's latest pointer back to step 1.
+    records = {c.step: c for c in await all_checkpoints(client, "job-damage")}
+    for step, what in [(5, "'.metadata'"), (4, "'__1_0.distcp' (rank 1) is missing"),
+                       (3, f"'{truncated_name}'"), (2, f"'{flipped_name}'")]:
+        assert records[step].state == pb.CHECKPOINT_STATE_DAMAGED, records[step]
+        assert what in records[step].damage and records[step].HasField("damaged_at"), records[step].damage
+    assert "chunk 1" in records[2].damage and "is truncated" in records[3].damage, records
+    assert records[1].state == pb.CHECKPOINT_STATE_COMMITTED
+    assert (await client.latest("job-damage")).step == 1
+    # A later reader goes straight to step 1, on any world size.
+    one = (await run_gang(zygote, ["load"], world_size=1, env=env, out=tmp_path / "load1"))[0]
+    assert one["step"] == 1 and one["skipped"] == [] and one["mismatches"] == [], one
 
 
-@pytest.mark.xfail(strict=True, reason="needs the service to learn that a checkpoint is damaged: Begin refuses a step "
-                                       "at or below the latest committed one, and the latest is the damaged one")
+async def test_a_damage_report_the_service_cannot_confirm_changes_nothing(
+        app: CheckpointApp, client: Client, tmp_path: Path, zygote: Zygote) -> None:
+    env = job_env(f"127.0.0.1:{app.grpc_port}", "job-falsealarm")
+    saved = (await run_gang(zygote, ["save", "1", "2"], world_size=1, env=env, out=tmp_path / "save"))[0]["saved"]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.stub.ReportDamaged(pb.ReportDamagedRequest(checkpoint_id=saved[1]["id"],
+                                                                reason="my NFS client returned zeros"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not marked damaged" in (err.value.details() or "") and "zeros" in (err.value.details() or "")
+    latest = await client.latest("job-falsealarm")
+    assert latest.id == saved[1]["id"] and latest.state == pb.CHECKPOINT_STATE_COMMITTED
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.stub.ReportDamaged(pb.ReportDamagedRequest(checkpoint_id=saved[1]["id"],
+                                                                shard_paths=["../../etc/passwd"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'..'" in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.stub.ReportDamaged(pb.ReportDamagedRequest(checkpoint_id=saved[1]["id"],
+                                                                shard_paths=["nope.distcp"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no shard" in (err.value.details() or "")
+
+
 async def test_after_falling_back_the_job_can_save_again(app: CheckpointApp, client: Client, tmp_path: Path,
                                                           zygote: Zygote) -> None:
     env = job_env(f"127.0.0.1:{app.grpc_port}", "job-refall")

@@ -138,7 +138,7 @@ class GarbageCollector:
             return await self._manager.abort_if_unchanged(rec, f"abandoned: {action.reason}") is not None
         if action.kind is ActionKind.PURGE_TOMBSTONE:
             return await self._repo.purge(rec.checkpoint, expected_revision=rec.mod_revision)
-        # DELETE_BY_RETENTION, REMOVE_ABORTED: the record first, then the files.
+        # DELETE_BY_RETENTION, REMOVE_ABORTED, REMOVE_DAMAGED: the record first, then the files.
         # The plan keeps leased checkpoints, so no lease is counted here; the guard revision makes the
         # transaction fail if one was taken since the snapshot.
         deleted = await self._manager.delete_if_unchanged(rec, LeaseState({}, action.lease_guard_revision))

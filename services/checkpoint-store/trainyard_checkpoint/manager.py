@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, FailedPrecondition, NotFound, Unavailable
+from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from trainyard_core.ids import new_id
 from trainyard_core.logs import log_context
 
@@ -30,6 +30,7 @@ from .domain.validation import (
     validate_checkpoint_id,
     validate_job_id,
     validate_page_token,
+    validate_shard_paths,
     validate_shards,
     validate_tag,
 )
@@ -43,6 +44,14 @@ T = TypeVar("T")
 
 # Problems listed in one commit error; the rest are counted.
 MAX_PROBLEMS_SHOWN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class DamageReport:
+    """The checkpoint as marked, and the job's latest checkpoint id afterwards (None: it has none)."""
+
+    checkpoint: Checkpoint
+    latest_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,13 +235,67 @@ class CheckpointManager:
                                 now=self._clock.now())
         if deleted == ckpt:
             return ckpt
-        # No guard on the pointer is needed: it only ever moves onto a checkpoint in the transaction
-        # that commits it, and this one was already COMMITTED (or ABORTED) when read, at the revision
-        # the write below is guarded by. Tags live in the record, so that guard covers them too.
+        # No guard on the pointer is needed: it only ever moves onto a checkpoint in a transaction that
+        # writes that checkpoint's record (Commit; ReportDamaged rewrites its fallback's record), and the
+        # write below requires the record unchanged since it was read. Tags live in the record too.
         if not await self._repo.update(deleted, expected_revision=stored.mod_revision,
                                        lease_guard_revision=leases.guard_revision):
             return None
         return deleted
+
+    # -- Damage -----------------------------------------------------------------------------------------
+    async def report_damaged(self, checkpoint_id: str, shard_paths: Sequence[str], reason: str) -> DamageReport:
+        """A reader found a committed checkpoint damaged. The service checks by itself: it verifies the
+        named shards (all of them when none is named) by size and checksum in storage. Confirmed → the
+        record becomes DAMAGED and, when it was the job's latest, the pointer moves back to the newest
+        remaining COMMITTED checkpoint (or is removed) in the same transaction, so the job can save the
+        steps after it again. Not confirmed → FailedPrecondition: the files verify, so the reader's
+        own path (its storage mount, its memory) is what to look at, and nothing changes."""
+        validate_checkpoint_id(checkpoint_id)
+        validate_shard_paths(shard_paths)
+        stored = await self._load(checkpoint_id)
+        ckpt = stored.checkpoint
+        if ckpt.state is CheckpointState.DAMAGED:
+            pointer = await self._repo.latest_pointer(ckpt.job_id)
+            return DamageReport(ckpt, pointer.checkpoint_id)
+        if ckpt.state is not CheckpointState.COMMITTED:
+            domain.mark_damaged(ckpt, reason, self._clock.now())  # raises: names the state
+        named = set(shard_paths)
+        unknown = named - {s.path for s in ckpt.shards}
+        if unknown:
+            raise InvalidArgument(f"checkpoint {ckpt.id} has no shard(s) {', '.join(sorted(unknown))}")
+        checked = [s for s in ckpt.shards if s.path in named] if named else list(ckpt.shards)
+        found = await self._verifier.problems(ckpt.location, checked, mode="checksum")
+        if not found:
+            raise FailedPrecondition(
+                f"checkpoint {ckpt.id} was not marked damaged: its {len(checked)} shard(s) checked here "
+                "have the recorded sizes and checksums in storage. The reader's own access to storage "
+                "(mount, network, memory) is the suspect; reported: " + (reason or "no reason given"))
+        damage = "; ".join(found[:MAX_PROBLEMS_SHOWN]) + (f" (reported: {reason})" if reason else "")
+
+        async def attempt() -> DamageReport | None:
+            nonlocal stored
+            if stored.checkpoint.state is CheckpointState.DAMAGED:
+                return DamageReport(stored.checkpoint, (await self._repo.latest_pointer(ckpt.job_id)).checkpoint_id)
+            damaged = domain.mark_damaged(stored.checkpoint, damage, self._clock.now())
+            pointer = await self._repo.latest_pointer(ckpt.job_id)
+            move = pointer.checkpoint_id == ckpt.id
+            fallback: StoredCheckpoint | None = None
+            if move:
+                records = await self._repo.list_stored(ckpt.job_id)
+                best = domain.fallback_latest((r.checkpoint for r in records), excluded=ckpt.id)
+                fallback = next((r for r in records if best is not None and r.checkpoint.id == best.id), None)
+            if await self._repo.mark_damaged(damaged, expected_revision=stored.mod_revision, latest_guard=pointer,
+                                             fallback=fallback, move_latest=move):
+                latest_id = (fallback.checkpoint.id if fallback else None) if move else pointer.checkpoint_id
+                with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
+                    log.warning("checkpoint marked damaged", extra={
+                        "step": ckpt.step, "damage": damage, "was_latest": move, "latest": latest_id})
+                return DamageReport(damaged, latest_id)
+            stored = await self._load(checkpoint_id)
+            return None
+
+        return await self._retry("report damaged", attempt)
 
     # -- Tags ---------------------------------------------------------------------------------------
     async def tag(self, checkpoint_id: str, name: str) -> Checkpoint:

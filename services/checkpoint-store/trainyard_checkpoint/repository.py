@@ -82,6 +82,8 @@ def encode(ckpt: Checkpoint) -> bytes:
         "aborted_at": ckpt.aborted_at,
         "deleted_at": ckpt.deleted_at,
         "abort_reason": ckpt.abort_reason,
+        "damaged_at": ckpt.damaged_at,
+        "damage": ckpt.damage,
         "total_bytes": ckpt.total_bytes,
         "shards": [{"path": s.path, "size_bytes": s.size_bytes, "checksum": s.checksum, "rank": s.rank}
                    for s in ckpt.shards],
@@ -110,7 +112,8 @@ def decode(data: bytes) -> Checkpoint:
             shards=tuple(Shard(rank=int(s["rank"]), path=s["path"], size_bytes=int(s["size_bytes"]),
                                checksum=s["checksum"]) for s in doc["shards"]),
             committed_at=doc["committed_at"], aborted_at=doc["aborted_at"], deleted_at=doc["deleted_at"],
-            abort_reason=doc["abort_reason"], tags=tuple(doc["tags"]), metadata=dict(doc["metadata"]),
+            abort_reason=doc["abort_reason"], damaged_at=doc.get("damaged_at"), damage=str(doc.get("damage", "")),
+            tags=tuple(doc["tags"]), metadata=dict(doc["metadata"]),
             # Records written before lineage existed have none.
             lineage=_decode_lineage(doc.get("lineage") or {}))
     except (ValueError, KeyError, TypeError) as e:
@@ -208,7 +211,9 @@ class CheckpointRepository:
 
     async def list_all(self, *, page_size: int = 256) -> _StoredList:
         """Every record of every job, in key order (job, then creation), read page by page."""
-        prefix = f"{self._prefix}/checkpoints/"
+        return await self._records_under(f"{self._prefix}/checkpoints/", page_size)
+
+    async def _records_under(self, prefix: str, page_size: int) -> _StoredList:
         out: _StoredList = []
         after: str | None = None
         while True:
@@ -279,6 +284,34 @@ class CheckpointRepository:
             ops.append(Put(self.latest_key(ckpt.job_id), ckpt.id.encode()))
         result = await self._store.txn(compares, ops)
         return result.succeeded
+
+    async def mark_damaged(self, damaged: Checkpoint, *, expected_revision: int, latest_guard: LatestPointer,
+                           fallback: StoredCheckpoint | None, move_latest: bool) -> bool:
+        """Write the DAMAGED record if unchanged since `expected_revision`; with `move_latest` (it was the
+        latest), in the same transaction point the job's latest pointer at `fallback` (required unchanged
+        since its revision, so still COMMITTED) or remove the pointer when `fallback` is None."""
+        record_key = self.record_key(damaged.job_id, damaged.id)
+        compares: list[Compare] = [mod_revision_is(record_key, expected_revision)]
+        ops: list[Op] = [Put(record_key, encode(damaged))]
+        if move_latest:
+            latest_key = self.latest_key(damaged.job_id)
+            compares.append(mod_revision_is(latest_key, latest_guard.mod_revision))
+            if fallback is None:
+                ops.append(Delete(latest_key))
+            else:
+                # The fallback's record is rewritten unchanged: that bumps its mod revision, so a Delete that
+                # read the pointer before this transaction (and saw the fallback as deletable) loses its
+                # compare-and-swap and decides again, finding it latest.
+                fallback_key = self.record_key(damaged.job_id, fallback.checkpoint.id)
+                compares.append(mod_revision_is(fallback_key, fallback.mod_revision))
+                ops.append(Put(fallback_key, encode(fallback.checkpoint)))
+                ops.append(Put(latest_key, fallback.checkpoint.id.encode()))
+        result = await self._store.txn(compares, ops)
+        return result.succeeded
+
+    async def list_stored(self, job_id: str, *, page_size: int = 256) -> _StoredList:
+        """Every record of one job with its mod revision, in creation order, read page by page."""
+        return await self._records_under(self.job_prefix(job_id), page_size)
 
     async def purge(self, ckpt: Checkpoint, *, expected_revision: int) -> bool:
         """Drop a DELETED record and its id index, if unchanged since `expected_revision`."""

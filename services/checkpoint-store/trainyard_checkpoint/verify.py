@@ -35,9 +35,11 @@ class ShardVerifier:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def problems(self, location: str, shards: Sequence[Shard]) -> list[str]:
+    async def problems(self, location: str, shards: Sequence[Shard], *, mode: VerifyMode | None = None) -> list[str]:
         """One message per bad shard; empty when every shard is as declared. Raises FailedPrecondition
-        (a shard that is not a regular file inside the location) or Unavailable (storage unreadable)."""
+        (a shard that is not a regular file inside the location) or Unavailable (storage unreadable).
+        `mode` overrides the verifier's own (a damage report is always checked by checksum)."""
+        mode = mode or self.mode
         limit = asyncio.Semaphore(max(self._concurrency * 4, 32))
 
         async def size_of(shard: Shard) -> tuple[str, int | None]:
@@ -47,7 +49,7 @@ class ShardVerifier:
         # gather, not a TaskGroup: the first domain error must reach the error mapping as itself.
         sizes = dict(await asyncio.gather(*(size_of(s) for s in shards)))
         found = domain.storage_problems(shards, sizes)
-        if found or self.mode == "size":
+        if found or mode == "size":
             return found
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(*(loop.run_in_executor(self._pool, self._check_one, location, s)

@@ -6,7 +6,9 @@
     every rank: DCP load through TrainyardReader (verifies each chunk it reads; reshards as DCP does)
 
 A damaged candidate (a file missing, truncated, or a chunk whose checksum differs, found by any rank) is
-logged with the shard and the chunk and skipped by every rank together; the next one is tried. Any other
+logged with the shard and the chunk, reported to the service by rank 0 (which checks it and marks it
+DAMAGED, moving the job's latest pointer back so later saves are accepted) and skipped by every rank
+together; the next one is tried. Any other
 failure (the state dict does not match the checkpoint, storage unreachable) is raised: falling back then
 would silently resume from older weights for a reason that older checkpoints share.
 """
@@ -124,6 +126,20 @@ def _pick(candidates: _Candidates, service: ServiceClient, settings: ClientSetti
         return e
 
 
+def _report(service: ServiceClient, ckpt: CheckpointInfo, problems: list[ShardCorrupt]) -> None:
+    """Rank 0 tells the service, which checks the shards itself; once it marks the checkpoint DAMAGED
+    the job's latest pointer no longer names it, so this attempt can save those steps again. A report
+    the service does not confirm is logged: the load still falls back, since this reader saw damage."""
+    recorded = {s.path for s in ckpt.shards}
+    paths = [p.shard for p in problems if p.shard in recorded]
+    try:
+        latest = service.report_damaged(ckpt.id, paths, "; ".join(str(p) for p in problems))
+        log.warning("checkpoint %s is marked damaged; the job's latest checkpoint is now %s", ckpt.id,
+                    latest or "none")
+    except CheckpointError as e:
+        log.warning("the checkpoint-store did not mark %s damaged: %s", ckpt.id, e)
+
+
 def load_latest_collective(state_dict: dict[str, Any], *, gang: Gang, settings: ClientSettings,
                            service: Callable[[], ServiceClient],
                            planner: LoadPlanner | None = None) -> LoadOutcome:
@@ -151,8 +167,9 @@ def load_latest_collective(state_dict: dict[str, Any], *, gang: Gang, settings: 
                 log.warning("resumed from checkpoint %s (step %d) after skipping %d damaged one(s)",
                             ckpt.id, ckpt.step, len(skipped))
             return LoadOutcome(ckpt, tuple(skipped))
-        for p in problems:
-            if gang.rank == 0:
+        if gang.rank == 0:
+            for p in problems:
                 log.warning("checkpoint %s (step %d) is damaged, falling back to an older one: %s",
                             ckpt.id, ckpt.step, p)
+            _report(service(), ckpt, problems)
         skipped.append(Skipped(ckpt.id, ckpt.step, tuple(str(p) for p in problems)))

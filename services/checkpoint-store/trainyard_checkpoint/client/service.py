@@ -33,6 +33,7 @@ _STATES = {
     pb.CHECKPOINT_STATE_COMMITTED: "COMMITTED",
     pb.CHECKPOINT_STATE_ABORTED: "ABORTED",
     pb.CHECKPOINT_STATE_DELETED: "DELETED",
+    pb.CHECKPOINT_STATE_DAMAGED: "DAMAGED",
 }
 
 
@@ -159,6 +160,16 @@ class ServiceClient:
             token = resp.next_page_token
             if not token:
                 return out
+
+    def report_damaged(self, checkpoint_id: str, shard_paths: Iterable[str], reason: str) -> str | None:
+        """Tell the service a committed checkpoint is damaged; it checks the named shards itself and, if
+        confirmed, marks it DAMAGED and moves the job's latest pointer back. Returns the job's latest
+        checkpoint id afterwards (None: none left). CheckpointError when the service does not confirm."""
+        req = pb.ReportDamagedRequest(checkpoint_id=checkpoint_id, shard_paths=sorted(set(shard_paths)),
+                                      reason=reason[:1024])
+        resp = self._call(f"ReportDamaged({checkpoint_id})",
+                          lambda: self._stub.ReportDamaged(req, timeout=self._timeout_s), idempotent=True)
+        return resp.latest_checkpoint_id or None
 
     def acquire_restore_lease(self, checkpoint_id: str, ttl_s: int, holder: str) -> str | None:
         """A lease that keeps GC and Delete off the checkpoint while it is loaded. None when the service

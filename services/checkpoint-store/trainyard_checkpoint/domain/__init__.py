@@ -13,6 +13,8 @@ from .checkpoint import (
     canonical_shards,
     commit,
     delete,
+    fallback_latest,
+    mark_damaged,
     moves_latest,
     new_checkpoint,
     step_problem,
@@ -26,6 +28,7 @@ from .validation import BeginRequest
 __all__ = [
     "MANIFEST_NAME", "TRANSITIONS", "BeginRequest", "Checkpoint", "CheckpointState", "Lineage",
     "RetentionPolicy", "Shard", "abort", "can_transition", "canonical_shards", "commit", "delete",
-    "keep_reasons", "moves_latest", "new_checkpoint", "step_problem", "storage_problems", "tag", "untag",
+    "fallback_latest", "keep_reasons", "mark_damaged", "moves_latest", "new_checkpoint", "step_problem",
+    "storage_problems", "tag", "untag",
     "validate_policy",
 ]

@@ -5,8 +5,9 @@ States and transitions
 ::
 
     Begin ──▶ WRITING ──Commit──▶ COMMITTED ──Delete / GC retention──▶ DELETED ──GC──▶ (purged)
-                 │                                                       ▲
-                 └──Abort / GC abandon──▶ ABORTED ──Delete / GC grace────┘
+                 │                     │                                 ▲  ▲
+                 │                     └──ReportDamaged──▶ DAMAGED ──────┘  │ Delete / GC grace
+                 └──Abort / GC abandon──▶ ABORTED ──Delete / GC grace───────┘
 
 - WRITING: an id and a location are reserved; workers write their shards straight to the location
   (the data never passes through this service). Nothing may restore from it. A commit that finds a
@@ -18,6 +19,12 @@ States and transitions
 - ABORTED: the save was given up (a worker died, the job was cancelled, GC found it abandoned). Abort
   does not touch storage: workers that have not noticed yet may still be writing. GC removes the
   files `gc_grace_s` after the abort (and marks the record DELETED); Delete does so at once.
+- DAMAGED: a committed checkpoint whose files were later found damaged (a reader's checksum failed, a
+  shard went missing) and confirmed by the service reading the named shards again. Nothing restores
+  from it. When it was the job's `latest`, the pointer moves back to the job's newest remaining
+  COMMITTED checkpoint (or is removed when there is none) in the same transaction, so the job can save
+  again at the steps after that one. Its files stay `gc_grace_s` for inspection, then GC removes them
+  (unless it is tagged: an operator keeps it by tagging it before it is marked, and deletes it by hand).
 - DELETED: a tombstone; the files are gone (or being removed: Delete marks first, then removes, and is
   idempotent so a retry finishes the job). GC drops the record `gc_tombstone_retention_s` later, once
   the files are gone.
@@ -54,9 +61,11 @@ Who writes which key (all keys under the service's `etcd_prefix`)
   so a job's keys list in creation order.
 - `checkpoint-ids/<checkpoint_id>`: the job id, written once by Begin in the same transaction as the
   record, dropped with it by the purge. The RPCs name a checkpoint by id alone; this index finds its job.
-- `checkpoints-latest/<job_id>`: the id of the job's latest COMMITTED checkpoint. Moved only by
-  Commit, in the same transaction as the record, guarded by the pointer's mod revision; it only moves
-  forward in step (`moves_latest`). Delete refuses the checkpoint it names, so it never points at
+- `checkpoints-latest/<job_id>`: the id of the job's latest COMMITTED checkpoint. Moved forward in
+  step (`moves_latest`) by Commit, in the same transaction as the record, guarded by the pointer's mod
+  revision. The one move backwards is ReportDamaged on the latest: in the transaction that marks it
+  DAMAGED, the pointer moves to `fallback_latest` (guarded by that record's revision too) or is removed.
+  Delete refuses the checkpoint it names, so it never points at
   anything but a COMMITTED record.
 - `checkpoint-retention/<job_id>`: the job's retention policy (JSON), written by SetRetention and by
   Begin when it carries one. Read by GC.
@@ -77,7 +86,7 @@ Who writes which key (all keys under the service's `etcd_prefix`)
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from trainyard_core.errors import FailedPrecondition
@@ -97,12 +106,14 @@ class CheckpointState(enum.StrEnum):
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
     DELETED = "DELETED"
+    DAMAGED = "DAMAGED"
 
 
 TRANSITIONS: Mapping[CheckpointState, frozenset[CheckpointState]] = {
     CheckpointState.WRITING: frozenset({CheckpointState.COMMITTED, CheckpointState.ABORTED}),
-    CheckpointState.COMMITTED: frozenset({CheckpointState.DELETED}),
+    CheckpointState.COMMITTED: frozenset({CheckpointState.DELETED, CheckpointState.DAMAGED}),
     CheckpointState.ABORTED: frozenset({CheckpointState.DELETED}),
+    CheckpointState.DAMAGED: frozenset({CheckpointState.DELETED}),
     CheckpointState.DELETED: frozenset(),
 }
 
@@ -156,6 +167,8 @@ class Checkpoint:
     aborted_at: float | None = None
     deleted_at: float | None = None
     abort_reason: str = ""
+    damaged_at: float | None = None
+    damage: str = ""
     tags: tuple[str, ...] = ()
     metadata: Mapping[str, str] = field(default_factory=dict)
     lineage: Lineage = field(default_factory=Lineage)
@@ -209,7 +222,7 @@ def commit(ckpt: Checkpoint, shards: Sequence[Shard], now: float) -> Checkpoint:
     if ckpt.state is CheckpointState.ABORTED:
         reason = f" ({ckpt.abort_reason})" if ckpt.abort_reason else ""
         raise _refuse(ckpt, "committed", f"{reason}; begin a new checkpoint")
-    if ckpt.state is CheckpointState.DELETED:
+    if ckpt.state in (CheckpointState.DELETED, CheckpointState.DAMAGED):
         raise _refuse(ckpt, "committed", "; begin a new checkpoint")
     return replace(ckpt, state=CheckpointState.COMMITTED, shards=wanted, committed_at=now)
 
@@ -227,7 +240,7 @@ def abort(ckpt: Checkpoint, reason: str, now: float) -> Checkpoint:
 
 
 def delete(ckpt: Checkpoint, *, latest_id: str | None, leases: int = 0, now: float) -> Checkpoint:
-    """COMMITTED or ABORTED → DELETED. Idempotent on a deleted checkpoint.
+    """COMMITTED, DAMAGED or ABORTED → DELETED. Idempotent on a deleted checkpoint.
 
     `latest_id` is the job's current latest pointer: the latest checkpoint is what a restarting job
     resumes from, so deleting it is refused (commit a newer one first). A tagged checkpoint is refused
@@ -248,6 +261,24 @@ def delete(ckpt: Checkpoint, *, latest_id: str | None, leases: int = 0, now: flo
         raise FailedPrecondition(f"checkpoint {ckpt.id} is being restored ({leases} active restore "
                                  "lease(s)); delete it after they are released or expire")
     return replace(ckpt, state=CheckpointState.DELETED, deleted_at=now)
+
+
+def mark_damaged(ckpt: Checkpoint, damage: str, now: float) -> Checkpoint:
+    """COMMITTED → DAMAGED, with what was found (already confirmed in storage by the caller).
+    Idempotent on a DAMAGED checkpoint (the first finding is kept)."""
+    if ckpt.state is CheckpointState.DAMAGED:
+        return ckpt
+    if ckpt.state is not CheckpointState.COMMITTED:
+        raise _refuse(ckpt, "marked damaged", "; only committed checkpoints are restored from")
+    return replace(ckpt, state=CheckpointState.DAMAGED, damaged_at=now, damage=damage[:MAX_ABORT_REASON_CHARS])
+
+
+def fallback_latest(checkpoints: Iterable[Checkpoint], excluded: str) -> Checkpoint | None:
+    """Where the latest pointer goes when checkpoint `excluded` (the latest) is found damaged: the job's
+    COMMITTED checkpoint with the highest step (ties: the newest id), other than `excluded`; None when
+    there is none."""
+    committed = [c for c in checkpoints if c.state is CheckpointState.COMMITTED and c.id != excluded]
+    return max(committed, key=lambda c: (c.step, c.id), default=None)
 
 
 def tag(ckpt: Checkpoint, name: str) -> Checkpoint:

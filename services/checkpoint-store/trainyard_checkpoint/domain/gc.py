@@ -10,6 +10,8 @@ next pass. Rules, per record:
 - COMMITTED: kept when the job's retention keeps it (`retention.keep_reasons`: latest, tagged, leased,
   keep_last, keep_every_steps; everything without a policy); else DELETE_BY_RETENTION.
 - ABORTED: REMOVE_ABORTED once `grace_s` has passed since aborted_at (record DELETED, files removed).
+- DAMAGED: REMOVE_DAMAGED once `grace_s` has passed since damaged_at, unless it is tagged (kept for
+  inspection until an operator deletes it).
 - DELETED: files still in storage (a failed removal, a straggling worker) → REMOVE_ORPHAN once `grace_s`
   has passed since deleted_at; no files and `tombstone_retention_s` passed → PURGE_TOMBSTONE.
 
@@ -33,6 +35,7 @@ class ActionKind(enum.StrEnum):
     ABORT_ABANDONED = "ABORT_ABANDONED"
     DELETE_BY_RETENTION = "DELETE_BY_RETENTION"
     REMOVE_ABORTED = "REMOVE_ABORTED"
+    REMOVE_DAMAGED = "REMOVE_DAMAGED"
     REMOVE_ORPHAN = "REMOVE_ORPHAN"
     PURGE_TOMBSTONE = "PURGE_TOMBSTONE"
 
@@ -104,6 +107,9 @@ def plan(jobs: Sequence[JobSnapshot], stored: Sequence[StoredLocation], first_se
             elif c.state is CheckpointState.ABORTED:
                 if now - (c.aborted_at or c.created_at) >= timing.grace_s:
                     act(ActionKind.REMOVE_ABORTED, f"aborted more than {timing.grace_s:g}s ago")
+            elif c.state is CheckpointState.DAMAGED:
+                if not c.tags and now - (c.damaged_at or c.created_at) >= timing.grace_s:
+                    act(ActionKind.REMOVE_DAMAGED, f"found damaged more than {timing.grace_s:g}s ago")
             elif c.state is CheckpointState.DELETED:
                 deleted_at = c.deleted_at or c.created_at
                 if c.location in in_storage:

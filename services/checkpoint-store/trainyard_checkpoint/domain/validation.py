@@ -161,6 +161,17 @@ def shard_path_problem(path: str) -> str | None:
     return None
 
 
+def validate_shard_paths(paths: Sequence[str], field_name: str = "shard_paths") -> None:
+    """Shard paths named by a caller (a damage report): each in canonical relative form, at most
+    MAX_SHARDS of them."""
+    if len(paths) > MAX_SHARDS:
+        raise InvalidArgument(f"{len(paths)} {field_name} given; at most {MAX_SHARDS} are allowed")
+    for i, path in enumerate(paths):
+        problem = shard_path_problem(path)
+        if problem is not None:
+            raise InvalidArgument(f"{field_name}[{i}] {path[:200]!r} {problem}")
+
+
 def validate_shards(shards: Sequence[Shard], world_size: int, *, verifiable: bool = False) -> None:
     """Checks a commit's shard list against the checkpoint's world size.
 

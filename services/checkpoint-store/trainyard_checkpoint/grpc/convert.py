@@ -18,6 +18,7 @@ _STATE_TO_PB: dict[CheckpointState, pb.CheckpointState.ValueType] = {
     CheckpointState.COMMITTED: pb.CHECKPOINT_STATE_COMMITTED,
     CheckpointState.ABORTED: pb.CHECKPOINT_STATE_ABORTED,
     CheckpointState.DELETED: pb.CHECKPOINT_STATE_DELETED,
+    CheckpointState.DAMAGED: pb.CHECKPOINT_STATE_DAMAGED,
 }
 
 _ACTION_TO_PB: dict[ActionKind, pb.GcActionKind.ValueType] = {
@@ -26,6 +27,7 @@ _ACTION_TO_PB: dict[ActionKind, pb.GcActionKind.ValueType] = {
     ActionKind.REMOVE_ABORTED: pb.GC_ACTION_KIND_REMOVE_ABORTED,
     ActionKind.REMOVE_ORPHAN: pb.GC_ACTION_KIND_REMOVE_ORPHAN,
     ActionKind.PURGE_TOMBSTONE: pb.GC_ACTION_KIND_PURGE_TOMBSTONE,
+    ActionKind.REMOVE_DAMAGED: pb.GC_ACTION_KIND_REMOVE_DAMAGED,
 }
 
 
@@ -71,7 +73,8 @@ def checkpoint_to_pb(ckpt: Checkpoint) -> pb.Checkpoint:
         shards=[shard_to_pb(s) for s in ckpt.shards], total_bytes=ckpt.total_bytes,
         created_at=_timestamp(ckpt.created_at), committed_at=_timestamp(ckpt.committed_at),
         aborted_at=_timestamp(ckpt.aborted_at), deleted_at=_timestamp(ckpt.deleted_at),
-        abort_reason=ckpt.abort_reason, tags=list(ckpt.tags), metadata=dict(ckpt.metadata),
+        abort_reason=ckpt.abort_reason, damaged_at=_timestamp(ckpt.damaged_at), damage=ckpt.damage,
+        tags=list(ckpt.tags), metadata=dict(ckpt.metadata),
         lineage=pb.Lineage(job_spec=ckpt.lineage.job_spec, code_version=ckpt.lineage.code_version,
                            parameters=dict(ckpt.lineage.parameters)),
         manifest_path=MANIFEST_NAME if ckpt.committed_at is not None else "")

@@ -65,6 +65,12 @@ class CheckpointServicer(pb_grpc.CheckpointServiceServicer):
         await self._manager.delete(request.checkpoint_id)
         return pb.DeleteCheckpointResponse()
 
+    async def ReportDamaged(self, request: pb.ReportDamagedRequest, context: Context) -> pb.ReportDamagedResponse:
+        report = await self._manager.report_damaged(request.checkpoint_id, list(request.shard_paths),
+                                                    request.reason)
+        return pb.ReportDamagedResponse(checkpoint=convert.checkpoint_to_pb(report.checkpoint),
+                                        latest_checkpoint_id=report.latest_id or "")
+
     async def TagCheckpoint(self, request: pb.TagCheckpointRequest, context: Context) -> pb.TagCheckpointResponse:
         ckpt = await self._manager.tag(request.checkpoint_id, request.tag)
         return pb.TagCheckpointResponse(checkpoint=convert.checkpoint_to_pb(ckpt))
