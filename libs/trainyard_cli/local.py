@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
+from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
 
 DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "a100x4"))
 
@@ -96,7 +96,20 @@ def port_free(host: str, port: int) -> bool:
 
 class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
-                 stop_grace_s: float = 5.0, node_timeout_s: float = 5.0, log_format: str = "json") -> None:
+                 stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
+                 etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 500) -> None:
+        """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
+        loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents
+        and the gateway are given every replica's address)."""
+        if etcd_members not in (1, 3):
+            raise ValueError("etcd_members must be 1 or 3")
+        if schedulers < 1:
+            raise ValueError("schedulers must be at least 1")
+        self.etcd_members = etcd_members
+        self.scheduler_count = schedulers
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.etcd_cluster: list[EtcdProcess] = []
+        self.scheduler_addresses: list[str] = []
         self.workdir = workdir.resolve()
         self.gateway_port = gateway_port
         self.nodes = list(nodes)
@@ -133,20 +146,29 @@ class LocalCluster:
         find_etcd()
         for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
-                                data_dir=self.workdir / "etcd" / "data", log_path=self.workdir / "logs" / "etcd.log")
-        self.etcd.start()
-        self.etcd.wait_ready()
-        common = {"etcd_endpoints": self.etcd.endpoint}
+        if self.etcd_members == 1:
+            self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
+                                    data_dir=self.workdir / "etcd" / "data",
+                                    log_path=self.workdir / "logs" / "etcd.log")
+            self.etcd.start()
+            self.etcd.wait_ready()
+            self.etcd_cluster = [self.etcd]
+        else:
+            self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd")
+            self.etcd = self.etcd_cluster[0]
+        common = {"etcd_endpoints": self.etcd_endpoints}
 
-        sched_port = free_port()
         ckpt_port = free_port()
-        self.scheduler_address = f"127.0.0.1:{sched_port}"
+        self.scheduler_addresses = [f"127.0.0.1:{free_port()}" for _ in range(self.scheduler_count)]
+        self.scheduler_address = ",".join(self.scheduler_addresses)
         self.checkpoint_store_address = f"127.0.0.1:{ckpt_port}"
-        self.procs["scheduler"] = self._proc("scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
-            **common, "listen_port": str(sched_port), "stop_grace_s": str(self.stop_grace_s),
-            "node_timeout_s": str(self.node_timeout_s), "reconcile_interval_s": "0.5",
-            "checkpoint_store_address": self.checkpoint_store_address})
+        for i, address in enumerate(self.scheduler_addresses):
+            name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
+            self.procs[name] = self._proc(name, "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
+                **common, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
+                "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
+                "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
+                "checkpoint_store_address": self.checkpoint_store_address})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_",
             {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri()})
@@ -161,11 +183,19 @@ class LocalCluster:
         for node_id, profile in self.nodes:
             self.procs[node_id] = self._agent_proc(node_id, profile)
 
-        for name in ("scheduler", "checkpoint-store", "gateway", *[n for n, _ in self.nodes]):
+        for name in (*self.scheduler_names, "checkpoint-store", "gateway", *[n for n, _ in self.nodes]):
             self.procs[name].start()
         for proc in self.procs.values():
             proc.wait_ready()
         self.url = f"http://127.0.0.1:{self.procs['gateway'].ports['http_port']}"
+
+    @property
+    def etcd_endpoints(self) -> str:
+        return ",".join(m.endpoint for m in self.etcd_cluster)
+
+    @property
+    def scheduler_names(self) -> list[str]:
+        return ["scheduler" if i == 0 else f"scheduler-{i + 1}" for i in range(self.scheduler_count)]
 
     def _agent_proc(self, node_id: str, profile: str) -> Proc:
         proc = self._proc(node_id, "trainyard_agent.main", "TRAINYARD_AGENT_", {
@@ -186,11 +216,13 @@ class LocalCluster:
         proc.wait_ready()
 
     def stop(self) -> None:
-        order = [n for n, _ in self.nodes] + ["gateway", "checkpoint-store", "scheduler"]
+        order = [n for n, _ in self.nodes] + ["gateway", "checkpoint-store", *self.scheduler_names]
         for name in order:
             if name in self.procs:
                 self.procs[name].stop()
-        if self.etcd is not None:
+        if len(self.etcd_cluster) > 1:
+            stop_cluster(self.etcd_cluster)
+        elif self.etcd is not None:
             self.etcd.kill()
 
     def write_env_file(self) -> Path:

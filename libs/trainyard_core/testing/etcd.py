@@ -99,6 +99,50 @@ def start_single(workdir: Path | None = None, host: str = "127.0.0.1") -> EtcdPr
     return member
 
 
+def start_cluster(size: int = 3, workdir: Path | None = None) -> list[EtcdProcess]:
+    """`size` etcd members forming one cluster, member i on 127.0.0.(i+1) (the whole 127/8 is loopback
+    on Linux), each on free ports; data directories on tmpfs unless `workdir` is given. Returns once
+    every member listens; the cluster has a leader shortly after (short raft timers)."""
+    base = Path(tempfile.mkdtemp(prefix="trainyard-etcd-cluster-", dir=str(workdir) if workdir else _tmp_root()))
+    members = []
+    for i in range(size):
+        host = f"127.0.0.{i + 1}"
+        members.append(EtcdProcess(name=f"m{i + 1}", host=host, client_port=free_port(host),
+                                   peer_port=free_port(host), data_dir=base / f"m{i + 1}" / "data",
+                                   log_path=base / f"m{i + 1}.log"))
+    for m in members:
+        m.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
+    try:
+        for m in members:
+            m.start(initial_cluster=initial)
+        for m in members:
+            m.wait_ready()
+    except BaseException:
+        stop_cluster(members)
+        raise
+    return members
+
+
+def endpoints(members: list[EtcdProcess]) -> str:
+    """The client endpoints of a cluster, comma-separated, as the services' etcd_endpoints setting takes them."""
+    return ",".join(m.endpoint for m in members)
+
+
+def restart(member: EtcdProcess, members: list[EtcdProcess]) -> None:
+    """Start a killed member again with its data (it rejoins the cluster it was part of)."""
+    initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
+    member.start(initial_cluster=initial, state="existing")
+    member.wait_ready()
+
+
+def stop_cluster(members: list[EtcdProcess]) -> None:
+    for m in members:
+        m.kill()
+    if members:
+        shutil.rmtree(members[0].data_dir.parent.parent, ignore_errors=True)
+
+
 def stop_and_clean(member: EtcdProcess) -> None:
     member.kill()
     shutil.rmtree(member.data_dir.parent, ignore_errors=True)

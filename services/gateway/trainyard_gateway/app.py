@@ -118,7 +118,7 @@ class GatewayApp:
                                               user="admin", admin=True,
                                               description="bootstrap admin token (gateway setting)")
             log.info("bootstrap admin token present", extra={"token_id": record.token_id})
-        self._channel = insecure_channel(s.scheduler_address)
+        self._channel = insecure_channel(s.scheduler_target)
         self._agents = AgentClients(timeout_s=s.request_timeout_s)
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
                            scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s))

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field, SecretStr, field_validator
 
 from trainyard_core.settings import BaseSettings
 
 from .tokens import SECRET_PREFIX, is_well_formed_secret
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+        return True
+    except ValueError:
+        return False
 
 
 class GatewaySettings(BaseSettings):
@@ -16,7 +26,8 @@ class GatewaySettings(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 picks a free one")
     grpc_host: str = Field("127.0.0.1", description="address of the internal gRPC TokenService")
     grpc_port: int = Field(50054, ge=0, le=65535, description="gRPC port of TokenService; 0 picks a free one")
-    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API")
+    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API; "
+                                   "several replicas as ip:port,ip:port (the next one is used while one is down)")
     bootstrap_admin_token: SecretStr | None = Field(
         None, description=f"admin token ('{SECRET_PREFIX}...') stored (hashed) at start for team and user 'admin'")
     request_timeout_s: float = Field(10.0, gt=0, description="deadline of each call to the scheduler or an agent")
@@ -24,6 +35,28 @@ class GatewaySettings(BaseSettings):
     # gateway replica keeps working here for at most this long; revocation through this one is immediate.
     token_cache_ttl_s: float = Field(5.0, ge=0, description="seconds a verified token is cached in memory")
     max_log_lines: int = Field(100_000, ge=1, description="most log lines one /logs answer returns")
+
+    @field_validator("scheduler_address")
+    @classmethod
+    def _check_scheduler_address(cls, v: str) -> str:
+        targets = [t.strip() for t in v.split(",") if t.strip()]
+        if not targets:
+            raise ValueError("give at least one scheduler address (host:port[,ip:port...])")
+        for t in targets:
+            host, sep, port = t.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051)")
+            if len(targets) > 1 and not _is_ipv4(host):
+                raise ValueError(f"{t!r}: several scheduler replicas are given as IPv4 ip:port (a DNS name that "
+                                 "resolves to every replica can be given alone)")
+        return ",".join(targets)
+
+    @property
+    def scheduler_target(self) -> str:
+        """The gRPC target: the address itself, or for several replicas an ipv4: list that gRPC's pick_first
+        tries in order, moving on while one is unreachable."""
+        targets = self.scheduler_address.split(",")
+        return targets[0] if len(targets) == 1 else "ipv4:" + ",".join(targets)
 
     @field_validator("bootstrap_admin_token")
     @classmethod
