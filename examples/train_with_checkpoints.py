@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import torch
@@ -61,6 +62,8 @@ def main() -> int:
     parser.add_argument("--sync", action="store_true", help="save with the blocking save() instead")
     parser.add_argument("--stop-after", type=int, default=0, help="exit abruptly after this step (a crash)")
     parser.add_argument("--out", default="", help="write a JSON summary here (rank 0)")
+    parser.add_argument("--step-time", type=float, default=0.0, help="sleep this long per step (a slower demo)")
+    parser.add_argument("--log-steps", action="store_true", help="rank 0 prints each step with its wall time")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -87,6 +90,10 @@ def main() -> int:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.log_steps and rank == 0:
+            print(f"step {step} at {time.time():.3f}", flush=True)
+        if args.step_time:
+            time.sleep(args.step_time)
         if step % args.every == 0:
             if args.sync:
                 checkpoints.save(state, step)

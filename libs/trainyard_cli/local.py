@@ -215,6 +215,24 @@ class LocalCluster:
         proc.start()
         proc.wait_ready()
 
+    def kill_node(self, node_id: str) -> list[int]:
+        """Simulate the death of a host: SIGKILL its agent and every worker (and worker shim) the agent's
+        records name, each by process group. Returns the pids of the workers killed."""
+        self.procs[node_id].kill()
+        killed = []
+        for path in (self.workdir / "agents" / node_id).glob("jobs/*/attempt-*/workers.json"):
+            try:
+                workers = json.loads(path.read_text()).get("workers", [])
+            except (OSError, ValueError):
+                continue
+            for w in workers:
+                for pgid in {w.get("pgid"), w.get("shim_pid")} - {None}:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(int(pgid), signal.SIGKILL)
+                if w.get("exit_code") is None and w.get("signal") is None:
+                    killed.append(int(w["pid"]))
+        return killed
+
     def stop(self) -> None:
         order = [n for n, _ in self.nodes] + ["gateway", "checkpoint-store", *self.scheduler_names]
         for name in order:

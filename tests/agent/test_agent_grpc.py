@@ -166,7 +166,7 @@ async def test_injected_xid_reaches_the_scheduler_at_once(agent: AgentApp, sched
     assert ok.gpu.health == types_pb2.GPU_HEALTH_HEALTHY
 
 
-async def test_xid_79_on_a_running_jobs_gpu_cordons_the_node_and_stops_the_job(
+async def test_xid_79_on_a_running_jobs_gpu_cordons_the_node_and_evacuates_the_job(
         agent: AgentApp, scheduler: Scheduler, agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
     await scheduler.registered()
     job_id = await scheduler.submit([PY, "-c", "import time; time.sleep(300)"], gpus=4)
@@ -204,9 +204,12 @@ async def test_xid_79_on_a_running_jobs_gpu_cordons_the_node_and_stops_the_job(
     assert f"GPU {victim}" in node.cordon_reason
     await until(lambda: not any(w.running for w in agent.supervisor.list_workers()),  # type: ignore[union-attr]
                 "the job's workers to be stopped")
-    # The scheduler finishes the job once the agent has confirmed the stop (a moment after the workers end).
-    failed = await scheduler.job_in(job_id, types_pb2.JOB_STATE_FAILED)
-    assert f"GPU {victim}" in failed.message
+    # Once the agent has confirmed the stop, the job restarts as an infrastructure failure (its restart
+    # budget untouched) and waits: the only node is cordoned.
+    waiting = await scheduler.job_in(job_id, types_pb2.JOB_STATE_PENDING)
+    assert (waiting.attempt, waiting.infra_restarts, waiting.restarts) == (2, 1, 0)
+    restarting = [e for e in waiting.events if e.kind == "restarting"]
+    assert restarting and f"GPU {victim}" in restarting[-1].message
 
 
 async def test_other_fault_kinds_reach_the_scheduler(agent: AgentApp, scheduler: Scheduler,

@@ -49,15 +49,21 @@ async def test_xid_79_stops_the_job_on_that_gpu_and_cordons_the_node(cluster: Cl
         assert time.monotonic() - injected <= 2.0
         assert node["cordoned"] is True and "GPU 3" in node["cordon_reason"]
 
-        async def stopped() -> dict | None:  # type: ignore[type-arg]
+        async def evacuated() -> dict | None:  # type: ignore[type-arg]
             j = (await http.get(f"/v1/jobs/{job['id']}")).json()
-            return j if j["state"] == "failed" else None
+            return j if j["infra_restarts"] == 1 and j["state"] == "running" and j["attempt"] == 2 else None
 
-        failed = await eventually(stopped, timeout=15, what="the job on GPU 3 stopped")
-        assert f"GPU 3 on {where} became unhealthy" in failed["message"]
-        assert (await http.get(f"/v1/jobs/{job['id']}")).json()["state"] == "failed"
+        # An infrastructure failure: the job restarts elsewhere without using its restart budget
+        # (max_restarts is 0 here), and the event names the GPU.
+        moved = await eventually(evacuated, timeout=20, what="the job restarted off the cordoned node")
+        assert moved["restarts"] == 0
+        assert [a["node_id"] for a in moved["placement"]] != [where]
+        restarting = [e for e in moved["events"] if e["kind"] == "restarting"]
+        assert restarting and f"GPU 3 on {where} became unhealthy" in restarting[-1]["message"], moved["events"]
+        assert "not counted against max_restarts" in restarting[-1]["message"]
         supervisor = cluster.agents[where].supervisor
         assert supervisor is not None and not any(w.running for w in supervisor.list_workers())
+        assert (await http.post(f"/v1/jobs/{job['id']}:cancel")).status_code in (200, 202)
 
         # After repair the operator puts the GPU back; the node stays cordoned until uncordoned.
         r = await http.post(f"/v1/nodes/{where}/gpus/3:set-health", json={"healthy": True, "reason": "reseated"})

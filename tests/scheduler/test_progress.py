@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from trainyard_scheduler.domain.models import Allocation, JobState, NodeAssignment, WorkerExit
 from trainyard_scheduler.domain.progress import progress
 
@@ -59,9 +63,63 @@ def test_cancel_stops_then_cancels() -> None:
     assert done.release and done.job is not None and done.job.state is JobState.CANCELLED
 
 
-def test_lost_node_fails_the_gang_without_waiting_for_it() -> None:
+def test_lost_node_stops_the_gang_without_waiting_for_it() -> None:
     step = progress(make_job(state=JobState.RUNNING), _alloc(), frozenset({"n-a"}), NOW)
     assert step.alloc is not None and "n-b lost" in step.alloc.stop_reason and step.stop == ("n-a",)
+    assert step.alloc.infra_failure
+
+
+ONLY_A = frozenset({"n-a"})
+LOST_B = "node n-b lost contact"
+
+
+@pytest.mark.parametrize(("alloc", "alive", "max_restarts", "restarts", "infra_restarts", "state", "words"), [
+    # A lost node: restarted at once, the budget untouched even when it is 0.
+    (dict(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A), ONLY_A, 0, 0, 0, "restarting",
+     [LOST_B, "infrastructure failure 1", "not counted against max_restarts"]),
+    # The survivors crashed first (their peer vanished); by release time the node is lost: infrastructure.
+    (dict(exits=(ex(0, code=1),), stop_reason="rank 0 on n-a exited with code 1"), ONLY_A, 0, 0, 0,
+     "restarting", [LOST_B, "rank 0 on n-a exited with code 1"]),
+    # The same crash with every node alive is the application's: it uses the budget...
+    (dict(exits=(ex(0, code=1), ex(1, sig=15)), stop_reason="rank 0 on n-a exited with code 1"), BOTH, 2, 0, 0,
+     "restarting", ["restart 1 of 2"]),
+    # ... and fails the job once the budget is used up.
+    (dict(exits=(ex(0, code=1), ex(1, sig=15)), stop_reason="rank 0 on n-a exited with code 1"), BOTH, 2, 2, 0,
+     "failed", ["restart budget of 2 used up"]),
+    # Infrastructure restarts are bounded too.
+    (dict(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A), ONLY_A, 5, 0, 20, "failed",
+     ["infrastructure restart limit of 20 reached"]),
+    # A time limit is never the infrastructure's, even if a node is lost meanwhile.
+    (dict(stop_reason="time limit of 60s exceeded", stopped=ONLY_A), ONLY_A, 3, 0, 0, "failed",
+     ["time limit"]),
+])
+def test_infrastructure_failures_restart_without_using_the_budget(
+        alloc: dict, alive: frozenset[str], max_restarts: int, restarts: int,  # type: ignore[type-arg]
+        infra_restarts: int, state: str, words: list[str]) -> None:
+    job = replace(make_job(state=JobState.RUNNING, max_restarts=max_restarts, time_limit=60),
+                  restarts=restarts, infra_restarts=infra_restarts)
+    step = progress(job, _alloc(**alloc), alive, NOW, infra_restart_limit=20)
+    assert step.release and step.job is not None and step.job.state.value == state, step
+    for w in words:
+        assert w in step.job.message, step.job.message
+    if state == "restarting":
+        infra = "infrastructure" in step.job.message
+        assert step.job.infra_restarts == infra_restarts + infra
+        assert step.job.restarts == restarts + (not infra)
+        assert step.job.not_before == NOW if infra else step.job.not_before > NOW
+
+
+def test_an_unhealthy_gpu_in_the_gang_is_an_infrastructure_failure() -> None:
+    from .builders import make_node
+
+    nodes = {"n-a": make_node("n-a", gpus=1), "n-b": make_node("n-b", gpus=1)}
+    sick = replace(nodes["n-b"].gpus[0], healthy=False, health_reason="XID 79")
+    nodes["n-b"] = replace(nodes["n-b"], gpus=(sick,))
+    job = make_job(state=JobState.RUNNING)
+    first = progress(job, _alloc(), BOTH, NOW, nodes)
+    assert first.alloc is not None and first.alloc.infra_failure and "XID 79" in first.alloc.stop_reason
+    done = progress(job, replace(first.alloc, stopped=BOTH), BOTH, NOW, nodes)
+    assert done.job is not None and done.job.state is JobState.RESTARTING and done.job.infra_restarts == 1
 
 
 def test_signal_exit_code_is_128_plus_signal() -> None:

@@ -107,6 +107,7 @@ def job_from_pb(job: types_pb2.Job) -> js.Job:
         events=[js.JobEvent(at=_time(e.at), kind=e.kind, message=e.message) for e in job.events],
         created_at=_time(job.created_at), updated_at=_time(job.updated_at),
         started_at=_time(job.started_at), finished_at=_time(job.finished_at), restarts=job.restarts,
+        infra_restarts=job.infra_restarts,
         queued_at=_time(job.queued_at), not_before=_time(job.not_before), preempted_by=list(job.preempted_by),
         last_checkpoint_at=_time(job.last_checkpoint_at))
 

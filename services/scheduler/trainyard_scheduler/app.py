@@ -41,7 +41,7 @@ class SchedulerApp:
         self._agents = agents or GrpcAgents(settings.agent_call_timeout_s)
         self.grpc_port = 0
         self.leadership = Leadership("")
-        self.liveness = NodeLiveness(self.clock, settings.node_timeout_s)
+        self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s)
         self._election: LeaderElection | None = None
         self._mirror = PrefixMirror(self.store, self.keys.prefix + "/")
         self._server: GrpcServer | None = None
@@ -97,7 +97,8 @@ class SchedulerApp:
                 epoch=lambda: election.epoch,
                 settings=ReconcileSettings(interval_s=s.reconcile_interval_s, stop_grace_s=s.stop_grace_s,
                                            port_range=s.port_range, policy=s.policy(),
-                                           checkpoint_store=s.checkpoint_store_address))
+                                           checkpoint_store=s.checkpoint_store_address,
+                                           max_infra_restarts=s.max_infra_restarts))
             stop_term = asyncio.Event()
 
             async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:
@@ -108,8 +109,10 @@ class SchedulerApp:
                 stop_term.set()
 
             watcher = asyncio.create_task(watch_loss())
+            ticker = asyncio.create_task(self.liveness.run_ticker(stop_term), name="liveness ticker")
             await self.reconciler.run(stop_term)
             watcher.cancel()
+            ticker.cancel()
             self.leadership.epoch = 0
             metrics.IS_LEADER.set(0)
             log.warning("leadership ended", extra={"epoch": epoch})

@@ -71,6 +71,8 @@ class ReconcileSettings:
     # A pending job's "why" message is rewritten at most this often (it changes as the cluster does).
     reason_interval_s: float = 5.0
     commit_concurrency: int = 64
+    # Restarts after infrastructure failures a job gets before it fails (they do not use max_restarts).
+    max_infra_restarts: int = 20
 
 
 @dataclass
@@ -201,6 +203,7 @@ class Reconciler:
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
         # a fresh build, a fraction of the cost at 10k nodes).
         self._index = ClusterIndex(profile.gates)
+        self._node_ids: tuple[str, ...] = ()
         self.cycles = 0
         self.last_result_size = 0
 
@@ -216,12 +219,20 @@ class Reconciler:
                 log.exception("reconcile cycle failed")
             waiter = asyncio.ensure_future(self._mirror.changed.wait())
             stopper = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({waiter, stopper}, timeout=self._settings.interval_s,
+            await asyncio.wait({waiter, stopper}, timeout=self._next_wait(),
                                return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             stopper.cancel()
         for task in list(self._inflight.values()):
             task.cancel()
+
+    def _next_wait(self) -> float:
+        """The interval, or less when a node's heartbeat deadline comes first (a lost node is acted on
+        at its deadline, not up to an interval later)."""
+        expiry = self._liveness.next_expiry(self._node_ids)
+        if expiry is None:
+            return self._settings.interval_s
+        return min(self._settings.interval_s, expiry + 0.02)
 
     async def cycle(self) -> None:
         self.cycles += 1
@@ -231,6 +242,7 @@ class Reconciler:
     async def _cycle(self) -> None:
         now = self._clock.now()
         snap, policy = self._snapshots.build(self._liveness, self._released)
+        self._node_ids = tuple(snap.nodes)
         config = replace(self._settings.policy, queues={"default": DEFAULT_QUEUE, **policy.queues},
                          quotas=policy.quotas, usage=policy.usage)
         self._observe(snap)
@@ -365,7 +377,8 @@ class Reconciler:
         await self._try(self._repo.put_usage(usage, policy.usage_revision))
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
-        step = progress(job, alloc, snap.alive, now, snap.nodes)
+        step = progress(job, alloc, snap.alive, now, snap.nodes,
+                        infra_restart_limit=self._settings.max_infra_restarts)
         if step.writes:
             ok = await self._try(self._repo.write(
                 job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,

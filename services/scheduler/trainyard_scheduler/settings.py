@@ -34,8 +34,13 @@ class SchedulerSettings(BaseSettings):
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     advertise_address: str = Field("", description="host:port other components use to reach this replica")
-    node_timeout_s: float = Field(5.0, gt=0, description="a node without heartbeat this long is lost")
-    heartbeat_interval_ms: int = Field(1000, ge=50, le=60_000)
+    node_timeout_s: float = Field(2.5, gt=0, description="a node without heartbeat this long is lost (pauses of "
+                                  "the scheduler process itself do not count)")
+    heartbeat_interval_ms: int = Field(500, ge=50, le=60_000)
+    leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
+                                  "(at least node_timeout_s) while the agents find it")
+    max_infra_restarts: int = Field(20, ge=0, le=10_000, description="restarts after infrastructure failures (node "
+                                    "lost, GPU unhealthy) per job before it fails; they do not use max_restarts")
     reconcile_interval_s: float = Field(1.0, gt=0)
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping workers")
     master_port_range: str = Field("29500-29999", description="MASTER_PORT range for rank-0 rendezvous")

@@ -300,6 +300,8 @@ class Job(ApiModel):
     finished_at: datetime | None
     restarts: int = Field(0, description=("restarts used after failures (counted against spec.max_restarts; "
                                           "requeues after preemption do not count)"))
+    infra_restarts: int = Field(0, description=("restarts after infrastructure failures (a lost node, an "
+                                                "unhealthy GPU); not counted against spec.max_restarts"))
     queued_at: datetime | None = Field(None, description=("when the job last entered pending (submission, or "
                                                           "requeue after a preemption or restart)"))
     not_before: datetime | None = Field(None, description="while restarting: not placed again before this time")

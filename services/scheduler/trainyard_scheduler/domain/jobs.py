@@ -9,8 +9,8 @@ revision and, for the scheduler's own writes, by the leader's epoch):
     ADMITTED/RUNNING --a rank failed / launch refused / node lost: workers stopped,
                        then allocation deleted (leader)-->                   FAILED
     ADMITTED/RUNNING --time limit reached: workers stopped (leader)-->        FAILED
-    ADMITTED/RUNNING --a rank failed and restarts are left: workers stopped, allocation
-                       deleted (leader)-->                                   RESTARTING
+    ADMITTED/RUNNING --a rank failed and restarts are left, or a node was lost / a GPU went
+                       unhealthy: workers stopped, allocation deleted (leader)--> RESTARTING
     RESTARTING --backoff elapsed (leader; attempt + 1)-->                     PENDING
     ADMITTED/RUNNING --chosen as a preemption victim (leader: job + allocation's stop
                        reason in one txn)-->                                 PREEMPTED
@@ -23,7 +23,9 @@ revision and, for the scheduler's own writes, by the leader's epoch):
 SUCCEEDED, FAILED and CANCELLED are terminal: nothing leaves them. An allocation exists exactly while a
 job is ADMITTED, RUNNING or PREEMPTED, or is being stopped on its way to a terminal state or to
 RESTARTING. A RESTARTING job has no allocation. Restarts after a failed rank count against
-`spec.max_restarts` (`job.restarts`); requeues after preemption do not.
+`spec.max_restarts` (`job.restarts`); restarts after infrastructure failures (a lost node, an unhealthy
+GPU; see progress.py) count in `job.infra_restarts` against the scheduler's `max_infra_restarts`, and
+start at once; requeues after preemption count in neither.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def due_for_requeue(job: Job, now: float) -> Job | None:
     """A RESTARTING job whose backoff has elapsed, as its next PENDING attempt; None while it waits."""
     if job.state is not JobState.RESTARTING or job.cancel_requested or now < job.not_before:
         return None
-    return requeue(job, now, f"restart {job.restarts} of {job.spec.max_restarts}: attempt {job.attempt + 1} queued")
+    return requeue(job, now, f"attempt {job.attempt + 1} queued (restarts: {job.restarts} of {job.spec.max_restarts} "
+                             f"after failures, {job.infra_restarts} after infrastructure failures)")
 
 
 def first_failure(exits: tuple[WorkerExit, ...]) -> WorkerExit | None:

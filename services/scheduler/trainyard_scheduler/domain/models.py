@@ -164,6 +164,8 @@ class Job:
     queued_at: float = 0.0
     # Restarts used after failures (counted against spec.max_restarts); not after preemptions.
     restarts: int = 0
+    # Restarts after infrastructure failures (node lost, GPU unhealthy); not counted against max_restarts.
+    infra_restarts: int = 0
     # RESTARTING: not placed again before this time (backoff).
     not_before: float = 0.0
     # Ids of the jobs that preempted this one, oldest first (no preemption loops: never preempt them back).
@@ -189,6 +191,9 @@ class Allocation:
     exits: tuple[WorkerExit, ...] = ()
     # Why the gang is being stopped ("" while it should run).
     stop_reason: str = ""
+    # The stop reason is an infrastructure failure (a lost node, an unhealthy GPU): the job restarts
+    # without using its restart budget.
+    infra_failure: bool = False
     # Accounting for quotas, fair share and preemption: the job's team, its standing when placed, and
     # whether the gang ran on borrowed quota (then it may be reclaimed by the quota's owner).
     team: str = ""

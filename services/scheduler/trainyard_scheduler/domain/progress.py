@@ -2,7 +2,16 @@
 
 A gang is stopped as a whole as soon as one reason appears (cancel, a failed rank, a lost node, a
 refused launch); its allocation — and so its GPUs — is released only once every node has confirmed the
-stop or reported every rank's exit, so no GPU is handed out while a worker may still run on it.
+stop or reported every rank's exit (a lost node cannot: its workers are presumed dead, and if the node
+comes back the agent is told to stop whatever it still runs), so no GPU is handed out while a worker may
+still run on it.
+
+Infrastructure failures restart the job without using its restart budget (`max_restarts`): a node lost,
+a GPU of the gang unhealthy — also when the first thing the scheduler heard was a rank failing (the
+surviving ranks of a gang crash as soon as a peer's node dies, usually before the node's heartbeat
+deadline). The failure is attributed when the gang is released: if by then one of its nodes is lost or
+one of its GPUs unhealthy, it was the infrastructure. They are bounded separately
+(`infra_restart_limit`), so a job that keeps killing nodes still ends.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ class Step:
 
 
 def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
-             nodes: Mapping[str, Node] | None = None) -> Step:
+             nodes: Mapping[str, Node] | None = None, *, infra_restart_limit: int = 20) -> Step:
     exited = {e.rank for e in alloc.exits}
     reason = alloc.stop_reason
     new_alloc: Allocation | None = None
@@ -37,6 +46,7 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
         failure = first_failure(alloc.exits)
         lost = [n for n in alloc.node_ids if n not in alive]
         sick = _unhealthy_gpu(alloc, nodes or {})
+        infra = False
         if job.cancel_requested:
             reason = "cancelled"
         elif failure is not None:
@@ -44,11 +54,11 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
         elif alloc.expected_end is not None and now >= alloc.expected_end and job.spec.time_limit_s > 0:
             reason = f"time limit of {job.spec.time_limit_s:g}s exceeded"
         elif lost:
-            reason = f"node {lost[0]} lost contact"
+            reason, infra = f"node {lost[0]} lost contact", True
         elif sick:
-            reason = sick
+            reason, infra = sick, True
         if reason:
-            new_alloc = replace(alloc, stop_reason=reason)
+            new_alloc = replace(alloc, stop_reason=reason, infra_failure=infra)
 
     if reason:
         current = new_alloc or alloc
@@ -57,7 +67,8 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
                         and not set(a.ranks) <= exited)
         if to_stop:
             return Step(alloc=new_alloc, stop=to_stop)
-        return Step(job=_finish(job, current, now), release=True)
+        return Step(job=_finish(job, current, now, infra=_infra_cause(current, alive, nodes or {}),
+                                infra_restart_limit=infra_restart_limit), release=True)
 
     if len(exited) == alloc.world_size:  # every rank exited, none failed
         return Step(job=_finish(job, alloc, now), release=True)
@@ -83,7 +94,21 @@ def _unhealthy_gpu(alloc: Allocation, nodes: Mapping[str, Node]) -> str:
     return ""
 
 
-def _finish(job: Job, alloc: Allocation, now: float) -> Job:
+def _infra_cause(alloc: Allocation, alive: frozenset[str], nodes: Mapping[str, Node]) -> str:
+    """Why a stopped gang's failure is the infrastructure's ("" when it is not): it was stopped for a lost
+    node or an unhealthy GPU, or it was stopped for a failed rank and by now one of its nodes is lost or
+    one of its GPUs unhealthy. A time limit is never an infrastructure failure."""
+    if alloc.infra_failure:
+        return alloc.stop_reason
+    failure = first_failure(alloc.exits)
+    if failure is None or alloc.stop_reason != describe_exit(failure):
+        return ""
+    lost = [n for n in alloc.node_ids if n not in alive]
+    cause = f"node {lost[0]} lost contact" if lost else _unhealthy_gpu(alloc, nodes)
+    return f"{cause} ({alloc.stop_reason})" if cause else ""
+
+
+def _finish(job: Job, alloc: Allocation, now: float, *, infra: str = "", infra_restart_limit: int = 20) -> Job:
     exits = tuple(sorted(alloc.exits, key=lambda e: e.rank))
     failure = first_failure(alloc.exits)
     if job.cancel_requested:
@@ -93,6 +118,15 @@ def _finish(job: Job, alloc: Allocation, now: float) -> Job:
                                                                             alloc.stop_reason)
         requeued = requeue(stopped, now, f"requeued after preemption by {alloc.preempted_by}")
         return replace(requeued, preempted_by=(*job.preempted_by, alloc.preempted_by)[-20:])
+    elif infra and job.infra_restarts < infra_restart_limit:
+        counted = replace(job, infra_restarts=job.infra_restarts + 1, exits=exits)
+        restarting = transition(counted, JobState.RESTARTING, now,
+                                f"{infra}; infrastructure failure {counted.infra_restarts} (not counted against "
+                                f"max_restarts): restarting on healthy nodes")
+        return replace(restarting, not_before=now)
+    elif infra:
+        done = transition(job, JobState.FAILED, now, f"{infra} (infrastructure restart limit of "
+                                                     f"{infra_restart_limit} reached)")
     elif (failure is not None and alloc.stop_reason == describe_exit(failure)
           and job.restarts < job.spec.max_restarts):
         counted = replace(job, restarts=job.restarts + 1, exits=exits)

@@ -139,7 +139,8 @@ def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
         placement=[_assignment_pb(a) for a in job.placement], exits=[_exit_pb(e) for e in exits],
         events=[types_pb2.JobEvent(at=_ts(e.at), kind=e.kind, message=e.message) for e in job.events],
         started_at=_ts(job.started_at), finished_at=_ts(job.finished_at), restarts=job.restarts,
-        queued_at=_ts(job.queued_at or job.created_at), not_before=_ts(job.not_before or None),
+        infra_restarts=job.infra_restarts, queued_at=_ts(job.queued_at or job.created_at),
+        not_before=_ts(job.not_before or None),
         preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at))
 
 

@@ -14,13 +14,13 @@ import grpc.aio
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, InvalidArgument, NotFound
+from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
 
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
-from ..domain.models import Job, JobState
+from ..domain.models import Gpu, Job, JobState
 from ..domain.queues import DEFAULT_CLASSES
 from ..domain.validation import (
     check_fits_fleet,
@@ -171,6 +171,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         self._clock = clock
         self._interval = heartbeat_interval_ms
         self._last_heartbeat: dict[str, float] = {}
+        # GPU health changes received but not yet written (the store was unavailable), per node.
+        self._pending_health: dict[str, dict[int, Gpu]] = {}
 
     def last_heartbeat(self, node_id: str) -> float | None:
         return self._last_heartbeat.get(node_id)
@@ -203,6 +205,9 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def Heartbeat(self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
+        """Liveness is noted before anything touches etcd, and an etcd failure (a leader change, a lost
+        member) never ends the stream: a node must not look lost because the store hiccupped. Health
+        changes that could not be written are kept and written with a later beat."""
         known: set[str] = set()
         async for req in request_iterator:
             epoch = self._leadership.require()
@@ -213,16 +218,28 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 except NotFound:
                     yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
                     continue
+                except Unavailable as exc:
+                    # Unknown for now whether it is registered; it talks to us, so it is alive.
+                    log.warning("heartbeat: node lookup failed, store unavailable: %s", exc,
+                                extra={"node_id": req.node_id})
             self._liveness.seen(req.node_id)
             self._liveness.report_running(req.node_id, _running(req.running))
             self._last_heartbeat[req.node_id] = self._clock.now()
             if req.gpus:
-                await self._update_health(req)
+                pending = self._pending_health.setdefault(req.node_id, {})
+                pending.update({g.index: convert.gpu_from_pb(g) for g in req.gpus})
+            if req.node_id in self._pending_health and req.node_id in known:
+                try:
+                    await self._update_health(req.node_id, self._pending_health[req.node_id])
+                    del self._pending_health[req.node_id]
+                except Unavailable as exc:
+                    log.warning("GPU health not written yet, store unavailable (retried with the next "
+                                "heartbeat): %s", exc, extra={"node_id": req.node_id})
             yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch)
 
-    async def _update_health(self, req: scheduler_pb2.HeartbeatRequest) -> None:
-        node = await self._repo.get_node(req.node_id)
-        updated = apply_gpu_health(node, {g.index: convert.gpu_from_pb(g) for g in req.gpus})
+    async def _update_health(self, node_id: str, changed: dict[int, Gpu]) -> None:
+        node = await self._repo.get_node(node_id)
+        updated = apply_gpu_health(node, changed)
         if updated != node:
             await self._repo.put_node(updated)
             with log_context(node_id=node.node_id):

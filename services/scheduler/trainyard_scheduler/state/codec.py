@@ -81,7 +81,8 @@ def encode_job(job: Job) -> bytes:
                  "restart_backoff_s": s.restart_backoff_s, "time_limit_s": s.time_limit_s,
                  "checkpoint": {"every_steps": s.checkpoint.every_steps, "interval_s": s.checkpoint.interval_s,
                                 "keep_last": s.checkpoint.keep_last}},
-        "queued_at": job.queued_at, "restarts": job.restarts, "not_before": job.not_before,
+        "queued_at": job.queued_at, "restarts": job.restarts, "infra_restarts": job.infra_restarts,
+        "not_before": job.not_before,
         "preempted_by": list(job.preempted_by),
         "placement": [_assignment(a) for a in job.placement],
         "exits": [_exit(e) for e in job.exits],
@@ -114,6 +115,7 @@ def decode_job(raw: bytes) -> Job:
                             for e in d.get("events", [])),
                started_at=d.get("started_at"), finished_at=d.get("finished_at"),
                queued_at=d.get("queued_at", d["created_at"]), restarts=d.get("restarts", 0),
+               infra_restarts=d.get("infra_restarts", 0),
                not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())))
 
 
@@ -123,7 +125,7 @@ def encode_allocation(a: Allocation) -> bytes:
         "assignments": [_assignment(x) for x in a.assignments],
         "master_addr": a.master_addr, "master_port": a.master_port, "created_at": a.created_at,
         "launched": sorted(a.launched), "stopped": sorted(a.stopped),
-        "exits": [_exit(e) for e in a.exits], "stop_reason": a.stop_reason,
+        "exits": [_exit(e) for e in a.exits], "stop_reason": a.stop_reason, "infra_failure": a.infra_failure,
         "team": a.team, "priority": list(a.priority), "borrowed": a.borrowed, "preemptible": a.preemptible,
         "preempted_by": a.preempted_by, "stop_signal": a.stop_signal, "stop_grace_s": a.stop_grace_s,
         "expected_end": a.expected_end,
@@ -138,7 +140,8 @@ def decode_allocation(raw: bytes) -> Allocation:
                       created_at=d["created_at"], launched=frozenset(d.get("launched", [])),
                       stopped=frozenset(d.get("stopped", [])),
                       exits=tuple(_exit_from(e) for e in d.get("exits", [])),
-                      stop_reason=d.get("stop_reason", ""), team=d.get("team", ""),
+                      stop_reason=d.get("stop_reason", ""), infra_failure=d.get("infra_failure", False),
+                      team=d.get("team", ""),
                       priority=_standing(d.get("priority", (0, 0, 0))), borrowed=d.get("borrowed", False),
                       preemptible=d.get("preemptible", True), preempted_by=d.get("preempted_by", ""),
                       stop_signal=d.get("stop_signal", ""), stop_grace_s=d.get("stop_grace_s", 0.0),
