@@ -127,6 +127,9 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
         lines.append(("limit", f"{duration(spec['time_limit_s'])} per attempt"))
     if spec.get("max_restarts"):
         lines.append(("restarts", f"{job.get('restarts', 0)} of {spec['max_restarts']}"))
+    if job.get("infra_restarts"):
+        lines.append(("infra restarts", f"{job['infra_restarts']} (lost nodes / unhealthy GPUs; not counted "
+                                        "against max_restarts)"))
     if job.get("preempted_by"):
         lines.append(("preempted", "by " + ", ".join(job["preempted_by"])))
     if job.get("started_at"):

@@ -212,3 +212,21 @@ async def test_help_lists_the_policy_commands(cli: Any) -> None:
     assert "queues" in r.out and "quotas" in r.out
     r = await cli("quotas", "--help")
     assert r.rc == 0 and "MODEL=NOMINAL[:BORROW_LIMIT]" in r.out
+
+
+def test_job_details_show_infrastructure_restarts() -> None:
+    import io
+
+    from trainyard_cli.output import job_details
+
+    job = {"id": "job-1", "name": "n", "state": "running", "attempt": 3, "team": "t", "user": "u",
+           "spec": {"command": ["python"], "resources": {"nodes": 2, "gpus_per_node": 1}, "max_restarts": 2},
+           "restarts": 1, "infra_restarts": 1, "created_at": "2026-11-29T10:00:00Z",
+           "events": [{"at": "2026-11-29T10:01:00Z", "kind": "restarting",
+                       "message": "node node-2 lost contact; infrastructure failure 1"}]}
+    out = io.StringIO()
+    job_details(job, out)
+    text = out.getvalue()
+    assert "restarts" in text and "1 of 2" in text
+    assert "infra restarts" in text and "not counted against max_restarts" in text
+    assert "node node-2 lost contact" in text

@@ -80,7 +80,8 @@ class AgentSettings(BaseSettings):
     kill_workers_on_stop: bool = Field(False, description="Stop running workers when the agent shuts down "
                                                           "(local cluster); off so an agent restart keeps jobs")
     reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
-    reconnect_max_s: float = Field(5.0, gt=0, le=600, description="Longest retry delay towards the scheduler")
+    reconnect_max_s: float = Field(2.0, gt=0, le=600, description="Longest retry delay towards the scheduler "
+                                   "(keep it under the scheduler's leader_grace_s)")
 
     @model_validator(mode="before")
     @classmethod
