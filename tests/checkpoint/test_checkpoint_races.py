@@ -294,3 +294,33 @@ async def test_gc_removes_a_damaged_checkpoint_after_the_grace(replicas: Replica
     assert [(a.kind, a.checkpoint_id) for a in done] == [(ActionKind.REMOVE_DAMAGED, bad.id)]
     assert not location_dir(bad.location).exists() and location_dir(good.location).exists()
     assert (await replicas.other.get(bad.id)).state is CheckpointState.DELETED
+
+
+async def begin_as(manager: CheckpointManager, step: int, attempt: int) -> tuple[Checkpoint, list[Shard]]:
+    ckpt = await manager.begin(BeginRequest(job_id=JOB, attempt=attempt, step=step, world_size=1, metadata={}))
+    data = f"attempt {attempt} step {step}".encode()
+    (location_dir(ckpt.location) / "__0_0.distcp").write_bytes(data)
+    return ckpt, [Shard(rank=0, path="__0_0.distcp", size_bytes=len(data), checksum=checksum_of(data))]
+
+
+async def test_an_old_attempt_cannot_begin_or_commit_once_a_newer_one_began(replicas: Replicas) -> None:
+    old, old_shards = await begin_as(replicas.other, 10, attempt=1)
+    await begin_as(replicas.other, 20, attempt=2)
+    with pytest.raises(FailedPrecondition, match="attempt 1 of job job-race is stale: attempt 2"):
+        await begin_as(replicas.other, 30, attempt=1)
+    with pytest.raises(FailedPrecondition, match="was not committed: attempt 1 of job job-race is stale"):
+        await replicas.other.commit(old.id, old_shards)
+    with pytest.raises(NotFound):
+        await replicas.other.latest(JOB)
+
+
+async def test_a_newer_attempt_beginning_just_before_an_old_commit_wins(replicas: Replicas) -> None:
+    old, old_shards = await begin_as(replicas.other, 10, attempt=1)
+    # The old attempt's commit reads the fence, then the restarted job's first Begin lands before the
+    # commit's transaction: the transaction must fail on the fence and the commit be refused.
+    replicas.hook.before_next_txn = lambda: begin_as(replicas.other, 10, attempt=2)
+    with pytest.raises(FailedPrecondition, match="stale"):
+        await replicas.racing.commit(old.id, old_shards)
+    assert (await replicas.other.get(old.id)).state is CheckpointState.WRITING
+    with pytest.raises(NotFound):
+        await replicas.other.latest(JOB)

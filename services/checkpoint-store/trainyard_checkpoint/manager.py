@@ -98,7 +98,9 @@ class CheckpointManager:
     async def begin(self, req: BeginRequest) -> Checkpoint:
         """Reserve an id and a location (prepared in storage) for a new WRITING checkpoint.
 
-        Refused (FailedPrecondition) when `req.step` is not above the job's latest committed step. The
+        Refused (FailedPrecondition) when an attempt of the job newer than `req.attempt` has begun a
+        checkpoint (see `domain.attempt_problem`), or when `req.step` is not above the job's latest
+        committed step. The
         check reads the pointer without guarding it: a commit racing this Begin can only be of an
         older Begin, and the pointer only moves forward, so the new checkpoint is at worst one that
         never becomes latest.
@@ -112,6 +114,10 @@ class CheckpointManager:
             await self._repo.set_retention(req.job_id, req.retention)
 
         async def attempt() -> Checkpoint | None:
+            fence = await self._repo.attempt_fence(req.job_id)
+            stale = domain.attempt_problem(req.job_id, req.attempt, fence.attempt)
+            if stale is not None:
+                raise FailedPrecondition(stale)
             now = self._clock.now()
             checkpoint_id = new_id(CHECKPOINT_ID_PREFIX, now)
             location = self._storage.location_for(req.job_id, checkpoint_id)
@@ -123,7 +129,7 @@ class CheckpointManager:
             # left (GC removes it as an orphan), while the other order could leave a WRITING record
             # with nowhere to write.
             await self._storage.prepare(location)
-            return ckpt if await self._repo.create(ckpt) else None
+            return ckpt if await self._repo.create(ckpt, fence) else None
 
         ckpt = await self._retry("begin", attempt)
         with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
@@ -162,13 +168,17 @@ class CheckpointManager:
             committed = domain.commit(ckpt, shards, self._clock.now())
             if committed == ckpt:  # committed meanwhile by a retry of this same call
                 return ckpt
+            fence = await self._repo.attempt_fence(ckpt.job_id)
+            stale = domain.attempt_problem(ckpt.job_id, ckpt.attempt, fence.attempt)
+            if stale is not None:
+                raise FailedPrecondition(f"checkpoint {ckpt.id} was not committed: {stale}")
             latest = await self._repo.latest_pointer(ckpt.job_id)
             latest_step = await self._step_of(ckpt.job_id, latest.checkpoint_id)
             move = domain.moves_latest(latest_step, committed.step)
             # The pointer only moves forward, so a commit that does not move it needs no guard on it:
             # a concurrent move can only take it further from this step.
             if await self._repo.update(committed, expected_revision=stored.mod_revision,
-                                       latest_guard=latest if move else None, move_latest=move):
+                                       latest_guard=latest if move else None, move_latest=move, fence=fence):
                 with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
                     log.info("checkpoint committed", extra={
                         "step": committed.step, "shards": len(committed.shards),

@@ -9,7 +9,9 @@ Keys, under the service's `etcd_prefix` (see `domain/checkpoint.py` for who writ
 - `{prefix}/checkpoint-leases/<job_id>/<checkpoint_id>/<lease_id>` → a restore lease (bound to an etcd
   lease: etcd drops the key when it expires);
 - `{prefix}/checkpoint-lease-guard/<job_id>` → rewritten by every lease acquisition (guards deletions);
-- `{prefix}/checkpoint-gc-lock` → the replica running a GC pass (bound to an etcd lease).
+- `{prefix}/checkpoint-gc-lock` → the replica running a GC pass (bound to an etcd lease);
+- `{prefix}/checkpoint-attempts/<job_id>` → the highest attempt of the job that has begun a checkpoint
+  (the attempt fence: an older attempt's Begin and Commit are refused).
 
 Every write is a transaction guarded by mod revisions read before it; a lost race returns False and the
 caller re-reads and decides again. Nothing here holds a lock or waits on anything but the store.
@@ -56,6 +58,15 @@ class RestoreLease:
     lease_id: int
     holder: str
     ttl_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFence:
+    """The highest attempt of a job that has begun a checkpoint (None: none yet), and the key's mod
+    revision (0 when absent), which guards Begin and Commit."""
+
+    attempt: int | None
+    mod_revision: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +184,9 @@ class CheckpointRepository:
     def lease_guard_key(self, job_id: str) -> str:
         return f"{self._prefix}/checkpoint-lease-guard/{job_id}"
 
+    def attempt_key(self, job_id: str) -> str:
+        return f"{self._prefix}/checkpoint-attempts/{job_id}"
+
     @property
     def gc_lock_key(self) -> str:
         return f"{self._prefix}/checkpoint-gc-lock"
@@ -194,6 +208,15 @@ class CheckpointRepository:
     async def load_in_job(self, job_id: str, checkpoint_id: str) -> StoredCheckpoint | None:
         kv = await self._store.get(self.record_key(job_id, checkpoint_id))
         return None if kv is None else StoredCheckpoint(decode(kv.value), kv.mod_revision)
+
+    async def attempt_fence(self, job_id: str) -> AttemptFence:
+        kv = await self._store.get(self.attempt_key(job_id))
+        if kv is None:
+            return AttemptFence(None, 0)
+        try:
+            return AttemptFence(int(kv.value), kv.mod_revision)
+        except ValueError as e:
+            raise Unavailable(f"unreadable attempt fence of job {job_id} in the metadata store: {e}") from e
 
     async def latest_pointer(self, job_id: str) -> LatestPointer:
         kv = await self._store.get(self.latest_key(job_id))
@@ -252,29 +275,36 @@ class CheckpointRepository:
         return RestoreLease(job_id, checkpoint_id, lease_id, str(doc.get("holder", "")), int(doc.get("ttl_s", 0)))
 
     # -- writes -------------------------------------------------------------------------------------
-    async def create(self, ckpt: Checkpoint) -> bool:
-        """Store a new record and its id index; False when either key exists already (an id clash)."""
+    async def create(self, ckpt: Checkpoint, fence: AttemptFence) -> bool:
+        """Store a new record and its id index, and raise the job's attempt fence to the record's attempt,
+        if the fence is unchanged since it was read; False when a key exists already (an id clash) or
+        the fence moved (decide again)."""
         record_key = self.record_key(ckpt.job_id, ckpt.id)
         index_key = self.index_key(ckpt.id)
+        fence_key = self.attempt_key(ckpt.job_id)
+        ops: list[Op] = [Put(record_key, encode(ckpt)), Put(index_key, ckpt.job_id.encode())]
+        if fence.attempt is None or ckpt.attempt > fence.attempt:
+            ops.append(Put(fence_key, str(ckpt.attempt).encode()))
         result = await self._store.txn(
-            [absent(record_key), absent(index_key)],
-            [Put(record_key, encode(ckpt)), Put(index_key, ckpt.job_id.encode())])
+            [absent(record_key), absent(index_key), mod_revision_is(fence_key, fence.mod_revision)], ops)
         return result.succeeded
 
     async def update(self, ckpt: Checkpoint, *, expected_revision: int,
                      latest_guard: LatestPointer | None = None, move_latest: bool = False,
-                     lease_guard_revision: int | None = None) -> bool:
+                     lease_guard_revision: int | None = None, fence: AttemptFence | None = None) -> bool:
         """Replace the record if unchanged since `expected_revision`, in one transaction.
 
         With `latest_guard`, the write also requires the job's latest pointer to be unchanged since it
         was read; with `move_latest`, the pointer is set to this checkpoint in the same transaction.
         With `lease_guard_revision`, it requires that no restore lease was taken on the job since the
-        leases were read (a deletion).
+        leases were read (a deletion). With `fence`, that the job's attempt fence did not move (a commit).
         """
         record_key = self.record_key(ckpt.job_id, ckpt.id)
         compares: list[Compare] = [mod_revision_is(record_key, expected_revision)]
         if lease_guard_revision is not None:
             compares.append(mod_revision_is(self.lease_guard_key(ckpt.job_id), lease_guard_revision))
+        if fence is not None:
+            compares.append(mod_revision_is(self.attempt_key(ckpt.job_id), fence.mod_revision))
         ops: list[Put] = [Put(record_key, encode(ckpt))]
         if latest_guard is not None or move_latest:
             if latest_guard is None:

@@ -9,6 +9,7 @@ from .checkpoint import (
     Lineage,
     Shard,
     abort,
+    attempt_problem,
     can_transition,
     canonical_shards,
     commit,
@@ -27,7 +28,7 @@ from .validation import BeginRequest
 
 __all__ = [
     "MANIFEST_NAME", "TRANSITIONS", "BeginRequest", "Checkpoint", "CheckpointState", "Lineage",
-    "RetentionPolicy", "Shard", "abort", "can_transition", "canonical_shards", "commit", "delete",
+    "RetentionPolicy", "Shard", "abort", "attempt_problem", "can_transition", "canonical_shards", "commit", "delete",
     "fallback_latest", "keep_reasons", "mark_damaged", "moves_latest", "new_checkpoint", "step_problem",
     "storage_problems", "tag", "untag",
     "validate_policy",

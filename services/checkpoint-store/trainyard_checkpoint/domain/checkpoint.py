@@ -78,6 +78,10 @@ Who writes which key (all keys under the service's `etcd_prefix`)
   look cannot be missed.
 - `checkpoint-gc-lock`: held (bound to an etcd lease) by the replica running a GC pass; one pass at a
   time across replicas.
+- `checkpoint-attempts/<job_id>`: the highest attempt of the job that has begun a checkpoint, raised by
+  Begin in the transaction that creates the record. Begin and Commit of an older attempt are refused
+  (`attempt_problem`), and both transactions require the key unchanged since it was read, so a stale
+  attempt cannot slip a commit in after a newer attempt began.
 - Storage (`<root>/<job_id>/<checkpoint_id>/`): shard files are written by the training workers while
   WRITING; this service creates the directory at Begin (POSIX; S3 has no directories), reads the shards
   at Commit, writes the manifest, and removes the directory at Delete and GC.
@@ -197,6 +201,17 @@ def step_problem(step: int, latest: Checkpoint | None) -> str | None:
         return None
     return (f"step {step} is not after step {latest.step} of job {latest.job_id}'s latest committed "
             f"checkpoint {latest.id}; a new checkpoint must have a higher step")
+
+
+def attempt_problem(job_id: str, attempt: int, fence: int | None) -> str | None:
+    """Why checkpoint work of `attempt` is refused, or None. `fence` is the highest attempt of the job that
+    has begun a checkpoint: once a restarted job's new attempt saves, workers of an older attempt still
+    running somewhere (a node that lost contact, a partition) must not begin or commit checkpoints, or
+    they could move `latest` under the new attempt."""
+    if fence is None or attempt >= fence:
+        return None
+    return (f"attempt {attempt} of job {job_id} is stale: attempt {fence} has begun checkpoints since; "
+            "workers of an old attempt must stop (the job was restarted)")
 
 
 def canonical_shards(shards: Sequence[Shard]) -> tuple[Shard, ...]:
