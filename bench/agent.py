@@ -78,7 +78,12 @@ def _wait(what: str, probe: object, timeout: float = 30.0) -> None:
 
 
 def _gpu_health(nodes: scheduler_pb2_grpc.NodeServiceStub, index: int) -> int:
-    node = nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=NODE), timeout=5).node
+    try:
+        node = nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=NODE), timeout=5).node
+    except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):  # not leading / registered yet
+            return types_pb2.GPU_HEALTH_UNSPECIFIED
+        raise
     return node.gpus[index].health if len(node.gpus) > index else types_pb2.GPU_HEALTH_UNSPECIFIED
 
 

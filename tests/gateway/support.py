@@ -260,7 +260,12 @@ class Cluster:
 
     async def list_nodes(self) -> list[types_pb2.Node]:
         assert self._nodes is not None, "cluster not started"
-        reply = await self._nodes.ListNodes(scheduler_pb2.ListNodesRequest(), metadata=HELPER_METADATA)
+        try:
+            reply = await self._nodes.ListNodes(scheduler_pb2.ListNodesRequest(), metadata=HELPER_METADATA)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # not leading yet: only the leader knows the nodes
+                return []
+            raise
         return list(reply.nodes)
 
     async def submit(self, command: list[str], *, name: str = "job", nodes: int = 1, gpus: int = 1,

@@ -54,7 +54,12 @@ async def test_two_nodes_two_gpus_each(cluster: tuple[SchedulerApp, list[AgentAp
         nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
 
         async def both_ready() -> bool:
-            listed = (await nodes.ListNodes(scheduler_pb2.ListNodesRequest())).nodes
+            try:
+                listed = (await nodes.ListNodes(scheduler_pb2.ListNodesRequest())).nodes
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:  # not the leader yet (only it knows the nodes)
+                    return False
+                raise
             return sum(n.state == types_pb2.NODE_STATE_READY for n in listed) == 2
 
         await eventually(both_ready, what="two ready nodes")

@@ -95,6 +95,8 @@ class GatewayApp:
         self._owns_store = store is None
         self._clock = clock
         self._channel: grpc.aio.Channel | None = None
+        # Channels to scheduler leaders named by standbys (NodeService calls), by address.
+        self._leader_channels: dict[str, grpc.aio.Channel] = {}
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
         self._http: _EmbeddedServer | None = None
@@ -107,6 +109,12 @@ class GatewayApp:
         except BaseException:
             await self.stop()
             raise
+
+    def _leader_channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._leader_channels.get(address)
+        if channel is None:
+            channel = self._leader_channels[address] = insecure_channel(address)
+        return channel
 
     async def _start(self) -> None:
         s = self.settings
@@ -121,7 +129,8 @@ class GatewayApp:
         self._channel = insecure_channel(s.scheduler_target)
         self._agents = AgentClients(timeout_s=s.request_timeout_s)
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
-                           scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s))
+                           scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s,
+                                                     leader_channel=self._leader_channel))
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)
@@ -172,6 +181,9 @@ class GatewayApp:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        for channel in self._leader_channels.values():
+            await channel.close()
+        self._leader_channels.clear()
         if self._store is not None and self._owns_store:
             await self._store.close()
             self._store = None

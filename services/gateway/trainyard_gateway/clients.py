@@ -8,7 +8,7 @@ handler maps to an HTTP status. Channels are created here but owned by whoever b
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, cast
 
 import grpc
@@ -41,12 +41,39 @@ class SchedulerClient:
     """JobService, NodeService and PolicyService of the scheduler. `team` empty means: every team (admin
     callers)."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float,
+                 leader_channel: Callable[[str], grpc.aio.Channel] | None = None) -> None:
         self._jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         self._nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
         self._policy = policy_pb2_grpc.PolicyServiceStub(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout_s
+        self._leader_channel = leader_channel
+        # The leader's NodeService, once a standby named it; None: use the main channel.
+        self._leader_nodes: scheduler_pb2_grpc.NodeServiceStub | None = None
+
+    async def _on_leader(self, call: Callable[[scheduler_pb2_grpc.NodeServiceStub], Awaitable[T]]) -> T:
+        """NodeService calls must reach the leader (only it hears the agents' heartbeats). Any replica
+        answers job calls, so the main channel may be on a standby: a standby refuses node calls with
+        UNAVAILABLE naming the leader (`trainyard-leader` metadata), and the call is sent there instead;
+        the leader is remembered until it stops answering."""
+        if self._leader_nodes is not None:
+            try:
+                return await call(self._leader_nodes)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise from_rpc_error(exc, "scheduler") from exc
+                self._leader_nodes = None  # the leader moved or died: ask the replicas again
+        try:
+            return await call(self._nodes)
+        except grpc.aio.AioRpcError as exc:
+            leader = dict(exc.trailing_metadata() or ()).get("trainyard-leader", "")
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or not leader or self._leader_channel is None:
+                raise from_rpc_error(exc, "scheduler") from exc
+        stub = scheduler_pb2_grpc.NodeServiceStub(self._leader_channel(str(leader)))
+        result = await _call("scheduler", call(stub))
+        self._leader_nodes = stub
+        return result
 
     async def submit_job(self, spec: JobSubmit, *, team: str, user: str, idempotency_key: str = "") -> Job:
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
@@ -73,18 +100,18 @@ class SchedulerClient:
         return convert.job_from_pb(reply.job)
 
     async def list_nodes(self) -> list[Node]:
-        reply = await _call("scheduler", self._nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
-                                                               timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes: nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
+                                                                    timeout=self._timeout))
         return [convert.node_from_pb(n) for n in reply.nodes]
 
     async def get_node(self, node_id: str) -> Node:
-        reply = await _call("scheduler", self._nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
-                                                             timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes: nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
+                                                                  timeout=self._timeout))
         return convert.node_from_pb(reply.node)
 
     async def cordon_node(self, node_id: str, *, cordoned: bool, reason: str) -> Node:
         request = scheduler_pb2.CordonNodeRequest(node_id=node_id, cordoned=cordoned, reason=reason)
-        reply = await _call("scheduler", self._nodes.CordonNode(request, timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes: nodes.CordonNode(request, timeout=self._timeout))
         return convert.node_from_pb(reply.node)
 
     async def list_queues(self) -> list[Queue]:

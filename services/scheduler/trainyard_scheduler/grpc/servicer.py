@@ -262,6 +262,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def ListNodes(self, request: scheduler_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.ListNodesResponse:
+        self._leadership.require()  # only the leader hears heartbeats: a standby's view says nothing
         nodes = await self._repo.list_nodes()
         used = await self._used_gpus()
         alive = self._liveness.alive(n.node_id for n in nodes)
@@ -271,6 +272,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def GetNode(self, request: scheduler_pb2.GetNodeRequest,
                       context: grpc.aio.ServicerContext) -> scheduler_pb2.GetNodeResponse:
+        self._leadership.require()
         node = await self._repo.get_node(request.node_id)
         used = await self._used_gpus()
         alive = node.node_id in self._liveness.alive([node.node_id])
