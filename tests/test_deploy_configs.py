@@ -30,7 +30,7 @@ def test_example_config_loads(name: str, cls: type[BaseSettings], prefix: str) -
 
 def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
     cfg = tmp_path / "s.yaml"
-    cfg.write_text("listen_port: 1111\nnode_timeout_s: 7\nreconcile_interval_s: 3\n")
+    cfg.write_text("listen_port: 1111\nnode_timeout_s: 7\nreconcile_interval_s: 3\nworker_fence_s: 20\n")
     s = load_settings(SchedulerSettings, prog="s", env_prefix="P_",
                       argv=["--config", str(cfg), "--listen-port", "3333"],
                       env={"P_LISTEN_PORT": "2222", "P_NODE_TIMEOUT_S": "9"})

@@ -142,7 +142,8 @@ async def test_a_stale_leader_is_refused_after_a_newer_epoch_was_seen(
     assert "stale scheduler leader" in (info.value.details() or "")
 
 
-@pytest.mark.parametrize("scheduler_options", [{"heartbeat_interval_ms": 60_000, "node_timeout_s": 300.0}])
+@pytest.mark.parametrize("scheduler_options", [{"heartbeat_interval_ms": 60_000, "node_timeout_s": 300.0,
+                                                 "worker_fence_s": 310.0}])
 async def test_injected_xid_reaches_the_scheduler_at_once(agent: AgentApp, scheduler: Scheduler,
                                                           agent_stub: agent_pb2_grpc.AgentServiceStub) -> None:
     # The scheduler asks for a beat a minute: only an immediate push can deliver the change in time.

@@ -352,3 +352,26 @@ def test_binding_is_the_gpus_cpus_this_agent_may_use(gpus: list[int], available:
 def test_cpu_lists_are_formatted_as_ranges() -> None:
     assert affinity.format_cpus([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
     assert affinity.format_cpus([]) == ""
+
+
+async def test_workers_are_killed_when_the_agents_lease_runs_out(supervisor: Supervisor, sink: RecordingSink,
+                                                                 tmp_path: Path, tree_script: Path) -> None:
+    """The worker fence: the shims watch the lease the agent renews with every answer of the scheduler
+    leader. No lease: no fence. A live lease: the workers run. A lease that ran out (the agent died or lost
+    the leader, and the scheduler restarts the job elsewhere): every process of the worker's group dies."""
+    from trainyard_agent.workers import lease
+
+    pid_file = tmp_path / "pids"
+    await supervisor.launch(launch("job-fenced", [PY, str(tree_script), "2", str(pid_file), "sleep"]))
+    await until(lambda: len(read_pids(pid_file)) == 3, "worker, child and grandchild to start")
+    lease.renew(supervisor.lease_path, 0.6)
+    await asyncio.sleep(0.3)  # well inside the lease: nothing may happen
+    assert not sink.exits and not gone(read_pids(pid_file))
+    await until(lambda: sink.exits, "the worker to be killed once the lease ran out", timeout=5)
+    exit = sink.by_rank("job-fenced")[0]
+    assert exit.signal == signal.SIGKILL
+    assert gone(read_pids(pid_file)), "a process of the worker's group survived the fence"
+    logs = (await supervisor.read_logs(LogQuery("job-fenced")))
+    assert any("worker fence" in line.text for line in logs)
+    lease.renew(supervisor.lease_path, 0)
+    assert not supervisor.lease_path.exists()

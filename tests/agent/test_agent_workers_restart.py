@@ -361,7 +361,7 @@ async def kill(agent: AgentProcess) -> None:
 
 
 # The scheduler must not give up on the node while its agent restarts (the interpreter takes a while).
-PATIENT_SCHEDULER = [{"node_timeout_s": 60.0}]
+PATIENT_SCHEDULER = [{"node_timeout_s": 60.0, "worker_fence_s": 70.0}]
 
 
 @pytest.mark.parametrize("scheduler_options", PATIENT_SCHEDULER)

@@ -1,7 +1,7 @@
 """A node dies under a running 2-node training job: the scheduler declares it lost, stops the rest of the
 gang, restarts the job on the healthy nodes without using its restart budget, and the workers resume from
-the latest committed checkpoint, ending with the weights of a run that never stopped. A node whose agent
-died but whose workers lived on comes back: those stale workers are stopped, not adopted.
+the latest committed checkpoint, ending with the weights of a run that never stopped. Workers of a node
+whose agent died are killed by the worker fence before the job runs again elsewhere.
 
 Real processes throughout (etcd, scheduler, checkpoint-store, gateway, three simulated nodes)."""
 
@@ -126,7 +126,8 @@ def test_a_job_resumes_on_healthy_nodes_after_one_of_its_nodes_dies(api3: Api, c
     api3.wait_nodes_ready(3, timeout=30)
 
 
-def test_stale_workers_of_a_lost_node_are_stopped_when_it_comes_back(api3: Api, cluster3: LocalCluster) -> None:
+def test_workers_of_a_node_whose_agent_died_are_fenced_before_the_job_runs_again(
+        api3: Api, cluster3: LocalCluster) -> None:
     job = api3.submit({"name": "stale", "command": ["sh", "-c", "exec sleep 300"],
                        "resources": {"nodes": 2, "gpus_per_node": 1}})
     running = api3.wait(job["id"], {"running"}, timeout=60)
@@ -134,26 +135,31 @@ def test_stale_workers_of_a_lost_node_are_stopped_when_it_comes_back(api3: Api, 
     record = next((cluster3.workdir / "agents" / victim / "jobs" / job["id"]).glob("attempt-1/workers.json"))
     stale_pids = [w["pid"] for w in json.loads(record.read_text())["workers"]]
     assert stale_pids and all(_alive(p) for p in stale_pids)
-    # Only the agent dies (a hung host, a partition): its workers keep running, unsupervised.
+    # Only the agent dies (a hung host, a partition): its workers run on, unsupervised, until the lease the
+    # agent renewed with every answer of the scheduler runs out; their shims then kill them. The scheduler
+    # releases the gang only after that, so attempt 2 never runs beside attempt 1.
     cluster3.procs[victim].kill()
+    samples = []
 
     def restarted() -> dict[str, Any] | None:
         j = api3.job(job["id"])
+        samples.append((j["attempt"], any(_alive(p) for p in stale_pids)))
         return j if j["infra_restarts"] == 1 and j["state"] == "running" else None
 
-    moved = _until(restarted, 30, "the job running again without the silent node")
+    moved = _until(restarted, 40, "the job running again without the silent node")
     assert victim not in [a["node_id"] for a in moved["placement"]]
-    assert all(_alive(p) for p in stale_pids), "nobody could reach them while the agent was down"
-    # The agent comes back and adopts what its records name; the scheduler has no allocation for attempt 1
-    # there, so it tells the agent to stop them.
+    assert not any(attempt > 1 and alive for attempt, alive in samples), "attempt 2 ran beside attempt 1"
+    assert not any(_alive(p) for p in stale_pids)
+    logs = (record.parent / "rank-0.log").read_text(errors="replace")
+    assert "worker fence" in logs, logs[-500:]
+    # The agent comes back; nothing of attempt 1 is adopted into anything.
     cluster3.procs[victim].start()
     cluster3.procs[victim].wait_ready()
-    _until(lambda: not any(_alive(p) for p in stale_pids), 30, "the stale workers of attempt 1 stopped")
+    api3.wait_nodes_ready(3, timeout=30)
     again = api3.job(job["id"])
     assert again["state"] == "running" and again["attempt"] == 2, again
     assert api3.http.post(f"/v1/jobs/{job['id']}:cancel").status_code == 200
     api3.wait(job["id"], {"cancelled"}, timeout=30)
-    api3.wait_nodes_ready(3, timeout=30)
 
 
 def test_no_node_is_declared_lost_while_the_host_is_cpu_starved(api3: Api, cluster3: LocalCluster) -> None:

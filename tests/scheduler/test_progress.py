@@ -126,3 +126,17 @@ def test_signal_exit_code_is_128_plus_signal() -> None:
     alloc = _alloc(exits=(ex(0, sig=9), ex(1)), stop_reason="rank 0 on n-a was killed by signal 9")
     step = progress(make_job(state=JobState.RUNNING), alloc, BOTH, NOW)
     assert step.job is not None and step.job.exit_code == 137
+
+
+def test_a_lost_nodes_gang_is_released_only_once_its_worker_fence_has_run_out() -> None:
+    job = make_job(state=JobState.RUNNING)
+    alloc = _alloc(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A)
+    # n-b has been silent 4 s; its shims kill their workers by 9 s (fence 8 s + margin 1 s): wait.
+    early = progress(job, alloc, ONLY_A, NOW, silence={"n-b": 4.0}, fence_s=9.0)
+    assert not early.release and early.job is None and early.recheck_in == 5.0
+    late = progress(job, alloc, ONLY_A, NOW, silence={"n-b": 9.5}, fence_s=9.0)
+    assert late.release and late.job is not None and late.job.state is JobState.RESTARTING
+    # Ranks of the lost node that had already exited (or a stop it confirmed) need no fence.
+    exited = progress(job, _alloc(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A, exits=(ex(1, sig=9),)),
+                      ONLY_A, NOW, silence={"n-b": 0.5}, fence_s=9.0)
+    assert exited.release

@@ -154,7 +154,7 @@ class AgentApp:
 
         self.reporter = Reporter(
             node_id=self.node_id, connect=self._connect, fence=self.fence, interval_s=s.heartbeat_interval_s,
-            backoff=self._backoff(), clock=self._clock,
+            backoff=self._backoff(), clock=self._clock, lease_path=self.supervisor.lease_path,
             view=NodeView(node_info=self.node_info, running=self.supervisor.running_allocations,
                           metrics=lambda: self.monitor.latest if self.monitor else [], health=self.health))
         self.monitor.start()

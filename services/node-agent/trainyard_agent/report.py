@@ -34,6 +34,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -48,6 +49,7 @@ from .grpc import convert
 from .health.book import HealthBook
 from .model import AcceleratorMetrics, NodeInfo, RunningAllocation
 from .notify import Notifier
+from .workers import lease
 from .workers.fence import LeaderFence
 from .workers.model import WorkerExit
 
@@ -99,8 +101,12 @@ class _Refused(Exception):
 
 class Reporter:
     def __init__(self, *, node_id: str, connect: ChannelFactory, view: NodeView, fence: LeaderFence,
-                 interval_s: float, backoff: Backoff, clock: Clock | None = None) -> None:
+                 interval_s: float, backoff: Backoff, clock: Clock | None = None,
+                 lease_path: Path | None = None) -> None:
         self.node_id = node_id
+        # The worker fence: renewed with every answer of the leader, for as long as it said at registration.
+        self._lease_path = lease_path
+        self._lease_s = 0.0
         self._connect = connect
         self._view = view
         self._fence = fence
@@ -183,6 +189,8 @@ class Reporter:
                 raise _Refused(exc) from exc
             raise
         self._fence.observe(answer.leader_epoch)
+        self._lease_s = answer.worker_fence_s
+        self._renew_lease()
         if self.registrations:
             metrics.SCHEDULER_RECONNECTS.labels(self.node_id).inc()
         self.registrations += 1
@@ -223,12 +231,21 @@ class Reporter:
                 assert isinstance(response, scheduler_pb2.HeartbeatResponse)
                 self.acked_seq = max(self.acked_seq, response.ack_seq)
                 self._fence.observe(response.leader_epoch)
+                self._renew_lease()
                 if response.reregister:
                     raise _Reregister("the scheduler asked for it")
         finally:
             watchdog.cancel()
             self._call = None
             call.cancel()
+
+    def _renew_lease(self) -> None:
+        if self._lease_path is None:
+            return
+        try:
+            lease.renew(self._lease_path, self._lease_s)
+        except OSError as exc:  # a full disk: the fence runs out, which is the safe side
+            log.error("could not renew the worker lease %s: %s", self._lease_path, exc)
 
     async def _beats(self, registered_version: int, interval: float) -> AsyncIterator[
             scheduler_pb2.HeartbeatRequest]:

@@ -36,6 +36,11 @@ class SchedulerApp:
         self.settings = settings
         self._own_store = store is None
         self.store: Store = store or EtcdStore(settings.etcd_endpoints)
+        # The election has its own client with calls bounded by half the lease TTL: a standby whose etcd
+        # member hangs (no quorum, catching up) moves to the next member in time to take over within about
+        # one TTL, instead of waiting out the main client's longer deadline.
+        self._election_store: Store = store or EtcdStore(settings.etcd_endpoints,
+                                                         timeout=max(0.5, settings.leader_ttl_s / 2))
         self.clock = clock or SystemClock()
         self.keys = Keys(settings.etcd_prefix.rstrip("/"))
         self._agents = agents or GrpcAgents(settings.agent_call_timeout_s)
@@ -55,7 +60,8 @@ class SchedulerApp:
         election_holder: list[LeaderElection] = []
         repo = Repository(self.store, self.keys,
                           fence=lambda: election_holder[0].fence())
-        node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms)
+        node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
+                                     worker_fence_s=s.worker_fence_s)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
                                    priority_classes=list(s.priority_classes))
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
@@ -73,7 +79,7 @@ class SchedulerApp:
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"
         self.leadership.identity = identity
-        election = LeaderElection(self.store, self.keys.leader, identity, s.leader_ttl_s)
+        election = LeaderElection(self._election_store, self.keys.leader, identity, s.leader_ttl_s)
         election_holder.append(election)
         self._election = election
         self._repo = repo
@@ -98,7 +104,8 @@ class SchedulerApp:
                 settings=ReconcileSettings(interval_s=s.reconcile_interval_s, stop_grace_s=s.stop_grace_s,
                                            port_range=s.port_range, policy=s.policy(),
                                            checkpoint_store=s.checkpoint_store_address,
-                                           max_infra_restarts=s.max_infra_restarts))
+                                           max_infra_restarts=s.max_infra_restarts,
+                                           worker_fence_s=s.worker_fence_s))
             stop_term = asyncio.Event()
 
             async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:
@@ -140,3 +147,4 @@ class SchedulerApp:
             await self._agents.close()
         if self._own_store:
             await self.store.close()
+            await self._election_store.close()

@@ -32,6 +32,7 @@ class NodeLiveness:
         self._last: dict[str, tuple[float, float]] = {}
         self._since = clock.monotonic()
         self._paused = 0.0
+        self._paused_at_since = 0.0
         self._last_tick = clock.monotonic()
         # What each agent last said it runs: {(job_id, attempt)}.
         self._running: dict[str, frozenset[tuple[str, int]]] = {}
@@ -47,6 +48,7 @@ class NodeLiveness:
         self._running.clear()
         self._running_at.clear()
         self._since = self._clock.monotonic()
+        self._paused_at_since = self._paused
         self._last_tick = self._since
 
     # -- pauses of this process -----------------------------------------------------------------------
@@ -98,6 +100,16 @@ class NodeLiveness:
         """Seconds of silence (pauses of this process excluded); None when never heard from."""
         entry = self._last.get(node_id)
         return None if entry is None else self._silence(entry, self._clock.monotonic())
+
+    def silence(self, node_ids: Iterable[str]) -> dict[str, float]:
+        """Seconds of silence of each node (pauses of this process excluded); for a node never heard by this
+        leader, the time since it leads."""
+        now = self._clock.monotonic()
+        out = {}
+        for n in node_ids:
+            e = self._last.get(n)
+            out[n] = self._silence(e if e is not None else (self._since, self._paused_at_since), now)
+        return out
 
     def alive(self, node_ids: Iterable[str]) -> frozenset[str]:
         now = self._clock.monotonic()

@@ -47,6 +47,10 @@ from .state.repository import Repository
 
 log = logging.getLogger(__name__)
 
+# Added to the worker fence before a lost node's workers are presumed gone: the agent's last lease renewal
+# came after the last heartbeat this leader received, and shims look at the lease every 0.25 s.
+FENCE_MARGIN_S = 1.0
+
 
 class AgentPort(Protocol):
     """How the reconciler reaches node agents (implemented over gRPC in grpc/agent_client.py)."""
@@ -73,6 +77,9 @@ class ReconcileSettings:
     commit_concurrency: int = 64
     # Restarts after infrastructure failures a job gets before it fails (they do not use max_restarts).
     max_infra_restarts: int = 20
+    # Agents' worker fence (see RegisterNodeResponse.worker_fence_s); 0: none, lost nodes' workers are
+    # presumed dead at once.
+    worker_fence_s: float = 0.0
 
 
 @dataclass
@@ -156,10 +163,12 @@ class SnapshotBuilder:
                 at = self._checkpoint_time(f"{k.checkpoints}{job_id}/{ckpt}")
                 if at is not None:
                     jobs[job_id] = replace(job, last_checkpoint_at=at)
-        snap = ClusterSnapshot(nodes=nodes, alive=liveness.alive(nodes), jobs=jobs, allocations=allocs,
+        alive = liveness.alive(nodes)
+        snap = ClusterSnapshot(nodes=nodes, alive=alive, jobs=jobs, allocations=allocs,
                                job_revisions=job_revs, allocation_revisions=alloc_revs,
                                reported_running=liveness.running(),
-                               reported_at=liveness.running_reported_at(), released_at=released_at)
+                               reported_at=liveness.running_reported_at(), released_at=released_at,
+                               silence=liveness.silence(n for n in nodes if n not in alive))
         return snap, PolicyState(queues, quotas, usage, usage_rev)
 
     def _decode_quietly(self, key: str, rev: int, raw: bytes, fn: Callable[[bytes], object]) -> object:
@@ -204,6 +213,7 @@ class Reconciler:
         # a fresh build, a fraction of the cost at 10k nodes).
         self._index = ClusterIndex(profile.gates)
         self._node_ids: tuple[str, ...] = ()
+        self._recheck_at = math.inf
         self.cycles = 0
         self.last_result_size = 0
 
@@ -227,12 +237,15 @@ class Reconciler:
             task.cancel()
 
     def _next_wait(self) -> float:
-        """The interval, or less when a node's heartbeat deadline comes first (a lost node is acted on
-        at its deadline, not up to an interval later)."""
+        """The interval, or less when a node's heartbeat deadline or a lost node's worker fence comes first
+        (acted on at the deadline, not up to an interval later)."""
+        wait = self._settings.interval_s
         expiry = self._liveness.next_expiry(self._node_ids)
-        if expiry is None:
-            return self._settings.interval_s
-        return min(self._settings.interval_s, expiry + 0.02)
+        if expiry is not None:
+            wait = min(wait, expiry + 0.02)
+        if self._recheck_at < math.inf:
+            wait = min(wait, max(0.0, self._recheck_at - self._clock.monotonic()) + 0.02)
+        return wait
 
     async def cycle(self) -> None:
         self.cycles += 1
@@ -243,6 +256,7 @@ class Reconciler:
         now = self._clock.now()
         snap, policy = self._snapshots.build(self._liveness, self._released)
         self._node_ids = tuple(snap.nodes)
+        self._recheck_at = math.inf
         config = replace(self._settings.policy, queues={"default": DEFAULT_QUEUE, **policy.queues},
                          quotas=policy.quotas, usage=policy.usage)
         self._observe(snap)
@@ -377,8 +391,12 @@ class Reconciler:
         await self._try(self._repo.put_usage(usage, policy.usage_revision))
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
+        fence = self._settings.worker_fence_s
         step = progress(job, alloc, snap.alive, now, snap.nodes,
-                        infra_restart_limit=self._settings.max_infra_restarts)
+                        infra_restart_limit=self._settings.max_infra_restarts, silence=snap.silence,
+                        fence_s=fence + FENCE_MARGIN_S if fence else 0.0)
+        if step.recheck_in is not None:
+            self._recheck_at = min(self._recheck_at, self._clock.monotonic() + step.recheck_in)
         if step.writes:
             ok = await self._try(self._repo.write(
                 job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,

@@ -39,6 +39,10 @@ class SchedulerSettings(BaseSettings):
     heartbeat_interval_ms: int = Field(500, ge=50, le=60_000)
     leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
                                   "(at least node_timeout_s) while the agents find it")
+    worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
+                                  "answer of the leader; when it runs out their workers are killed. A lost "
+                                  "node's gang is released this long (+1 s) after its last heartbeat, so no old "
+                                  "attempt still runs when the job starts again. Must cover a failover. 0: off")
     max_infra_restarts: int = Field(20, ge=0, le=10_000, description="restarts after infrastructure failures (node "
                                     "lost, GPU unhealthy) per job before it fails; they do not use max_restarts")
     reconcile_interval_s: float = Field(1.0, gt=0)
@@ -107,6 +111,10 @@ class SchedulerSettings(BaseSettings):
     def _timeout_covers_heartbeats(self) -> SchedulerSettings:
         # Agents heartbeat at the interval the scheduler hands them; a timeout shorter than a few
         # intervals would declare healthy nodes lost between two beats.
+        if self.worker_fence_s and self.worker_fence_s < self.node_timeout_s + self.leader_ttl_s:
+            raise ValueError(f"worker_fence_s ({self.worker_fence_s}) must be at least node_timeout_s + "
+                             f"leader_ttl_s ({self.node_timeout_s + self.leader_ttl_s:g}): a scheduler failover "
+                             "would otherwise kill every worker")
         if self.node_timeout_s * 1000 < 3 * self.heartbeat_interval_ms:
             raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be at least 3 heartbeat intervals "
                              f"({3 * self.heartbeat_interval_ms / 1000:g}s with heartbeat_interval_ms="

@@ -44,12 +44,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TypedDict
 
+from . import lease
 from .logwriter import LineSplitter, RankLog
 
 READ_CHUNK = 64 * 1024
 COMMIT = b"commit\n"
 # Without pidfds (Linux < 5.3), how often the shim looks whether the worker has ended.
 POLL_S = 0.1
+# How often the shim looks at the agent's lease (the worker fence, `lease.py`).
+LEASE_CHECK_S = 0.25
 
 
 class Spec(TypedDict):
@@ -63,6 +66,8 @@ class Spec(TypedDict):
     backups: int
     status_path: str
     drain_timeout_s: float
+    # The agent's lease (`lease.py`); "" for none. When it runs out, the worker is killed.
+    lease_path: str
 
 
 # --- the status file, shared with the agent ------------------------------------------------------------
@@ -105,6 +110,8 @@ def parse_spec(raw: bytes) -> Spec:
     for key in ("cwd", "log_path", "status_path"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise ValueError(f"{key} must be a non-empty string")
+    if not isinstance(data.get("lease_path", ""), str):
+        raise ValueError("lease_path must be a string")
     for key in ("max_bytes", "backups"):
         if not isinstance(data.get(key), int) or data[key] < 0:
             raise ValueError(f"{key} must be an integer >= 0")
@@ -112,7 +119,7 @@ def parse_spec(raw: bytes) -> Spec:
         raise ValueError("drain_timeout_s must be a number >= 0")
     return Spec(command=command, env=env, cwd=data["cwd"], cpus=cpus, log_path=data["log_path"],
                 max_bytes=data["max_bytes"], backups=data["backups"], status_path=data["status_path"],
-                drain_timeout_s=float(data["drain_timeout_s"]))
+                drain_timeout_s=float(data["drain_timeout_s"]), lease_path=data.get("lease_path", ""))
 
 
 class _Output:
@@ -233,9 +240,13 @@ class _Control:
 
 
 def _pump(proc: subprocess.Popen[bytes], out: _Output, fds: dict[int, str], control: _Control,
-          drain_timeout_s: float) -> tuple[int, float]:
+          drain_timeout_s: float, lease_path: str = "") -> tuple[int, float]:
     """Copy the worker's output to its log until it has ended and its pipes are closed (or the drain time
-    is up); returns its returncode and when it ended. Kills the worker if the launch is not committed."""
+    is up); returns its returncode and when it ended. Kills the worker if the launch is not committed, or
+    when the agent's lease at `lease_path` runs out (the worker fence)."""
+    fence = Path(lease_path) if lease_path else None
+    fenced = False
+    next_check = 0.0
     sel = selectors.DefaultSelector()
     splitters = {fd: LineSplitter(out.log.max_line) for fd in fds}
     for fd in fds:
@@ -258,6 +269,14 @@ def _pump(proc: subprocess.Popen[bytes], out: _Output, fds: dict[int, str], cont
             timeout: float | None = max(0.0, deadline - time.monotonic())
         else:
             timeout = POLL_S if pidfd is None else None
+        if fence is not None and not fenced and returncode is None:
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + LEASE_CHECK_S
+                if lease.expired(fence):
+                    fenced = True
+                    _fence(proc, out)
+            timeout = LEASE_CHECK_S if timeout is None else min(timeout, LEASE_CHECK_S)
         for key, _ in sel.select(timeout):
             fd = key.fd
             if fd == pidfd:
@@ -309,6 +328,17 @@ def _pump(proc: subprocess.Popen[bytes], out: _Output, fds: dict[int, str], cont
     return returncode, exited_at
 
 
+def _fence(proc: subprocess.Popen[bytes], out: _Output) -> None:
+    out.write("agent", [b"[the node's agent has not heard from the scheduler leader for longer than the worker "
+                        b"fence (it died or lost contact); the scheduler restarts this job elsewhere, so this "
+                        b"worker is killed]"])
+    out.flush()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _abort(proc: subprocess.Popen[bytes], out: _Output) -> None:
     out.write("agent", [b"[the launch did not complete (another worker could not start, or the agent went "
                         b"away); this worker is killed]"])
@@ -345,7 +375,8 @@ def run(spec: Spec, control: _Control) -> int:
         os.close(err_w)
     if not _answer({"pid": proc.pid}):
         control.data = b"-"  # nobody learns of this worker: no commit will come
-    returncode, exited_at = _pump(proc, out, {out_r: "stdout", err_r: "stderr"}, control, spec["drain_timeout_s"])
+    returncode, exited_at = _pump(proc, out, {out_r: "stdout", err_r: "stderr"}, control, spec["drain_timeout_s"],
+                                  spec.get("lease_path", ""))
     out.log.close()
     write_status(Path(spec["status_path"]), returncode, exited_at)
     return 0

@@ -63,7 +63,7 @@ from trainyard_core.logs import log_context
 from .. import metrics
 from ..model import Health, RunningAllocation, Vendor
 from ..notify import Notifier
-from . import affinity, logs, logwriter, process, records, shim, spawn
+from . import affinity, lease, logs, logwriter, process, records, shim, spawn
 from .env import worker_env
 from .fence import LeaderFence
 from .model import (
@@ -189,6 +189,8 @@ class Supervisor:
         self._shim_python = shim_python
         self.jobs_root = state_dir / "jobs"
         self.jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The worker fence every shim watches (renewed by the agent's reporter; see lease.py).
+        self.lease_path = state_dir / lease.LEASE_NAME
         self._node_id = node_id
         self._vendor = vendor
         self._gpu_health = gpu_health
@@ -334,7 +336,8 @@ class Supervisor:
         return await spawn.start_worker(
             shim.Spec(command=list(req.command), env=env, cwd=cwd, cpus=sorted(binding.cpus),
                       log_path=str(logs.rank_log_path(adir, spec.rank)), max_bytes=self._log_max_bytes,
-                      backups=self._log_backups, status_path=str(status), drain_timeout_s=DRAIN_TIMEOUT_S),
+                      backups=self._log_backups, status_path=str(status), drain_timeout_s=DRAIN_TIMEOUT_S,
+                      lease_path=str(self.lease_path)),
             err_path=records.shim_err_path(adir, spec.rank), python=self._shim_python)
 
     def _binding(self, spec: WorkerSpec) -> affinity.Binding:

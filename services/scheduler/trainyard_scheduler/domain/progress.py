@@ -16,6 +16,7 @@ one of its GPUs unhealthy, it was the infrastructure. They are bounded separatel
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +31,7 @@ class Step:
     release: bool = False            # delete the allocation (the job is written terminal with it)
     launch: tuple[str, ...] = ()     # nodes whose agent must start its workers
     stop: tuple[str, ...] = ()       # nodes whose agent must stop its workers
+    recheck_in: float | None = None  # seconds until this gang needs looking at again (a worker fence)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -38,7 +40,12 @@ class Step:
 
 
 def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
-             nodes: Mapping[str, Node] | None = None, *, infra_restart_limit: int = 20) -> Step:
+             nodes: Mapping[str, Node] | None = None, *, infra_restart_limit: int = 20,
+             silence: Mapping[str, float] | None = None, fence_s: float = 0.0) -> Step:
+    """`silence` (seconds each lost node has been silent) and `fence_s` (the worker fence plus a margin):
+    a lost node's workers count as gone only once it has been silent that long — by then its shims have
+    killed them if they were still running — so a gang is not released, and its job not started again,
+    while an old attempt may still run there."""
     exited = {e.rank for e in alloc.exits}
     reason = alloc.stop_reason
     new_alloc: Allocation | None = None
@@ -67,6 +74,11 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
                         and not set(a.ranks) <= exited)
         if to_stop:
             return Step(alloc=new_alloc, stop=to_stop)
+        silent = silence or {}
+        unfenced = [fence_s - silent.get(a.node_id, math.inf) for a in current.assignments
+                    if a.node_id not in alive and a.node_id not in current.stopped and not set(a.ranks) <= exited]
+        if any(left > 0 for left in unfenced):
+            return Step(alloc=new_alloc, recheck_in=max(unfenced))
         return Step(job=_finish(job, current, now, infra=_infra_cause(current, alive, nodes or {}),
                                 infra_restart_limit=infra_restart_limit), release=True)
 

@@ -23,6 +23,9 @@ class ClusterSnapshot:
     # When each node's report arrived, and when this leader released each gang (monotonic seconds).
     reported_at: Mapping[str, float] = field(default_factory=dict)
     released_at: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    # For nodes not alive: seconds this leader has not heard from them (since it leads, for nodes it never
+    # heard). A lost node's workers are presumed dead once this passes the worker fence.
+    silence: Mapping[str, float] = field(default_factory=dict)
 
     def orphans(self) -> dict[str, set[tuple[str, int]]]:
         """Workers an agent runs that no allocation accounts for on that node (e.g. a node that was

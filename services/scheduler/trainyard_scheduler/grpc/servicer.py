@@ -164,8 +164,9 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
 class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     def __init__(self, repo: Repository, leadership: Leadership, liveness: NodeLiveness, clock: Clock,
-                 heartbeat_interval_ms: int) -> None:
+                 heartbeat_interval_ms: int, *, worker_fence_s: float = 0.0) -> None:
         self._repo = repo
+        self._worker_fence_s = worker_fence_s
         self._leadership = leadership
         self._liveness = liveness
         self._clock = clock
@@ -201,7 +202,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         with log_context(node_id=node.node_id):
             log.info("node registered", extra={"gpus": len(node.gpus), "agent": node.agent_address})
         return scheduler_pb2.RegisterNodeResponse(node_id=node.node_id, heartbeat_interval_ms=self._interval,
-                                                  leader_epoch=epoch)
+                                                  leader_epoch=epoch, worker_fence_s=self._worker_fence_s)
 
     async def Heartbeat(self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
