@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # Added to the worker fence before a lost node's workers are presumed gone: the agent's last lease renewal
 # came after the last heartbeat this leader received, and shims look at the lease every 0.25 s.
 FENCE_MARGIN_S = 1.0
+# Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
+ORPHAN_STOP_RETRY_S = 2.0
 
 
 class AgentPort(Protocol):
@@ -214,6 +216,8 @@ class Reconciler:
         self._index = ClusterIndex(profile.gates)
         self._node_ids: tuple[str, ...] = ()
         self._recheck_at = math.inf
+        # When this leader last asked an agent to stop stray workers, per (job, attempt, node).
+        self._orphan_stops: dict[tuple[str, int, str, str], float] = {}
         self.cycles = 0
         self.last_result_size = 0
 
@@ -277,9 +281,17 @@ class Reconciler:
             node = snap.nodes.get(node_id)
             if node is None or node_id not in snap.alive:
                 continue
+            mono = self._clock.monotonic()
             for job_id, attempt in strays:
-                self._spawn((job_id, attempt, node_id, "stop-orphan"),
-                            functools.partial(self._stop_orphan, node, job_id, attempt))
+                # The agent's next heartbeat shows the stop; until then the stray is still reported, and
+                # asking again every cycle would only repeat the call (and its log line).
+                key = (job_id, attempt, node_id, "stop-orphan")
+                if mono - self._orphan_stops.get(key, -math.inf) < ORPHAN_STOP_RETRY_S:
+                    continue
+                self._orphan_stops[key] = mono
+                while len(self._orphan_stops) > 10_000:
+                    self._orphan_stops.pop(next(iter(self._orphan_stops)))
+                self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
 
     @staticmethod
     def _observe(snap: ClusterSnapshot) -> None:
