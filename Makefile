@@ -15,6 +15,7 @@ help:
 	@echo "make test   run the test suite (installs what it needs first)"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  run every benchmark in bench/ (BENCH=name runs one)"
+	@echo "make chaos  the long chaos run: random faults against a local cluster (CHAOS_DURATION_S=900, CHAOS_SEED=n replays)"
 	@echo "make proto  regenerate gen/ from proto/"
 
 deps: $(STAMP) etcd
@@ -59,6 +60,12 @@ lint: deps proto
 
 bench: deps proto
 	$(PY) -m bench $(BENCH)
+
+# The bounded chaos run (about 3 minutes) is part of `make test`; this is the long one.
+CHAOS_DURATION_S ?= 900
+.PHONY: chaos
+chaos: deps proto
+	CHAOS_DURATION_S=$(CHAOS_DURATION_S) $(PY) -m pytest tests/chaos
 
 clean:
 	rm -rf gen .trainyard .pytest_cache .mypy_cache .ruff_cache bench/results
