@@ -19,7 +19,7 @@ from trainyard_cli.local import Proc
 from trainyard_core.ids import new_id
 from trainyard_core.testing.etcd import free_port, start_single, stop_and_clean
 
-from .checkpoint import REPEATS, TENSORS, THREADS, evict, state_bytes
+from .checkpoint import REPEATS, TENSORS, THREADS, evict, load_target, state_bytes
 
 RESHARD_GIB = float(os.environ.get("BENCH_RESHARD_GIB", "0.5"))
 
@@ -75,7 +75,7 @@ def _measure(state: dict[str, torch.Tensor], root: Path, address: str) -> dict[s
         loads = []
         for _ in range(REPEATS):
             evict(root / "store")
-            target = {k: torch.empty_like(v) for k, v in state.items()}
+            target = load_target(state)
             t0 = time.perf_counter()
             assert client.load_latest(target) == step
             loads.append(time.perf_counter() - t0)

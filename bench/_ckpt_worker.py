@@ -24,7 +24,8 @@ def main() -> int:
     per = int(gib * (1 << 30) / tensors / 4)
     state = {}
     for i in range(tensors):
-        full = torch.randn(per, generator=torch.Generator().manual_seed(i)) if mode == "save" else torch.empty(per)
+        # A load goes into written memory, as in bench/checkpoint.py.
+        full = torch.randn(per, generator=torch.Generator().manual_seed(i)) if mode == "save" else torch.zeros(per)
         state[f"layer{i}.weight"] = distribute_tensor(full, mesh, [Shard(0)])
     client = CheckpointClient.from_env()
     dist.barrier()

@@ -3,7 +3,10 @@
 State: STATE_GIB of float32 tensors (TENSORS of them), on CPU. Files live under BENCH_DIR (default a fresh
 directory in the system temp dir, on the same disk as the repository here). Before every read
 measurement the files are evicted from the page cache (posix_fadvise DONTNEED after fsync), so reads
-come from the disk, as after a restart on another node.
+come from the disk, as after a restart on another node. Loads go into tensors that have been written before
+the clock starts, as a restarted trainer's initialized model is: the raw read's buffer is warm too, and a
+fresh `empty_like` would charge each load the kernel's allocation and zeroing of 1 GiB of new pages
+(~0.25 s here, a quarter of the read itself).
 
 Baselines:
 - raw write: `dd bs=64M conv=fdatasync` of the same number of bytes (and `oflag=direct`, reported beside);
@@ -13,6 +16,7 @@ Baselines:
 Trainyard: the client library's synchronous save (bandwidth) and async_save (time the training loop is
 blocked, and time until committed), load_latest (bandwidth, checksums verified), and loads that reshard a
 2-rank checkpoint onto 1 and 3 ranks (gloo processes), relative to a 2-rank load of the same checkpoint.
+Checksum: the shard checksum (chunked XXH3) of the state in memory, on one thread.
 """
 
 from __future__ import annotations
@@ -110,9 +114,47 @@ def dcp_save(state: dict[str, torch.Tensor], path: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
+def checksum_gib_s(state: dict[str, torch.Tensor]) -> float:
+    """Chunked XXH3 over the state's bytes in memory, one thread, as the writer and reader compute it."""
+    from trainyard_checkpoint import checksum
+
+    views = [memoryview(t.numpy()).cast("B") for t in state.values()]
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        for view in views:
+            checksum.of_bytes(view)
+        return time.perf_counter() - t0
+
+    return state_bytes(state) / best(once, REPEATS + 1) / (1 << 30)
+
+
+def checksum_parallel_gib_s(state: dict[str, torch.Tensor], threads: int) -> float:
+    """The same over `threads` threads, a tensor each at a time, as the writer's threads hash their files
+    (xxhash releases the GIL, so the chunks of a checksum are computed in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainyard_checkpoint import checksum
+
+    views = [memoryview(t.numpy()).cast("B") for t in state.values()]
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(checksum.of_bytes, views))
+        return time.perf_counter() - t0
+
+    return state_bytes(state) / best(once, REPEATS + 1) / (1 << 30)
+
+
+def load_target(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors to load `state` into: resident (written) and different from it."""
+    return {k: torch.zeros_like(v) for k, v in state.items()}
+
+
 def dcp_load(state: dict[str, torch.Tensor], path: Path) -> float:
     evict(path)
-    target = {k: torch.empty_like(v) for k, v in state.items()}
+    target = load_target(state)
     t0 = time.perf_counter()
     dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)))
     took = time.perf_counter() - t0
@@ -139,6 +181,8 @@ def _run(root: Path) -> dict[str, float]:
     f["raw_write_direct_gib_s"] = max(dd_write(raw, nbytes, direct=True) for _ in range(REPEATS)) / (1 << 30)
     f["raw_read_gib_s"] = max(dd_read(raw) for _ in range(REPEATS)) / (1 << 30)
     raw.unlink()
+    f["checksum_gib_s"] = checksum_gib_s(state)
+    f["checksum_gib_s_threads"] = checksum_parallel_gib_s(state, THREADS)
     f["torch_save_s"] = best(lambda: torch_save(state, root / "model.pt"))
     f["torch_save_gib_s"] = gib / f["torch_save_s"]
     (root / "model.pt").unlink()

@@ -8,14 +8,19 @@ Format of a shard's checksum string:
     xxh3:<hex>                           one XXH3-64 digest of the whole file
     crc32c:<hex>                         accepted as declared (recorded, not verifiable here)
 
-XXH3 runs at ~8-10 GiB/s per core here, so checksumming costs a fraction of the write itself.
+XXH3 runs at ~10 GiB/s per core here on data in memory (as fast as one core reads memory; ~45 GiB/s on data
+in cache), so checksumming costs a fraction of the write itself. Whole chunks are hashed in one call
+(`xxh3_64_intdigest`: no hasher object, no copy, faster than streaming them, and faster than XXH3-128);
+only a chunk that arrives in pieces goes through a streaming hasher. Files are read into one reused
+buffer, not a fresh `bytes` per block (a new 64 MiB allocation is page-faulted in on every read, which
+costs more than the hashing).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import xxhash
@@ -71,6 +76,11 @@ def parse(text: str) -> Checksum:
                           "crc32c:<8 hex>")
 
 
+def digest(data: bytes | memoryview) -> str:
+    """The XXH3-64 digest of `data` as the checksum format writes it (16 hex digits)."""
+    return f"{xxhash.xxh3_64_intdigest(data):016x}"
+
+
 class ChunkHasher:
     """Streaming per-chunk XXH3: feed bytes in any pieces; `result()` gives the xxh3c checksum."""
 
@@ -83,16 +93,27 @@ class ChunkHasher:
 
     def update(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
-        self.size += len(view)
-        while len(view):
-            take = min(len(view), self.chunk_bytes - self._filled)
+        n = len(view)
+        self.size += n
+        chunk = self.chunk_bytes
+        pos = 0
+        if self._filled:  # finish the chunk that earlier pieces began
+            take = min(n, chunk - self._filled)
             self._current.update(view[:take])
             self._filled += take
-            view = view[take:]
-            if self._filled == self.chunk_bytes:
-                self._digests.append(self._current.hexdigest())
-                self._current = xxhash.xxh3_64()
-                self._filled = 0
+            pos = take
+            if self._filled < chunk:
+                return
+            self._digests.append(self._current.hexdigest())
+            self._current.reset()
+            self._filled = 0
+        # Whole chunks in one call each: the same digest as streaming them, without the hasher's state.
+        while n - pos >= chunk:
+            self._digests.append(digest(view[pos:pos + chunk]))
+            pos += chunk
+        if pos < n:
+            self._current.update(view[pos:])
+            self._filled = n - pos
 
     def result(self) -> Checksum:
         digests = list(self._digests)
@@ -107,13 +128,24 @@ def of_bytes(data: bytes | memoryview, chunk_bytes: int = CHUNK_BYTES) -> Checks
     return h.result()
 
 
-def _read_chunks(path: str, chunk_bytes: int) -> Iterable[bytes]:
+def _read_chunks(path: str, chunk_bytes: int) -> Iterator[memoryview]:
+    """The file in blocks of `chunk_bytes`, each a view of one buffer that the next block overwrites (so
+    a consumer must be done with a block before asking for the next, as the hashers here are)."""
+    buf = bytearray(chunk_bytes)
+    view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while True:
-            block = f.read(chunk_bytes)
-            if not block:
+            filled = 0
+            while filled < chunk_bytes:  # a short read is not the end of the file; an empty one is
+                n = f.readinto(view[filled:])
+                if not n:
+                    break
+                filled += n
+            if not filled:
                 return
-            yield block
+            yield view[:filled]
+            if filled < chunk_bytes:
+                return
 
 
 def of_file(path: str | os.PathLike[str], chunk_bytes: int = CHUNK_BYTES) -> Checksum:
@@ -123,7 +155,8 @@ def of_file(path: str | os.PathLike[str], chunk_bytes: int = CHUNK_BYTES) -> Che
     return h.result()
 
 
-def verify_blocks(name: str, blocks: Iterable[bytes], expected: Checksum, size: int | None = None) -> None:
+def verify_blocks(name: str, blocks: Iterable[bytes | memoryview], expected: Checksum,
+                  size: int | None = None) -> None:
     """Raise ChecksumMismatch naming the first chunk that differs. `blocks` may be of any sizes."""
     if not expected.verifiable:
         return
@@ -132,7 +165,7 @@ def verify_blocks(name: str, blocks: Iterable[bytes], expected: Checksum, size: 
         seen = 0
         for block in blocks:
             whole.update(block)
-            seen += len(block)
+            seen += memoryview(block).nbytes
         if size is not None and seen != size:
             raise ChecksumMismatch(name, f"size {seen} bytes, expected {size}")
         if whole.hexdigest() != expected.digests[0]:

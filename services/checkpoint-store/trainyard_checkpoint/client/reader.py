@@ -4,9 +4,16 @@ Reading and verifying are one pass: for each file, the items this rank needs are
 each chunk (of the xxh3c checksum) they touch is verified before any byte of it is used, and the items are
 decoded from the verified bytes. A rank therefore verifies exactly the chunks it reads (with resharding,
 only its part of a file), never reads a byte twice, and never copies a corrupt byte into the state dict.
-Local files are memory-mapped (hashed in the page cache, copied once into the tensors: about the speed of
-stock DCP); remote ones are read through a window of chunks. A file whose size differs from the record is
-refused before it is read (so a mapped file is never read past its end).
+Local files are memory-mapped (hashed in the page cache, copied once into the tensors); remote ones are
+read through a window of chunks. A file whose size differs from the record is refused before it is read
+(so a mapped file is never read past its end).
+
+A tensor item is a `torch.save` archive. Rather than `torch.load` it (which allocates a new tensor, copies
+the bytes into it, and is then copied again into the state dict), the reader finds the storage's bytes in
+the archive (zip directory + `torch.load` onto the meta device for dtype, shape and strides) and copies
+them straight from the verified bytes into the state dict's tensor: one copy, as a raw read would need.
+Anything else (another byte order, a dtype conversion, quantized or sparse tensors, transforms) goes
+through `torch.load` as stock DCP does.
 
 `precheck` is the cheap part every load does first: existence and size of a share of the checkpoint's
 files (the ranks split the list, so together they look at every file once) and the full check of
@@ -18,11 +25,16 @@ from __future__ import annotations
 import io
 import mmap
 import pickle
+import struct
+import sys
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any, cast
 
+import numpy as np
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
@@ -163,7 +175,7 @@ class _VerifiedFile:
             return
         if index >= len(self._expected.digests):
             raise self._corrupt(f"chunk {index} has no recorded digest")
-        if checksum.of_bytes(data, self._chunk).digests[0] != self._expected.digests[index]:
+        if checksum.digest(data) != self._expected.digests[index]:
             raise self._corrupt(f"chunk {index} (bytes {start}-{start + len(data) - 1}) differs from its checksum")
 
     def read(self, offset: int, length: int) -> memoryview:
@@ -223,6 +235,80 @@ def _mapped(stream: IO[bytes], size: int) -> Iterator[mmap.mmap | None]:
             pass
 
 
+# Same-size integer types to copy any dtype's elements bit for bit (numpy knows no bfloat16 or float8).
+_AS_INT_TORCH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_AS_INT_NUMPY: dict[int, type[np.generic]] = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_LOCAL_HEADER = b"PK\x03\x04"
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """One tensor inside a `torch.save` archive: its storage's bytes and, as a meta tensor, how the
+    tensor lies on them (dtype, shape, strides and offset, in elements)."""
+
+    data: memoryview
+    layout: torch.Tensor
+
+
+def _stored_tensor(blob: memoryview) -> _Stored | None:
+    """The tensor `torch.save` wrote into `blob`, located without reading its data; None when it is
+    anything but one dense tensor stored uncompressed in this machine's byte order."""
+    try:
+        return _locate(blob)
+    except Exception:  # not an archive this understands: torch.load decodes it, or says what is wrong
+        return None
+
+
+def _locate(blob: memoryview) -> _Stored | None:
+    with zipfile.ZipFile(_ViewReader(blob)) as archive:
+        entries = {e.filename: e for e in archive.infolist()}
+        prefixes = [name[:-len("data.pkl")] for name in entries if name.endswith("/data.pkl")]
+        if len(prefixes) != 1:
+            return None
+        prefix = prefixes[0]
+        storages = [e for name, e in entries.items() if name.startswith(f"{prefix}data/")]
+        order = entries.get(f"{prefix}byteorder")
+        if len(storages) != 1 or order is None or archive.read(order) != sys.byteorder.encode():
+            return None
+    entry = storages[0]
+    header = entry.header_offset
+    if entry.compress_type != zipfile.ZIP_STORED or bytes(blob[header:header + 4]) != _LOCAL_HEADER:
+        return None
+    name_len, extra_len = struct.unpack_from("<HH", blob, header + 26)
+    start = header + 30 + name_len + extra_len
+    layout = torch.load(cast(IO[bytes], _ViewReader(blob)), map_location="meta", weights_only=True)
+    if (type(layout) is not torch.Tensor or not layout.is_meta or layout.layout != torch.strided
+            or layout.is_quantized or layout.untyped_storage().nbytes() != entry.file_size
+            or start + entry.file_size > len(blob)):
+        return None
+    return _Stored(blob[start:start + entry.file_size], layout)
+
+
+def _copy_stored(stored: _Stored, target: torch.Tensor) -> bool:
+    """Copy `stored` (already narrowed to `target`'s shape) into `target`, bit for bit; False (nothing
+    copied) when the dtypes differ or `target` is not a plain CPU tensor: `target.copy_` converts then."""
+    src = stored.layout
+    size = src.element_size()
+    if (target.dtype != src.dtype or target.device.type != "cpu" or size not in _AS_INT_TORCH
+            or target.is_conj() or target.is_neg() or target.layout != torch.strided):
+        return False
+    if src.numel() == 0:
+        return True
+    extent = 1 + sum((n - 1) * stride for n, stride in zip(src.size(), src.stride(), strict=True))
+    first = src.storage_offset() * size
+    if first + extent * size > len(stored.data):
+        return False
+    if src.is_contiguous() and target.is_contiguous():  # one flat run of bytes: a plain memory copy
+        dst = target.reshape(-1).view(torch.uint8).numpy()
+        np.copyto(dst, np.frombuffer(stored.data, dtype=np.uint8, count=dst.size, offset=first))
+        return True
+    flat = np.frombuffer(stored.data, dtype=np.uint8, count=extent * size, offset=first)
+    view = np.lib.stride_tricks.as_strided(flat.view(_AS_INT_NUMPY[size]), shape=tuple(src.size()),
+                                           strides=tuple(s * size for s in src.stride()), writeable=False)
+    np.copyto(target.view(_AS_INT_TORCH[size]).numpy(), view)
+    return True
+
+
 class TrainyardReader(FileSystemReader):
     """Reads a committed Trainyard checkpoint; every byte used is verified first (see the module doc).
 
@@ -276,20 +362,36 @@ class TrainyardReader(FileSystemReader):
     def _read_items(self, source: _VerifiedFile, ordered: Sequence[ReadItem], planner: LoadPlanner) -> None:
         for req in ordered:
             info = cast(_StorageInfo, self.storage_data[req.storage_index])
-            item = cast(IO[bytes], _ViewReader(source.read(info.offset, info.length)))
-            loaded = self.transforms.transform_load_stream(req, info.transform_descriptors or (), item)
+            data = source.read(info.offset, info.length)
+            descriptors = info.transform_descriptors or ()
             if req.type == LoadItemType.BYTE_IO:
+                loaded = self.transforms.transform_load_stream(req, descriptors, cast(IO[bytes], _ViewReader(data)))
                 planner.load_bytes(req, io.BytesIO(loaded.read(-1)))
                 continue
+            target: torch.Tensor | None = None
+            stored = None if descriptors else _stored_tensor(data)
+            if stored is not None:
+                layout = narrow_tensor_by_index(stored.layout, req.storage_offsets, req.lengths)
+                target = self._target(req, planner, layout.size())
+                if _copy_stored(_Stored(stored.data, layout), target):
+                    planner.commit_tensor(req, target)
+                    continue
+            loaded = self.transforms.transform_load_stream(req, descriptors, cast(IO[bytes], _ViewReader(data)))
             seekable = loaded if loaded.seekable() else io.BytesIO(loaded.read(-1))
             tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise CheckpointError(f"{req.storage_index}: the checkpoint holds {tuple(tensor.size())}, "
-                                      f"the state dict expects {tuple(target.size())}")
+            if target is None:
+                target = self._target(req, planner, tensor.size())
             target.copy_(tensor)
             planner.commit_tensor(req, target)
+
+    @staticmethod
+    def _target(req: ReadItem, planner: LoadPlanner, size: torch.Size) -> torch.Tensor:
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != size:
+            raise CheckpointError(f"{req.storage_index}: the checkpoint holds {tuple(size)}, "
+                                  f"the state dict expects {tuple(target.size())}")
+        return target
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[ReadItem]] = {}
