@@ -89,6 +89,9 @@ LOST_B = "node n-b lost contact"
     # Infrastructure restarts are bounded too.
     (dict(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A), ONLY_A, 5, 0, 20, "failed",
      ["infrastructure restart limit of 20 reached"]),
+    # A rank whose end the agent could not learn (its shim died too) is the node's failure, not the job's.
+    (dict(exits=(ex(0, code=-1), ex(1, sig=15)), stop_reason="rank 0 on n-a exited with code -1"), BOTH, 0, 0, 0,
+     "restarting", ["the end of rank 0 on n-a is unknown", "infrastructure failure 1"]),
     # A time limit is never the infrastructure's, even if a node is lost meanwhile.
     (dict(stop_reason="time limit of 60s exceeded", stopped=ONLY_A), ONLY_A, 3, 0, 0, "failed",
      ["time limit"]),

@@ -128,6 +128,11 @@ class NodeAssignment:
     cpus: int = 0
 
 
+# exit_code an agent reports for a worker whose end it could not learn (its shim died with it: the node's
+# own supervision failed). Same value as the agent's EXIT_UNKNOWN.
+EXIT_UNKNOWN = -1
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerExit:
     rank: int

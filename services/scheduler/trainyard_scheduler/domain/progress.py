@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .jobs import describe_exit, first_failure, requeue, restart_delay, transition
-from .models import Allocation, Job, JobState, Node
+from .models import EXIT_UNKNOWN, Allocation, Job, JobState, Node
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ def _unhealthy_gpu(alloc: Allocation, nodes: Mapping[str, Node]) -> str:
 def _infra_cause(alloc: Allocation, alive: frozenset[str], nodes: Mapping[str, Node]) -> str:
     """Why a stopped gang's failure is the infrastructure's ("" when it is not): it was stopped for a lost
     node or an unhealthy GPU, or it was stopped for a failed rank and by now one of its nodes is lost or
-    one of its GPUs unhealthy. A time limit is never an infrastructure failure."""
+    one of its GPUs unhealthy, or the failed rank's end is unknown (the agent found no status: its shim
+    died). A time limit is never an infrastructure failure."""
     if alloc.infra_failure:
         return alloc.stop_reason
     failure = first_failure(alloc.exits)
@@ -117,6 +118,10 @@ def _infra_cause(alloc: Allocation, alive: frozenset[str], nodes: Mapping[str, N
         return ""
     lost = [n for n in alloc.node_ids if n not in alive]
     cause = f"node {lost[0]} lost contact" if lost else _unhealthy_gpu(alloc, nodes)
+    if not cause and failure.exit_code == EXIT_UNKNOWN and not failure.signal:
+        # The agent found no exit status: the worker's shim died with it (the node's own machinery failed,
+        # e.g. everything on the host was killed), not something the job's code did.
+        cause = f"the end of rank {failure.rank} on {failure.node_id} is unknown (its supervisor died)"
     return f"{cause} ({alloc.stop_reason})" if cause else ""
 
 
