@@ -15,6 +15,7 @@ the same window (CPU and RSS), and the round trip of one GetNode call (the floor
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import Proc
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
+from trainyard_core.testing.wait import until
 
 WINDOW_S = 60.0
 WARMUP_S = 5.0
@@ -68,13 +70,8 @@ def _proc(workdir: Path, name: str, module: str, prefix: str, settings: dict[str
                 ready_path=workdir / f"{name}.ready")
 
 
-def _wait(what: str, probe: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
+def _gpu_is_healthy(nodes: scheduler_pb2_grpc.NodeServiceStub, index: int) -> bool:
+    return _gpu_health(nodes, index) == types_pb2.GPU_HEALTH_HEALTHY
 
 
 def _gpu_health(nodes: scheduler_pb2_grpc.NodeServiceStub, index: int) -> int:
@@ -115,8 +112,7 @@ def run() -> dict[str, float]:
                     grpc.insecure_channel(f"127.0.0.1:{agent_port}") as agent_channel:
                 nodes = scheduler_pb2_grpc.NodeServiceStub(sched_channel)
                 agents = agent_pb2_grpc.AgentServiceStub(agent_channel)
-                _wait("the node to register",
-                      lambda: _gpu_health(nodes, 7) == types_pb2.GPU_HEALTH_HEALTHY)
+                until(functools.partial(_gpu_is_healthy, nodes, 7), 30.0, "the node to register")
 
                 idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
                 time.sleep(WARMUP_S)  # start-up work (imports, registration) is not the steady state
@@ -148,8 +144,8 @@ def run() -> dict[str, float]:
                     rss.append(_rss_mb(pid))
                     agents.SetGpuHealth(agent_pb2.SetGpuHealthRequest(
                         gpu_index=gpu, healthy=True, operator="bench", reason="benchmark reset"), timeout=10)
-                    _wait("the GPU to be healthy again",
-                          lambda g=gpu: _gpu_health(nodes, g) == types_pb2.GPU_HEALTH_HEALTHY)
+                    until(functools.partial(_gpu_is_healthy, nodes, gpu), 30.0,
+                          "the GPU to be healthy again")
         finally:
             if idle is not None:
                 idle.kill()

@@ -35,6 +35,7 @@ import httpx
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.testing.wait import until
 
 ROUNDS = int(os.environ.get("BENCH_RECOVERY_ROUNDS", "5"))
 CKPT_EVERY = 10
@@ -58,16 +59,14 @@ class Gateway:
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
 
     def until(self, what: str, probe: Any, timeout: float = 120.0, interval: float = 0.01) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """`testing.wait.until`, where a failed HTTP call (the gateway restarting) counts as "not yet"."""
+        def tolerant() -> Any:
             try:
-                got = probe()
+                return probe()
             except httpx.HTTPError:
-                got = None
-            if got:
-                return got
-            time.sleep(interval)
-        raise RuntimeError(f"timed out waiting for {what}")
+                return None
+
+        return until(tolerant, timeout, what, interval)
 
     def steps(self, job_id: str, attempt: int) -> list[tuple[int, float]]:
         text = self.http.get(f"/v1/jobs/{job_id}/logs", params={"attempt": attempt}).text

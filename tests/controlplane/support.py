@@ -15,10 +15,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import httpx
@@ -29,27 +29,13 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster
 from trainyard_core.testing.etcd import EtcdProcess
+from trainyard_core.testing.wait import until
 from trainyard_scheduler.state.keys import Keys
 
-T = TypeVar("T")
 PROGRAMS = Path(__file__).parent / "programs"
 KEYS = Keys()
 # Gateway answers that mean "the control plane behind me is moving", not "your request is wrong".
 TRANSIENT_HTTP = {502, 503, 504}
-
-
-def until(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str],
-          interval: float = 0.05) -> T:
-    """Poll `condition` until it returns something truthy (returned) or `timeout` seconds pass (AssertionError
-    naming `what`, which may be a callable giving the latest state)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = condition()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout}s: {what() if callable(what) else what}")
-        time.sleep(interval)
 
 
 # --- the gateway ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ started once for the e2e module that asks for them."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,14 +61,22 @@ class Api:
         raise AssertionError(f"{count} ready nodes not seen after {timeout}s: {nodes}")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster")), gateway_port=0, stop_grace_s=2.0, log_format="text")
+@contextlib.contextmanager
+def local_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any) -> Iterator[LocalCluster]:
+    """A started LocalCluster (free gateway port, short stop grace, text logs), stopped at exit."""
+    c = LocalCluster(Path(tmp_path_factory.mktemp(name)), gateway_port=0, stop_grace_s=2.0, log_format="text",
+                     **options)
     try:
         c.start()
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory, "cluster") as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,9 @@ import pytest
 from trainyard.checkpoint.v1 import checkpoint_pb2 as ckpt_pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as ckpt_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.testing.wait import until
 
-from .conftest import Api
+from .conftest import Api, local_cluster
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_checkpoints.py"
@@ -32,13 +33,8 @@ NODES = [("node-1", "a100x4"), ("node-2", "a100x4"), ("node-3", "a100x4")]
 
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster3")), gateway_port=0, stop_grace_s=2.0,
-                     log_format="text", nodes=NODES)
-    try:
-        c.start()
+    with local_cluster(tmp_path_factory, "cluster3", nodes=NODES) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +43,6 @@ def api3(cluster3: LocalCluster) -> Iterator[Api]:
     a.wait_nodes_ready(3)
     yield a
     a.http.close()
-
-
-def _until(probe: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last})")
 
 
 def _latest_step(cluster: LocalCluster, job_id: str) -> int:
@@ -94,7 +79,7 @@ def test_a_job_resumes_on_healthy_nodes_after_one_of_its_nodes_dies(api3: Api, c
 
     job = _submit(api3, "survivor", f"exec {base} --step-time 0.25 --out {resumed_out}")
     running = api3.wait(job["id"], {"running"}, timeout=60)
-    _until(lambda: _latest_step(cluster3, job["id"]) >= 8, 60, "a checkpoint at step 8 or later")
+    until(lambda: _latest_step(cluster3, job["id"]) >= 8, 60, "a checkpoint at step 8 or later")
     # The node of rank 0 (the rendezvous master) dies: agent, shims and workers.
     victim = next(a["node_id"] for a in running["placement"] if a["node_rank"] == 0)
     killed = cluster3.kill_node(victim)
@@ -104,7 +89,7 @@ def test_a_job_resumes_on_healthy_nodes_after_one_of_its_nodes_dies(api3: Api, c
         j = api3.job(job["id"])
         return j if j["infra_restarts"] == 1 and j["state"] in ("running", "succeeded") else None
 
-    moved = _until(restarted, 60, "the job running again on healthy nodes")
+    moved = until(restarted, 60, "the job running again on healthy nodes")
     assert victim not in [a["node_id"] for a in moved["placement"]]
     assert moved["restarts"] == 0, "a lost node does not use the job's restart budget (max_restarts=0)"
     events = [e for e in moved["events"] if e["kind"] == "restarting"]
@@ -146,7 +131,7 @@ def test_workers_of_a_node_whose_agent_died_are_fenced_before_the_job_runs_again
         samples.append((j["attempt"], any(_alive(p) for p in stale_pids)))
         return j if j["infra_restarts"] == 1 and j["state"] == "running" else None
 
-    moved = _until(restarted, 40, "the job running again without the silent node")
+    moved = until(restarted, 40, "the job running again without the silent node")
     assert victim not in [a["node_id"] for a in moved["placement"]]
     assert not any(attempt > 1 and alive for attempt, alive in samples), "attempt 2 ran beside attempt 1"
     assert not any(_alive(p) for p in stale_pids)

@@ -22,3 +22,19 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
         await asyncio.sleep(interval)
+
+
+def until(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str],
+          interval: float = 0.05) -> T:
+    """The synchronous twin of `eventually`, for code driving real processes from outside (e2e tests,
+    benchmarks): poll `condition` until it returns something truthy (returned) or `timeout` seconds pass
+    (AssertionError naming `what`, which may be a callable giving the latest state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout}s: {what() if callable(what) else what}; "
+                                 f"last value: {got!r}")
+        time.sleep(interval)
