@@ -6,6 +6,7 @@ import ipaddress
 
 from pydantic import Field, SecretStr, field_validator
 
+from trainyard_core.addresses import address_list, host_port
 from trainyard_core.settings import BaseSettings
 
 from .tokens import SECRET_PREFIX, is_well_formed_secret
@@ -39,14 +40,14 @@ class GatewaySettings(BaseSettings):
     @field_validator("scheduler_address")
     @classmethod
     def _check_scheduler_address(cls, v: str) -> str:
-        targets = [t.strip() for t in v.split(",") if t.strip()]
+        targets = address_list(v)
         if not targets:
             raise ValueError("give at least one scheduler address (host:port[,ip:port...])")
         for t in targets:
-            host, sep, port = t.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parsed = host_port(t)
+            if parsed is None:
                 raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051)")
-            if len(targets) > 1 and not _is_ipv4(host):
+            if len(targets) > 1 and not _is_ipv4(parsed[0]):
                 raise ValueError(f"{t!r}: several scheduler replicas are given as IPv4 ip:port (a DNS name that "
                                  "resolves to every replica can be given alone)")
         return ",".join(targets)

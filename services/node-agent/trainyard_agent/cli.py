@@ -22,13 +22,13 @@ import grpc.aio
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
+from trainyard_core.addresses import host_port
 
 COMMANDS = ("inject", "set-health")
 
 
 def _address(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if host_port(value) is None:
         raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (the agent's gRPC address, e.g. "
                                          "127.0.0.1:50052; its ready file and log name the port)")
     return value

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trainyard_core.addresses import address_list, host_port
 from trainyard_core.ids import is_valid_id
 from trainyard_core.settings import BaseSettings
 
@@ -117,14 +118,13 @@ class AgentSettings(BaseSettings):
     @field_validator("scheduler_address")
     @classmethod
     def _check_address(cls, v: str) -> str:
-        targets = [t.strip() for t in v.split(",") if t.strip()]
+        targets = address_list(v)
         if not targets:
             raise ValueError("give at least one scheduler address (host:port[,host:port...])")
         for t in targets:
             if "://" in t or t.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
                 continue  # a gRPC target URI; grpc validates it when dialling
-            host, sep, port = t.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if host_port(t) is None:
                 raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051) or a gRPC target URI")
         return ",".join(targets)
 
