@@ -8,7 +8,7 @@ GEN_STAMP := gen/.stamp
 PROTOS := $(shell find proto -name '*.proto')
 BENCH ?=
 
-.PHONY: run test lint bench proto deps etcd clean help
+.PHONY: run test lint bench proto deps sysdeps-run sysdeps-test clean help
 
 help:
 	@echo "make run    start a local cluster (etcd, scheduler, checkpoint-store, gateway, 2 simulated nodes)"
@@ -18,7 +18,7 @@ help:
 	@echo "make chaos  the long chaos run: random faults against a local cluster (CHAOS_DURATION_S=900, CHAOS_SEED=n replays)"
 	@echo "make proto  regenerate gen/ from proto/"
 
-deps: $(STAMP) etcd
+deps: $(STAMP) sysdeps-run
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -31,15 +31,12 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	@touch $(STAMP)
 
-etcd:
-	@if command -v etcd >/dev/null 2>&1 || test -x /usr/bin/etcd; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing etcd-server with apt-get ..."; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >/dev/null || \
-	    { echo "apt-get could not install etcd-server"; exit 1; }; \
-	else \
-	  echo "etcd is missing. Install the Debian package: sudo apt-get install -y etcd-server"; exit 1; \
-	fi
+# System packages (Debian): installed when missing and root, else the exact apt-get command is printed.
+sysdeps-run:
+	@bash tools/sysdeps.sh run
+
+sysdeps-test:
+	@bash tools/sysdeps.sh test
 
 $(GEN_STAMP): $(PROTOS) tools/gen_proto.py $(STAMP)
 	@set -o pipefail; $(PY) tools/gen_proto.py 2>&1 | { grep -v "^Writing mypy to" || true; }
@@ -50,7 +47,7 @@ proto: $(GEN_STAMP)
 run: deps proto
 	$(VENV)/bin/trainyard local up
 
-test: deps proto
+test: deps sysdeps-test proto
 	$(PY) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: deps proto
@@ -58,7 +55,7 @@ lint: deps proto
 	$(VENV)/bin/mypy libs services/scheduler/trainyard_scheduler services/node-agent/trainyard_agent \
 	  services/checkpoint-store/trainyard_checkpoint services/gateway/trainyard_gateway
 
-bench: deps proto
+bench: deps sysdeps-test proto
 	$(PY) -m bench $(BENCH)
 
 # The bounded chaos run (about 3 minutes) is part of `make test`; this is the long one.
