@@ -24,7 +24,7 @@ examples:
   trainyard submit --name hello --nodes 2 --gpus-per-node 1 -- python train.py --epochs 3
   trainyard submit -f job.yaml
   trainyard submit -f job.yaml --nodes 4 --env LR=3e-4      (flags override the file)
-  trainyard submit --name big --nodes 4 --gpus-per-node 8 --accelerators H100-SXM5-80GB,A100-SXM4-80GB \\
+  trainyard submit --name big --nodes 4 --gpus-per-node 8 --accelerators H100-80GB-HBM3,A100-SXM4-80GB \\
       --priority-class high --topology-tier leaf --topology-wait 10m --time-limit 6h \\
       --preempt-signal SIGUSR1 --preempt-grace 2m --max-restarts 3 -- python train.py
   trainyard submit --name prep --nodes 1 --gpus-per-node 0 --cpus-per-node 16 -- python prep.py   (CPU task)
@@ -33,7 +33,7 @@ spec file (YAML or JSON):
   name: hello
   command: [python, train.py]
   env: {LR: "3e-4"}
-  resources: {nodes: 2, gpus_per_node: 1, accelerators: [H100-SXM5-80GB, A100-SXM4-80GB], min_memory_gb: 40}
+  resources: {nodes: 2, gpus_per_node: 1, accelerators: [H100-80GB-HBM3, A100-SXM4-80GB], min_memory_gb: 40}
   priority_class: high
   topology: {tier: leaf, wait_s: 10m}
   preemption: {signal: SIGUSR1, grace_s: 60}
@@ -55,7 +55,7 @@ QUOTAS_EPILOG = """\
 examples:
   trainyard quotas
   trainyard quotas get vision
-  trainyard quotas set vision --limit H100-SXM5-80GB=64:32 --limit '*=8' --weight 2
+  trainyard quotas set vision --limit H100-80GB-HBM3=64:32 --limit '*=8' --weight 2
   trainyard quotas delete vision
 
 --limit MODEL=NOMINAL[:BORROW_LIMIT]: NOMINAL GPUs of MODEL are guaranteed to the team; it may borrow idle

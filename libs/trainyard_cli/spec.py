@@ -82,7 +82,7 @@ def parse_limits(items: Sequence[str]) -> dict[str, dict[str, int]]:
             if borrow:
                 limit["borrow_limit"] = int(borrow)
         except ValueError:
-            raise UsageError(f"--limit expects MODEL=NOMINAL or MODEL=NOMINAL:BORROW_LIMIT (e.g. H100-SXM5-80GB=64:32 "
+            raise UsageError(f"--limit expects MODEL=NOMINAL or MODEL=NOMINAL:BORROW_LIMIT (e.g. H100-80GB-HBM3=64:32 "
                              f"or '*=8'), got {item!r}") from None
         out[model] = limit
     return out
@@ -97,7 +97,7 @@ def parse_speed_hints(items: Sequence[str]) -> dict[str, float]:
                 raise ValueError
             out[model] = float(factor)
         except ValueError:
-            raise UsageError(f"--speed-hint expects MODEL=FACTOR (e.g. H100-SXM5-80GB=2.5), got {item!r}") from None
+            raise UsageError(f"--speed-hint expects MODEL=FACTOR (e.g. H100-80GB-HBM3=2.5), got {item!r}") from None
     return out
 
 

@@ -134,8 +134,8 @@ def test_bad_durations(text: str) -> None:
 
 
 def test_quota_limits() -> None:
-    assert parse_limits(["H100-SXM5-80GB=64:32", "*=8", "A100=0:0"]) == {
-        "H100-SXM5-80GB": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8},
+    assert parse_limits(["H100-80GB-HBM3=64:32", "*=8", "A100=0:0"]) == {
+        "H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8},
         "A100": {"nominal": 0, "borrow_limit": 0}}
     for bad in ("H100", "=8", "H100=x", "H100=8:y", "H100=8:"):
         if bad == "H100=8:":
@@ -148,8 +148,8 @@ def test_quota_limits() -> None:
 def test_new_submit_flags_build_the_spec() -> None:
     args = build_parser().parse_args([
         "submit", "--name", "big", "--nodes", "4", "--gpus-per-node", "8",
-        "--accelerators", "H100-SXM5-80GB, A100-SXM4-80GB", "--min-memory-gb", "40", "--min-cc", "8.0",
-        "--vendor", "nvidia", "--allow-mixed", "--cpus-per-node", "16", "--speed-hint", "H100-SXM5-80GB=2.5",
+        "--accelerators", "H100-80GB-HBM3, A100-SXM4-80GB", "--min-memory-gb", "40", "--min-cc", "8.0",
+        "--vendor", "nvidia", "--allow-mixed", "--cpus-per-node", "16", "--speed-hint", "H100-80GB-HBM3=2.5",
         "--priority-class", "high", "--topology-tier", "leaf", "--topology-wait", "10m",
         "--preempt-signal", "usr1", "--preempt-grace", "2m", "--restart-backoff", "0", "--time-limit", "1h30m",
         "--checkpoint-every", "500", "--checkpoint-interval", "30m", "--keep-last", "3", "--", "python", "train.py"])
@@ -157,9 +157,9 @@ def test_new_submit_flags_build_the_spec() -> None:
                          "gpus_per_node": args.gpus_per_node, "overrides": _submit_overrides(args)})
     assert spec == {
         "name": "big", "command": ["python", "train.py"],
-        "resources": {"nodes": 4, "gpus_per_node": 8, "accelerators": ["H100-SXM5-80GB", "A100-SXM4-80GB"],
+        "resources": {"nodes": 4, "gpus_per_node": 8, "accelerators": ["H100-80GB-HBM3", "A100-SXM4-80GB"],
                       "min_memory_gb": 40, "min_compute_capability": "8.0", "vendor": "nvidia",
-                      "allow_mixed": True, "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5}},
+                      "allow_mixed": True, "cpus_per_node": 16, "speed_hints": {"H100-80GB-HBM3": 2.5}},
         "priority_class": "high", "topology": {"tier": "leaf", "wait_s": 600.0},
         "preemption": {"signal": "SIGUSR1", "grace_s": 120.0}, "restart_backoff_s": 0.0, "time_limit_s": 5400.0,
         "checkpoint": {"every_steps": 500, "interval_s": 1800.0, "keep_last": 3}}

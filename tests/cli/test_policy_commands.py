@@ -51,11 +51,11 @@ async def test_queues(cli: Any, policy_gateway: RunningGateway) -> None:
 async def test_quotas(cli: Any, policy_gateway: RunningGateway) -> None:
     r = await cli("quotas")
     assert r.rc == 0 and r.out.startswith("no quotas")
-    r = await cli("quotas", "set", "vision", "--limit", "H100-SXM5-80GB=64:32", "--limit", "*=8", "--weight", "2")
+    r = await cli("quotas", "set", "vision", "--limit", "H100-80GB-HBM3=64:32", "--limit", "*=8", "--weight", "2")
     assert r.rc == 0, r.err
     assert r.out.splitlines() == [
         "TEAM    WEIGHT  MODEL           NOMINAL  BORROW LIMIT",
-        "vision  2       H100-SXM5-80GB  64       32",
+        "vision  2       H100-80GB-HBM3  64       32",
         "vision  2       * (any)         8        unlimited"]
     r = await cli("quotas", "set", "nlp", "--json")
     assert r.rc == 0 and json.loads(r.out) == {"team": "nlp", "weight": 1.0, "limits": {}}
@@ -80,14 +80,14 @@ async def test_quotas(cli: Any, policy_gateway: RunningGateway) -> None:
 
 async def test_submit_with_the_new_flags_round_trips(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
     r = await cli("submit", "--name", "big", "--nodes", "2", "--gpus-per-node", "4",
-                  "--accelerators", "H100-SXM5-80GB,A100-SXM4-80GB", "--min-cc", "8.0", "--allow-mixed",
+                  "--accelerators", "H100-80GB-HBM3,A100-SXM4-80GB", "--min-cc", "8.0", "--allow-mixed",
                   "--priority-class", "high", "--topology-tier", "leaf", "--topology-required",
                   "--preempt-signal", "SIGUSR1", "--preempt-grace", "1m", "--restart-backoff", "0",
                   "--time-limit", "1h30m", "--max-restarts", "2", "--json", "--", "python", "train.py")
     assert r.rc == 0, r.err
     job = json.loads(r.out)
     (stored,) = await scheduler.list_jobs()
-    assert list(stored.spec.resources.accelerators) == ["H100-SXM5-80GB", "A100-SXM4-80GB"]
+    assert list(stored.spec.resources.accelerators) == ["H100-80GB-HBM3", "A100-SXM4-80GB"]
     assert (stored.spec.topology.tier, stored.spec.topology.required, stored.spec.preemption.signal,
             stored.spec.preemption.grace_s, stored.spec.time_limit_s) == ("leaf", True, "SIGUSR1", 60.0, 5400.0)
     assert stored.spec.HasField("restart_backoff_s") and stored.spec.restart_backoff_s == 0.0
@@ -95,7 +95,7 @@ async def test_submit_with_the_new_flags_round_trips(cli: Any, gateway: RunningG
     r = await cli("status", job["id"])
     assert r.rc == 0, r.err
     lines = dict(line.split(":", 1) for line in r.out.splitlines() if ":" in line and not line.startswith(" "))
-    assert lines["resources"].strip() == ("2 node(s) x 4 GPU(s) of H100-SXM5-80GB or A100-SXM4-80GB, "
+    assert lines["resources"].strip() == ("2 node(s) x 4 GPU(s) of H100-80GB-HBM3 or A100-SXM4-80GB, "
                                           "cc >= 8.0, models may mix")
     assert lines["queue"].strip() == "default, class high"
     assert lines["topology"].strip() == "within one leaf (required)"

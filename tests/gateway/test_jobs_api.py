@@ -127,9 +127,9 @@ async def test_nodes_and_health(gw: RunningGateway, scheduler: Cluster) -> None:
 FULL_SPEC: dict[str, Any] = {
     **SPEC, "name": "policy-fields", "priority_class": "high", "time_limit_s": 5400, "restart_backoff_s": 0,
     "max_restarts": 3,
-    "resources": {"nodes": 2, "gpus_per_node": 4, "accelerators": ["H100-SXM5-80GB", "A100-SXM4-80GB"],
+    "resources": {"nodes": 2, "gpus_per_node": 4, "accelerators": ["H100-80GB-HBM3", "A100-SXM4-80GB"],
                   "min_memory_gb": 40, "min_compute_capability": "8.0", "vendor": "nvidia", "allow_mixed": True,
-                  "cpus_per_node": 16, "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1}},
+                  "cpus_per_node": 16, "speed_hints": {"H100-80GB-HBM3": 2.5, "A100-SXM4-80GB": 1}},
     "topology": {"tier": "leaf", "wait_s": 600},
     "preemption": {"signal": "SIGUSR1", "grace_s": 60},
     "checkpoint": {"every_steps": 500, "interval_s": 1800, "keep_last": 3},
@@ -146,7 +146,7 @@ async def test_new_spec_fields_round_trip(gw: RunningGateway) -> None:
                                                                        "cpus_per_node": 8}})
     spec = got["spec"]
     assert spec["resources"] == {**FULL_SPEC["resources"], "accelerator": "",
-                                 "speed_hints": {"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1.0}}
+                                 "speed_hints": {"H100-80GB-HBM3": 2.5, "A100-SXM4-80GB": 1.0}}
     assert spec["topology"] == {"tier": "leaf", "required": False, "wait_s": 600.0}
     assert spec["preemption"] == {"signal": "SIGUSR1", "grace_s": 60.0}
     assert spec["checkpoint"] == {"every_steps": 500, "interval_s": 1800.0, "keep_last": 3}

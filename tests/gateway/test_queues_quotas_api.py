@@ -16,7 +16,7 @@ from .support import Cluster, RunningGateway, running_gateway
 
 SPEC: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"],
                         "resources": {"nodes": 1, "gpus_per_node": 1}}
-VISION_QUOTA: dict[str, Any] = {"weight": 1.0, "limits": {"H100-SXM5-80GB": {"nominal": 64, "borrow_limit": 32},
+VISION_QUOTA: dict[str, Any] = {"weight": 1.0, "limits": {"H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32},
                                                           "*": {"nominal": 8}}}
 
 
@@ -70,7 +70,7 @@ async def test_quotas_round_trip_and_team_isolation(gw: RunningGateway) -> None:
         created = await admin.put("/v1/quotas/vision", json=VISION_QUOTA)
         assert created.status_code == 201, created.text
         assert created.json() == {"team": "vision", "weight": 1.0, "limits": {
-            "H100-SXM5-80GB": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8, "borrow_limit": None}}}
+            "H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8, "borrow_limit": None}}}
         nlp = await admin.put("/v1/quotas/nlp", json={"limits": {"*": {"nominal": 4, "borrow_limit": 0}}})
         assert nlp.status_code == 201 and nlp.json()["weight"] == 1.0
         assert nlp.json()["limits"]["*"]["borrow_limit"] == 0  # 0 (never borrow) is not "no limit"

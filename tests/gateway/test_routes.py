@@ -15,7 +15,7 @@ from trainyard_core.testing.wait import eventually
 from .support import Cluster, RunningGateway, python, running_cluster, running_gateway
 
 SPEC = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1"},
-        "resources": {"nodes": 2, "gpus_per_node": 4, "accelerator": "H100-SXM5-80GB"},
+        "resources": {"nodes": 2, "gpus_per_node": 4, "accelerator": "H100-80GB-HBM3"},
         "labels": {"project": "llm"}}
 JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code", "message", "cancel_requested",
             "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at", "restarts",

@@ -149,13 +149,13 @@ async def test_quota_crud_round_trip(api: Api) -> None:
                        grpc.StatusCode.NOT_FOUND, "team vision has no quota")
 
     vision = types_pb2.TeamQuota(team="vision", weight=2.0, limits={
-        "H100-SXM5-80GB": types_pb2.QuotaLimit(nominal=64, borrow_limit=32),
+        "H100-80GB-HBM3": types_pb2.QuotaLimit(nominal=64, borrow_limit=32),
         "*": types_pb2.QuotaLimit(nominal=8)})
     put = await api.policy.PutQuota(policy_pb2.PutQuotaRequest(quota=vision))
     assert put.created and put.quota == vision
     got = (await api.policy.GetQuota(policy_pb2.GetQuotaRequest(team="vision"))).quota
     assert got == vision
-    assert got.limits["H100-SXM5-80GB"].borrow_limit == 32
+    assert got.limits["H100-80GB-HBM3"].borrow_limit == 32
     assert not got.limits["*"].HasField("borrow_limit")  # unset = no limit, kept apart from 0
 
     nlp = types_pb2.TeamQuota(team="nlp", limits={"*": types_pb2.QuotaLimit(nominal=0, borrow_limit=0)})

@@ -48,12 +48,12 @@ class ResourcesRequest(ApiModel):
                                         description="GPUs, and worker processes, on each node; 0 makes a CPU task: "
                                                     "one worker per node, placed on CPU-only nodes")]
     accelerator: str = Field("", max_length=128,
-                             description="exact accelerator model, e.g. H100-SXM5-80GB; empty for any. Not "
+                             description="exact accelerator model, e.g. H100-80GB-HBM3; empty for any. Not "
                                          "together with `accelerators`")
     accelerators: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=16,
         description="any of these models (at most 16); the scheduler picks the fastest that fits",
-        examples=[["H100-SXM5-80GB", "A100-SXM4-80GB"]])
+        examples=[["H100-80GB-HBM3", "A100-SXM4-80GB"]])
     min_memory_gb: Annotated[int, Field(strict=True, ge=0, le=4096, description=(
         "only GPUs with at least this much memory (memory_mb >= min_memory_gb * 1000); 0: any"))] = 0
     min_compute_capability: str = Field("", max_length=8, description=(
@@ -69,7 +69,7 @@ class ResourcesRequest(ApiModel):
         default_factory=dict, max_length=32,
         description="this job's relative throughput per GPU of each model (> 0, at most 1000), overriding the "
                     "scheduler's speed factors when it picks the fastest model",
-        examples=[{"H100-SXM5-80GB": 2.5, "A100-SXM4-80GB": 1.0}])
+        examples=[{"H100-80GB-HBM3": 2.5, "A100-SXM4-80GB": 1.0}])
 
     @field_validator("speed_hints")
     @classmethod

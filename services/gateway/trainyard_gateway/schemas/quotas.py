@@ -34,7 +34,7 @@ class QuotaPut(ApiModel):
     limits: dict[str, QuotaLimitRequest] = Field(
         default_factory=dict, max_length=64,
         description='per accelerator model; "*" governs every model without an entry of its own',
-        examples=[{"H100-SXM5-80GB": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8}}])
+        examples=[{"H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8}}])
 
     @field_validator("limits")
     @classmethod
