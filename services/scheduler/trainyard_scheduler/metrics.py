@@ -19,3 +19,5 @@ IS_LEADER = Gauge("trainyard_scheduler_is_leader", "1 while this replica leads")
 AGENT_CALL_FAILURES = Counter("trainyard_scheduler_agent_call_failures_total", "Failed launch/stop calls to agents",
                               ["kind"])
 PREEMPTIONS = Counter("trainyard_scheduler_preemptions_total", "Gangs stopped to make room for another job")
+MIRROR_BEHIND = Counter("trainyard_scheduler_mirror_behind_total",
+                        "Cycles skipped because the watch had not yet delivered this leader's own writes")

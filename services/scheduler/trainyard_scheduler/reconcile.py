@@ -42,6 +42,7 @@ from .policy.api import Profile
 from .policy.index import ClusterIndex
 from .policy.place import Decision, Preemption, Unplaced, place
 from .state.codec import decode_allocation, decode_job, decode_node, decode_queue, decode_quota, decode_usage
+from .state.holdings import HeldElsewhere, decode_holding
 from .state.keys import Keys
 from .state.repository import Repository
 
@@ -218,14 +219,23 @@ class Reconciler:
         self._recheck_at = math.inf
         # When this leader last asked an agent to stop stray workers, per (job, attempt, node).
         self._orphan_stops: dict[tuple[str, int, str, str], float] = {}
+        self._holdings_checked = False
         self.cycles = 0
         self.last_result_size = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Cycle until `stop` is set. Wakes on any change in etcd and at least every interval."""
+        """Cycle until `stop` is set. Wakes on any change in etcd and at least every interval.
+
+        A cycle starts only from a mirror that holds every write this leader has made (read-your-writes),
+        and the first only once the mirror has reached the revision at which this leader won (its epoch):
+        decisions are never taken on a view that misses this leader's own placements."""
         while not stop.is_set():
+            if not await self._caught_up(stop):
+                continue
             self._mirror.changed.clear()
             try:
+                if not self._holdings_checked:
+                    await self._restore_holdings()
                 await self.cycle()
             except Unavailable as exc:
                 log.warning("reconcile: store unavailable: %s", exc)
@@ -239,6 +249,49 @@ class Reconciler:
             stopper.cancel()
         for task in list(self._inflight.values()):
             task.cancel()
+
+    async def _caught_up(self, stop: asyncio.Event) -> bool:
+        """Wait (up to one interval) until the mirror includes this leader's epoch and its own writes."""
+        target = max(self._epoch(), self._repo.written_revision)
+        if self._mirror.revision >= target:
+            return True
+        waiter = asyncio.ensure_future(self._mirror.wait_for(target, timeout=self._settings.interval_s))
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            return False
+        if waiter.result():
+            return True
+        metrics.MIRROR_BEHIND.inc()
+        log.warning("reconcile: waiting for the store's watch to deliver this leader's writes "
+                    "(mirror at revision %d, writes up to %d)", self._mirror.revision, target)
+        return False
+
+    async def _restore_holdings(self) -> None:
+        """Make the GPU holdings agree with the allocations: once per term, and again after a placement was
+        refused because a GPU the snapshot thought free is held. Allocations whose GPUs are missing (made
+        before holdings existed) get them; jobs held without an allocation (a write that bypassed the
+        repository) are dropped. Each fix is its own CAS-guarded transaction."""
+        snap, _ = self._snapshots.build(self._liveness, self._released)
+        fixed = 0
+        try:
+            for job_id, alloc in snap.allocations.items():
+                fixed += await self._repo.restore_holdings(alloc, snap.allocation_revisions[job_id])
+            prefix = self._repo.keys.all_holdings
+            for key, kv in list(self._mirror.items.items()):
+                if key.startswith(prefix):
+                    node_id = key[len(prefix):]
+                    orphans = [j for j in decode_holding(node_id, kv).jobs if j not in snap.allocations]
+                    if orphans:
+                        fixed += await self._repo.drop_orphan_holdings(node_id, orphans)
+        except Conflict as exc:
+            # Tried again when a placement is next refused by the holdings, not every cycle.
+            log.error("GPU holdings not reconciled: %s", exc)
+        if fixed:
+            log.error("GPU holdings disagreed with the allocations and were corrected", extra={"fixes": fixed})
+        self._holdings_checked = True
 
     def _next_wait(self) -> float:
         """The interval, or less when a node's heartbeat deadline or a lost node's worker fence comes first
@@ -273,7 +326,7 @@ class Reconciler:
                 # A terminal (or missing) job with an allocation cannot come from our transactions;
                 # release it so its GPUs are not held forever, loudly.
                 log.error("allocation without an active job; releasing", extra={"job_id": job_id})
-                await self._try(self._repo.write(release=job_id, alloc_rev=snap.allocation_revisions[job_id]))
+                await self._try(self._repo.write(release=alloc, alloc_rev=snap.allocation_revisions[job_id]))
                 continue
             with log_context(job_id=job_id):
                 await self._progress(snap, job, alloc, now)
@@ -413,7 +466,7 @@ class Reconciler:
             ok = await self._try(self._repo.write(
                 job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,
                 alloc=None if step.release else step.alloc,
-                alloc_rev=snap.allocation_revisions[job.id], release=job.id if step.release else ""))
+                alloc_rev=snap.allocation_revisions[job.id], release=alloc if step.release else None))
             if not ok:
                 return
             if step.release:
@@ -438,6 +491,11 @@ class Reconciler:
         try:
             await write
             return True
+        except HeldElsewhere as exc:
+            # The mirror is caught up, so holdings and allocations disagree: reconcile them next cycle.
+            metrics.PLACEMENT_CONFLICTS.inc()
+            log.warning("placement refused by the GPU holdings: %s", exc)
+            self._holdings_checked = False
         except Conflict as exc:
             metrics.PLACEMENT_CONFLICTS.inc()
             log.debug("write lost a race, will retry next cycle: %s", exc)

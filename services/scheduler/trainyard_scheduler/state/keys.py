@@ -3,6 +3,9 @@
     {p}/jobs/{job_id}                  Job record (JSON). Job ids sort by submission time.
     {p}/allocations/{job_id}           The one allocation record of a placed gang (JSON).
     {p}/nodes/{node_id}                Node inventory, labels, cordon (JSON), written at registration.
+    {p}/holdings/{node_id}             GPUs each job holds on the node (JSON), written only together with the
+                                       allocations that take or give them back (state/holdings.py): the
+                                       store-side guard that no GPU is in two gangs.
     {p}/idempotency/{team}/{key}       job id of a submit made with an idempotency key.
     {p}/queues/{name}                  Queue: tier, partition labels, GPU cap (JSON; admin API).
     {p}/quotas/{team}                  Team quota per accelerator model and fair-share weight (admin API).
@@ -72,6 +75,13 @@ class Keys:
 
     def node(self, node_id: str) -> str:
         return self.nodes + node_id
+
+    @property
+    def all_holdings(self) -> str:
+        return f"{self.prefix}/holdings/"
+
+    def holdings(self, node_id: str) -> str:
+        return self.all_holdings + node_id
 
     def idempotency(self, team: str, key: str) -> str:
         return f"{self.prefix}/idempotency/{team}/{key}"

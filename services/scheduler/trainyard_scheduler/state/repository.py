@@ -1,7 +1,12 @@
 """Reads and writes of scheduler records. Every write is one transaction; leader writes carry the
 election's fence, so a deposed leader's write fails instead of landing (see `trainyard_core.store.election`).
 
-A write that loses its compare-and-swap raises `Conflict`; callers re-read and decide again.
+A write that loses its compare-and-swap raises `Conflict`; callers re-read and decide again. Every write is
+a compare-and-swap on the revision the caller read (nodes included: `modify_node`), so no acknowledged
+write is overwritten by one that was decided before it. Placing and releasing a gang also move the GPU
+holdings of its nodes in the same transaction (`state/holdings.py`), so the store itself refuses a GPU to a
+second gang. `written_revision` is the newest revision this repository's writes produced, so a reader of a
+watch-fed copy can wait until that copy includes them (read-your-writes).
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainyard_core.errors import Conflict, NotFound
-from trainyard_core.store import Compare, Delete, Put, Store, absent, mod_revision_is
+from trainyard_core.errors import Conflict, NotFound, Unavailable
+from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 
 from ..domain.models import Allocation, Job, JobState, Node, WorkerExit
 from ..domain.queues import FairShareUsage
@@ -24,19 +29,45 @@ from .codec import (
     encode_node,
     encode_usage,
 )
+from .holdings import HoldingsChange, HoldingsLedger, NodeHolding, Source, encode_holding
 from .keys import Keys
 
 log = logging.getLogger(__name__)
 
 
 class Repository:
-    def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None) -> None:
+    def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None, *,
+                 holdings_source: Source | None = None) -> None:
+        """`holdings_source` reads a holdings key for the GPU ledger (the leader passes its mirror; the
+        default reads the store)."""
         self.store = store
         self.keys = keys
         self._fence = fence
+        self.holdings = HoldingsLedger(keys, holdings_source or store.get)
+        self.written_revision = 0
 
     def _fenced(self, compares: Sequence[Compare]) -> list[Compare]:
         return [self._fence(), *compares] if self._fence is not None else list(compares)
+
+    async def _txn(self, compares: Sequence[Compare], ops: Sequence[Put | Delete]) -> TxnResult:
+        res = await self.store.txn(compares, ops)
+        if res.succeeded:
+            self.written_revision = max(self.written_revision, res.revision)
+        return res
+
+    async def _txn_with_holdings(self, compares: Sequence[Compare], ops: Sequence[Put | Delete],
+                                 change: HoldingsChange) -> TxnResult:
+        """One transaction that also moves GPU holdings; the caller holds the nodes' locks."""
+        try:
+            res = await self._txn([*compares, *change.compares], [*ops, *change.ops])
+        except Unavailable:
+            self.holdings.forget(change.node_ids)
+            raise
+        if res.succeeded:
+            self.holdings.settle(change, res.revision)
+        else:
+            self.holdings.forget(change.node_ids)
+        return res
 
     # -- jobs ----------------------------------------------------------------------------------------
     async def create_job(self, job: Job, idempotency_key: str = "") -> tuple[Job, bool]:
@@ -49,7 +80,7 @@ class Repository:
         if idem:
             compares.append(absent(idem))
             ops.append(Put(idem, job.id.encode()))
-        res = await self.store.txn(compares, ops)
+        res = await self._txn(compares, ops)
         if res.succeeded:
             return job, True
         if idem:
@@ -85,7 +116,7 @@ class Repository:
         return out, ""
 
     async def update_job(self, job: Job, revision: int) -> int:
-        res = await self.store.txn([mod_revision_is(self.keys.job(job.id), revision)],
+        res = await self._txn([mod_revision_is(self.keys.job(job.id), revision)],
                                    [Put(self.keys.job(job.id), encode_job(job))])
         if not res.succeeded:
             raise Conflict(f"job {job.id} changed concurrently; retry")
@@ -97,18 +128,23 @@ class Repository:
         return (decode_allocation(kv.value), kv.mod_revision) if kv else None
 
     async def commit_placement(self, job: Job, job_rev: int, alloc: Allocation) -> int:
-        """The gang's one transaction: the job becomes ADMITTED and its allocation appears, or nothing."""
+        """The gang's one transaction: the job becomes ADMITTED, its allocation appears and its GPUs join
+        the holdings of its nodes (each compared with the revision last seen), or nothing happens."""
         akey = self.keys.allocation(job.id)
-        res = await self.store.txn(
-            self._fenced([mod_revision_is(self.keys.job(job.id), job_rev), absent(akey)]),
-            [Put(self.keys.job(job.id), encode_job(job)), Put(akey, encode_allocation(alloc))])
+        async with self.holdings.locked(a.node_id for a in alloc.assignments):
+            change = await self.holdings.take(alloc)
+            res = await self._txn_with_holdings(
+                self._fenced([mod_revision_is(self.keys.job(job.id), job_rev), absent(akey)]),
+                [Put(self.keys.job(job.id), encode_job(job)), Put(akey, encode_allocation(alloc))], change)
         if not res.succeeded:
-            raise Conflict(f"placement of {job.id} lost a race (job changed or leadership lost)")
+            raise Conflict(f"placement of {job.id} lost a race (job changed, a GPU of its nodes was taken or "
+                           "given back meanwhile, or leadership lost)")
         return res.revision
 
     async def write(self, *, job: Job | None = None, job_rev: int = 0, alloc: Allocation | None = None,
-                    alloc_rev: int = 0, release: str = "") -> int:
-        """Write a job and/or its allocation (or delete the allocation named by `release`) atomically."""
+                    alloc_rev: int = 0, release: Allocation | None = None) -> int:
+        """Write a job and/or its allocation atomically; or, with `release`, delete that allocation (read at
+        `alloc_rev`) and give its GPUs back in the same transaction."""
         compares: list[Compare] = []
         ops: list[Put | Delete] = []
         if job is not None:
@@ -117,13 +153,53 @@ class Repository:
         if alloc is not None:
             compares.append(mod_revision_is(self.keys.allocation(alloc.job_id), alloc_rev))
             ops.append(Put(self.keys.allocation(alloc.job_id), encode_allocation(alloc)))
-        if release:
-            compares.append(mod_revision_is(self.keys.allocation(release), alloc_rev))
-            ops.append(Delete(self.keys.allocation(release)))
-        res = await self.store.txn(self._fenced(compares), ops)
+        if release is None:
+            res = await self._txn(self._fenced(compares), ops)
+        else:
+            compares.append(mod_revision_is(self.keys.allocation(release.job_id), alloc_rev))
+            ops.append(Delete(self.keys.allocation(release.job_id)))
+            async with self.holdings.locked(a.node_id for a in release.assignments):
+                change = await self.holdings.give_back(release)
+                res = await self._txn_with_holdings(self._fenced(compares), ops, change)
         if not res.succeeded:
             raise Conflict("record changed concurrently or leadership lost")
         return res.revision
+
+    async def drop_orphan_holdings(self, node_id: str, job_ids: Sequence[str]) -> bool:
+        """Remove from a node's holdings the jobs that have no allocation (only a write that bypassed this
+        repository leaves them). Guarded by each allocation's absence; returns whether anything changed."""
+        async with self.holdings.locked([node_id]):
+            cur = await self.holdings.current(node_id)
+            gone = [j for j in job_ids if j in cur.jobs]
+            if not gone:
+                return False
+            jobs = {j: g for j, g in cur.jobs.items() if j not in gone}
+            key = self.keys.holdings(node_id)
+            change = HoldingsChange((mod_revision_is(key, cur.revision),),
+                                    (Put(key, encode_holding(jobs)) if jobs else Delete(key),),
+                                    (NodeHolding(node_id, 0, jobs),))
+            res = await self._txn_with_holdings(
+                self._fenced([absent(self.keys.allocation(j)) for j in gone]), [], change)
+        if not res.succeeded:
+            raise Conflict(f"holdings of {node_id} or an allocation changed concurrently")
+        return True
+
+    async def restore_holdings(self, alloc: Allocation, alloc_rev: int) -> bool:
+        """Write the holdings an existing allocation implies where they are missing (allocations made
+        before holdings existed). Guarded by the allocation's revision; returns whether anything changed."""
+        async with self.holdings.locked(a.node_id for a in alloc.assignments):
+            change = await self.holdings.take(alloc)
+            missing = [i for i, h in enumerate(change.after)
+                       if (await self.holdings.current(h.node_id)).jobs.get(alloc.job_id) != h.jobs[alloc.job_id]]
+            if not missing:
+                return False
+            partial = HoldingsChange(tuple(change.compares[i] for i in missing),
+                                     tuple(change.ops[i] for i in missing), tuple(change.after[i] for i in missing))
+            res = await self._txn_with_holdings(
+                self._fenced([mod_revision_is(self.keys.allocation(alloc.job_id), alloc_rev)]), [], partial)
+        if not res.succeeded:
+            raise Conflict(f"allocation of {alloc.job_id} or its nodes' holdings changed concurrently")
+        return True
 
     async def modify_allocation(self, job_id: str, attempt: int,
                                 change: Callable[[Allocation], Allocation | None], tries: int = 10) -> bool:
@@ -180,7 +256,7 @@ class Repository:
         """Replace the usage record if it is still the one read at `revision` (0: absent)."""
         key = self.keys.usage
         guard = mod_revision_is(key, revision) if revision else absent(key)
-        res = await self.store.txn(self._fenced([guard]), [Put(key, encode_usage(usage))])
+        res = await self._txn(self._fenced([guard]), [Put(key, encode_usage(usage))])
         if not res.succeeded:
             raise Conflict("usage record changed concurrently or leadership lost")
         return res.revision
@@ -196,7 +272,32 @@ class Repository:
             raise NotFound(f"node {node_id} is not registered")
         return decode_node(kv.value)
 
-    async def put_node(self, node: Node) -> None:
-        res = await self.store.txn(self._fenced([]), [Put(self.keys.node(node.node_id), encode_node(node))])
-        if not res.succeeded:
-            raise Conflict("leadership lost while writing a node")
+    async def get_node_at(self, node_id: str) -> tuple[Node, int] | None:
+        kv = await self.store.get(self.keys.node(node_id))
+        return (decode_node(kv.value), kv.mod_revision) if kv else None
+
+    async def modify_node(self, node_id: str, change: Callable[[Node | None], Node | None],
+                          tries: int = 10) -> tuple[Node | None, Node | None]:
+        """Read-modify-write of a node record, a compare-and-swap on the revision read, retried on
+        conflict. `change` gets the stored node (None: not registered) and returns the new record, or None
+        for 'no change'; it may run several times. Returns (before, after) of the write that landed (after
+        is None when nothing was written)."""
+        key = self.keys.node(node_id)
+        for _ in range(tries):
+            kv = await self.store.get(key)
+            old = decode_node(kv.value) if kv else None
+            new = change(old)
+            if new is None or new == old:
+                return old, None
+            res = await self._txn(self._fenced([mod_revision_is(key, kv.mod_revision if kv else 0)]),
+                                  [Put(key, encode_node(new))])
+            if res.succeeded:
+                return old, new
+            if self._fence is not None and not await self._still_leading():
+                raise Conflict("leadership lost while writing a node")
+        raise Conflict(f"node {node_id} kept changing; giving up after {tries} tries")
+
+    async def _still_leading(self) -> bool:
+        assert self._fence is not None
+        res = await self.store.txn([self._fence()], [])
+        return res.succeeded
