@@ -20,7 +20,7 @@ from trainyard_core.logs import log_context
 
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
-from ..domain.models import Gpu, Job, JobState
+from ..domain.models import Gpu, Job, JobState, Node
 from ..domain.queues import DEFAULT_CLASSES
 from ..domain.validation import (
     check_fits_fleet,
@@ -184,15 +184,14 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         if not is_valid_id(request.node.node_id):
             raise InvalidArgument(f"node_id {request.node.node_id!r} must be 3-63 lower-case letters, digits "
                                   "or '-', starting with a letter")
-        node = convert.node_from_pb(request.node, self._clock.now())
-        try:
-            old = await self._repo.get_node(node.node_id)
+        fresh = convert.node_from_pb(request.node, self._clock.now())
+
+        def merge(old: Node | None) -> Node:
             # Cordon is the operator's (or the health policy's), not the agent's to lift.
-            node = replace(node, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
-        except NotFound:
-            old = None
-        node = cordon_for_health(node)
-        await self._repo.put_node(node)
+            kept = fresh if old is None else replace(fresh, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
+            return cordon_for_health(kept)
+        old, written = await self._repo.modify_node(fresh.node_id, merge)
+        node = written or merge(old)
         if node.cordoned and (old is None or not old.cordoned):
             with log_context(node_id=node.node_id):
                 log.warning("node cordoned by the health policy", extra={"reason": node.cordon_reason})
@@ -233,16 +232,18 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 try:
                     await self._update_health(req.node_id, self._pending_health[req.node_id])
                     del self._pending_health[req.node_id]
-                except Unavailable as exc:
-                    log.warning("GPU health not written yet, store unavailable (retried with the next "
-                                "heartbeat): %s", exc, extra={"node_id": req.node_id})
+                except (Unavailable, Conflict) as exc:
+                    log.warning("GPU health not written yet (retried with the next heartbeat): %s", exc,
+                                extra={"node_id": req.node_id})
             yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch)
 
     async def _update_health(self, node_id: str, changed: dict[int, Gpu]) -> None:
-        node = await self._repo.get_node(node_id)
-        updated = apply_gpu_health(node, changed)
-        if updated != node:
-            await self._repo.put_node(updated)
+        def health(stored: Node | None) -> Node:
+            if stored is None:
+                raise NotFound(f"node {node_id} is not registered")
+            return apply_gpu_health(stored, changed)
+        node, updated = await self._repo.modify_node(node_id, health)
+        if node is not None and updated is not None:
             with log_context(node_id=node.node_id):
                 log.warning("GPU health changed", extra={
                     "unhealthy": sorted(updated.unhealthy_gpus()),
@@ -286,9 +287,13 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         self._leadership.require()
         if len(request.reason) > 1024:
             raise InvalidArgument("reason must be at most 1024 characters")
-        node = replace(await self._repo.get_node(request.node_id), cordoned=request.cordoned,
-                       cordon_reason=(request.reason or "cordoned by an operator") if request.cordoned else "")
-        await self._repo.put_node(node)
+        def cordon(stored: Node | None) -> Node:
+            if stored is None:
+                raise NotFound(f"node {request.node_id} is not registered")
+            return replace(stored, cordoned=request.cordoned,
+                           cordon_reason=(request.reason or "cordoned by an operator") if request.cordoned else "")
+        old, written = await self._repo.modify_node(request.node_id, cordon)
+        node = written or cordon(old)
         with log_context(node_id=node.node_id):
             log.info("node cordon changed", extra={"cordoned": node.cordoned, "reason": request.reason})
         got = await self.GetNode(scheduler_pb2.GetNodeRequest(node_id=node.node_id), context)

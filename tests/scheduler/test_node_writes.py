@@ -1,0 +1,123 @@
+"""Node records are written by compare-and-swap on the revision read (issue 11, finding 6).
+
+The cordon (an operator's), GPU health from heartbeats and re-registration each read, change and write the
+node across awaits. Before every node write was a CAS, a health update that read the node before an
+operator's cordon landed wrote it back afterwards and the acknowledged cordon was lost. The store here
+pauses the health update between its read and its write, deterministically, while the cordon completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from trainyard.scheduler.v1 import scheduler_pb2
+from trainyard_core.clock import SystemClock
+from trainyard_core.store import KeyValue
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.memory import MemoryStore
+from trainyard_scheduler.grpc.servicer import NodeServicer
+from trainyard_scheduler.leadership import Leadership
+from trainyard_scheduler.liveness import NodeLiveness
+from trainyard_scheduler.state.keys import Keys
+from trainyard_scheduler.state.repository import Repository
+
+from .builders import make_node
+
+
+class PausingReads:
+    """The next read of `key` after `arm()` returns, then waits until `resume()` before its caller goes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._key = ""
+        self.paused = asyncio.Event()
+        self._go = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def arm(self, key: str) -> None:
+        self._key = key
+
+    def resume(self) -> None:
+        self._go.set()
+
+    async def get(self, key: str) -> KeyValue | None:
+        kv: KeyValue | None = await self.inner.get(key)
+        if key == self._key:
+            self._key = ""
+            self.paused.set()
+            await self._go.wait()
+        return kv
+
+
+@contextlib.asynccontextmanager
+async def _inner(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if kind == "memory":
+        yield MemoryStore()
+        return
+    store = EtcdStore(str(request.getfixturevalue("etcd_endpoint")))
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "etcd"])
+async def test_a_cordon_is_never_lost_to_a_concurrent_health_update(kind: str, key_prefix: str,
+                                                                     request: pytest.FixtureRequest) -> None:
+    keys = Keys(key_prefix.rstrip("/"))
+    async with _inner(kind, request) as inner:
+        store = PausingReads(inner)
+        repo = Repository(store, keys)
+        node = make_node("node-1", gpus=8)
+        await repo.modify_node(node.node_id, lambda _: node)
+        leadership = Leadership("me")
+        leadership.epoch = 1
+        clock = SystemClock()
+        servicer = NodeServicer(repo, leadership, NodeLiveness(clock, 60.0), clock, 500)
+
+        store.arm(keys.node(node.node_id))
+        xid = replace(node.gpus[3], healthy=False, health_reason="XID 79", health_action="restart_job")
+        health = asyncio.create_task(servicer._update_health(node.node_id, {3: xid}))
+        await store.paused.wait()  # the health update has read the node, uncordoned
+        reply = await servicer.CordonNode(scheduler_pb2.CordonNodeRequest(
+            node_id=node.node_id, cordoned=True, reason="maintenance"), None)  # type: ignore[arg-type]
+        assert reply.node.cordoned
+        store.resume()
+        await health
+
+        stored = await repo.get_node(node.node_id)
+        assert stored.cordoned and stored.cordon_reason == "maintenance"
+        assert not stored.gpus[3].healthy and stored.gpus[3].health_reason == "XID 79"
+
+
+async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_endpoint: str) -> None:
+    """Cordon flips and health changes of every GPU, all at once against a real etcd: each acknowledged
+    change is in the final record."""
+    keys = Keys(key_prefix.rstrip("/"))
+    store = EtcdStore(etcd_endpoint)
+    try:
+        repo = Repository(store, keys)
+        node = make_node("node-1", gpus=8)
+        await repo.modify_node(node.node_id, lambda _: node)
+        leadership = Leadership("me")
+        leadership.epoch = 1
+        clock = SystemClock()
+        servicer = NodeServicer(repo, leadership, NodeLiveness(clock, 60.0), clock, 500)
+        bad = {i: replace(node.gpus[i], healthy=False, health_reason=f"XID 79 on {i}") for i in range(8)}
+        await asyncio.gather(
+            servicer.CordonNode(scheduler_pb2.CordonNodeRequest(node_id=node.node_id, cordoned=True,
+                                                                reason="maintenance"), None),  # type: ignore[arg-type]
+            *(servicer._update_health(node.node_id, {i: g}) for i, g in bad.items()))
+        stored = await repo.get_node(node.node_id)
+        assert stored.cordoned and stored.cordon_reason == "maintenance"
+        assert [g.health_reason for g in stored.gpus] == [f"XID 79 on {i}" for i in range(8)]
+    finally:
+        await store.close()
