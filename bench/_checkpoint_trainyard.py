@@ -19,9 +19,7 @@ from trainyard_cli.local import Proc
 from trainyard_core.ids import new_id
 from trainyard_core.testing.etcd import free_port, start_single, stop_and_clean
 
-from .checkpoint import REPEATS, TENSORS, THREADS, evict, load_target, state_bytes
-
-RESHARD_GIB = float(os.environ.get("BENCH_RESHARD_GIB", "0.5"))
+from .checkpoint import Config, evict, load_target, state_bytes
 
 
 def _store(root: Path, endpoint: str) -> tuple[Proc, str]:
@@ -38,24 +36,26 @@ def _store(root: Path, endpoint: str) -> tuple[Proc, str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def measure(state: dict[str, torch.Tensor], root: Path) -> dict[str, float]:
+def measure(state: dict[str, torch.Tensor], root: Path, config: Config) -> dict[str, float]:
     member = start_single()
     proc, address = _store(root, member.endpoint)
     try:
-        return _measure(state, root, address)
+        return _measure(state, root, address, config)
     finally:
         proc.stop()
         stop_and_clean(member)
 
 
-def _measure(state: dict[str, torch.Tensor], root: Path, address: str) -> dict[str, float]:
+def _measure(state: dict[str, torch.Tensor], root: Path, address: str, config: Config) -> dict[str, float]:
     gib = state_bytes(state) / (1 << 30)
     f: dict[str, float] = {}
-    settings = ClientSettings(store_address=address, job_id=new_id("job"), attempt=1, thread_count=THREADS)
+    repeats = config.repeats
+    settings = ClientSettings(store_address=address, job_id=new_id("job"), attempt=1,
+                              thread_count=config.threads)
     step = 0
     with CheckpointClient(settings) as client:
         saves = []
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             step += 1
             t0 = time.perf_counter()
             client.save(state, step)
@@ -63,7 +63,7 @@ def _measure(state: dict[str, torch.Tensor], root: Path, address: str) -> dict[s
         f["save_s"] = min(saves)
         f["save_gib_s"] = gib / f["save_s"]
         blocking, totals = [], []
-        for _ in range(REPEATS + 1):  # the first one also starts the saver process
+        for _ in range(repeats + 1):  # the first one also starts the saver process
             step += 1
             handle = client.async_save(state, step)
             handle.result()
@@ -73,7 +73,7 @@ def _measure(state: dict[str, torch.Tensor], root: Path, address: str) -> dict[s
         f["async_total_s"] = min(totals[1:])
         f["async_first_blocking_s"] = blocking[0]
         loads = []
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             evict(root / "store")
             target = load_target(state)
             t0 = time.perf_counter()
@@ -82,11 +82,11 @@ def _measure(state: dict[str, torch.Tensor], root: Path, address: str) -> dict[s
             assert all(torch.equal(target[k], state[k]) for k in state)
         f["load_s"] = min(loads)
         f["load_gib_s"] = gib / f["load_s"]
-    f.update(_reshard(root, address))
+    f.update(_reshard(root, address, config))
     return f
 
 
-def _gang(mode: str, world: int, job_id: str, address: str) -> float:
+def _gang(mode: str, world: int, job_id: str, address: str, config: Config) -> float:
     port = free_port()
     procs = []
     for rank in range(world):
@@ -94,8 +94,8 @@ def _gang(mode: str, world: int, job_id: str, address: str) -> float:
                "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_CHECKPOINT_STORE": address,
                "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "bench._ckpt_worker", mode, str(RESHARD_GIB),
-                                       str(TENSORS)], env=env, stdout=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, "-m", "bench._ckpt_worker", mode, str(config.reshard_gib),
+                                       str(config.tensors)], env=env, stdout=subprocess.PIPE, text=True))
     seconds = []
     for p in procs:
         out, _ = p.communicate(timeout=900)
@@ -105,14 +105,14 @@ def _gang(mode: str, world: int, job_id: str, address: str) -> float:
     return max(seconds)
 
 
-def _reshard(root: Path, address: str) -> dict[str, float]:
+def _reshard(root: Path, address: str, config: Config) -> dict[str, float]:
     job = new_id("job")
-    out: dict[str, Any] = {"reshard_state_gib": RESHARD_GIB}
-    out["reshard_save_2ranks_s"] = _gang("save", 2, job, address)
+    out: dict[str, Any] = {"reshard_state_gib": config.reshard_gib}
+    out["reshard_save_2ranks_s"] = _gang("save", 2, job, address, config)
     times = {}
     for world in (2, 1, 3):
         evict(root / "store")
-        times[world] = _gang("load", world, job, address)
+        times[world] = _gang("load", world, job, address, config)
         out[f"load_2_to_{world}_s"] = times[world]
     out["reshard_load_vs_load"] = min(times[2] / times[1], times[2] / times[3])
     return out

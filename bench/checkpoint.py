@@ -1,7 +1,8 @@
 """Checkpoint save and load against this machine's disk, every figure next to a baseline from the same run.
 
-State: STATE_GIB of float32 tensors (TENSORS of them), on CPU. Files live under BENCH_DIR (default a fresh
-directory in the system temp dir, on the same disk as the repository here). Before every read
+State: `gib` GiB of float32 tensors (`tensors` of them; 1 GiB in 16, TINY 16 MiB in 4), on CPU. Files live
+under `dir` (BENCH_CHECKPOINT_DIR; default a fresh directory in the system temp dir, on the same disk as the
+repository here). Before every read
 measurement the files are evicted from the page cache (posix_fadvise DONTNEED after fsync), so reads
 come from the disk, as after a restart on another node. Loads go into tensors that have been written before
 the clock starts, as a restarted trainer's initialized model is: the raw read's buffer is warm too, and a
@@ -27,18 +28,27 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-STATE_GIB = float(os.environ.get("BENCH_CHECKPOINT_GIB", "1.0"))
-TENSORS = 16
-THREADS = 4
-REPEATS = 2
+
+@dataclass(frozen=True)
+class Config:
+    gib: float = 1.0
+    tensors: int = 16
+    threads: int = 4
+    repeats: int = 2               # each figure is the best of this many runs (this machine is shared and noisy)
+    reshard_gib: float = 0.5       # the state the 1/2/3-rank resharding runs save and load
+    dir: str = ""                  # where the files go; empty: a fresh directory in the system temp dir
 
 
-def make_state(gib: float = STATE_GIB, tensors: int = TENSORS) -> dict[str, torch.Tensor]:
+TINY = Config(gib=1 / 64, tensors=4, repeats=1, reshard_gib=1 / 128)
+
+
+def make_state(gib: float, tensors: int) -> dict[str, torch.Tensor]:
     per = int(gib * (1 << 30) / tensors / 4)
     gen = torch.Generator().manual_seed(0)
     return {f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(tensors)}
@@ -74,8 +84,8 @@ def fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def best(fn: Callable[[], float], repeats: int = REPEATS) -> float:
-    """The shortest of `repeats` runs (seconds): this machine is shared and noisy."""
+def best(fn: Callable[[], float], repeats: int) -> float:
+    """The shortest of `repeats` runs (seconds)."""
     return min(fn() for _ in range(repeats))
 
 
@@ -114,7 +124,7 @@ def dcp_save(state: dict[str, torch.Tensor], path: Path, threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def checksum_gib_s(state: dict[str, torch.Tensor]) -> float:
+def checksum_gib_s(state: dict[str, torch.Tensor], repeats: int) -> float:
     """Chunked XXH3 over the state's bytes in memory, one thread, as the writer and reader compute it."""
     from trainyard_checkpoint import checksum
 
@@ -126,10 +136,10 @@ def checksum_gib_s(state: dict[str, torch.Tensor]) -> float:
             checksum.of_bytes(view)
         return time.perf_counter() - t0
 
-    return state_bytes(state) / best(once, REPEATS + 1) / (1 << 30)
+    return state_bytes(state) / best(once, repeats + 1) / (1 << 30)
 
 
-def checksum_parallel_gib_s(state: dict[str, torch.Tensor], threads: int) -> float:
+def checksum_parallel_gib_s(state: dict[str, torch.Tensor], threads: int, repeats: int) -> float:
     """The same over `threads` threads, a tensor each at a time, as the writer's threads hash their files
     (xxhash releases the GIL, so the chunks of a checksum are computed in parallel)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -144,7 +154,7 @@ def checksum_parallel_gib_s(state: dict[str, torch.Tensor], threads: int) -> flo
             list(pool.map(checksum.of_bytes, views))
         return time.perf_counter() - t0
 
-    return state_bytes(state) / best(once, REPEATS + 1) / (1 << 30)
+    return state_bytes(state) / best(once, repeats + 1) / (1 << 30)
 
 
 def load_target(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -162,36 +172,36 @@ def dcp_load(state: dict[str, torch.Tensor], path: Path) -> float:
     return took
 
 
-def run() -> dict[str, float]:
-    root = Path(os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="trainyard-ckpt-bench-"))
-    root.mkdir(parents=True, exist_ok=True)
+def run(config: Config = Config()) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="trainyard-ckpt-bench-", dir=config.dir or None))
     try:
-        return _run(root)
+        return _run(root, config)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(root: Path) -> dict[str, float]:
-    state = make_state()
+def _run(root: Path, config: Config) -> dict[str, float]:
+    repeats = config.repeats
+    state = make_state(config.gib, config.tensors)
     nbytes = state_bytes(state)
     gib = nbytes / (1 << 30)
     f: dict[str, float] = {"state_gib": gib}
     raw = root / "raw.bin"
-    f["raw_write_gib_s"] = max(dd_write(raw, nbytes) for _ in range(REPEATS)) / (1 << 30)
-    f["raw_write_direct_gib_s"] = max(dd_write(raw, nbytes, direct=True) for _ in range(REPEATS)) / (1 << 30)
-    f["raw_read_gib_s"] = max(dd_read(raw) for _ in range(REPEATS)) / (1 << 30)
+    f["raw_write_gib_s"] = max(dd_write(raw, nbytes) for _ in range(repeats)) / (1 << 30)
+    f["raw_write_direct_gib_s"] = max(dd_write(raw, nbytes, direct=True) for _ in range(repeats)) / (1 << 30)
+    f["raw_read_gib_s"] = max(dd_read(raw) for _ in range(repeats)) / (1 << 30)
     raw.unlink()
-    f["checksum_gib_s"] = checksum_gib_s(state)
-    f["checksum_gib_s_threads"] = checksum_parallel_gib_s(state, THREADS)
-    f["torch_save_s"] = best(lambda: torch_save(state, root / "model.pt"))
+    f["checksum_gib_s"] = checksum_gib_s(state, repeats)
+    f["checksum_gib_s_threads"] = checksum_parallel_gib_s(state, config.threads, repeats)
+    f["torch_save_s"] = best(lambda: torch_save(state, root / "model.pt"), repeats)
     f["torch_save_gib_s"] = gib / f["torch_save_s"]
     (root / "model.pt").unlink()
-    f["dcp_save_1thread_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcp1", 1))
-    f["dcp_save_nthreads_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcpn", THREADS))
-    f["dcp_load_gib_s"] = gib / best(lambda: dcp_load(state, root / "dcpn"))
+    f["dcp_save_1thread_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcp1", 1), repeats)
+    f["dcp_save_nthreads_gib_s"] = gib / best(lambda: dcp_save(state, root / "dcpn", config.threads), repeats)
+    f["dcp_load_gib_s"] = gib / best(lambda: dcp_load(state, root / "dcpn"), repeats)
     shutil.rmtree(root / "dcp1", ignore_errors=True)
     shutil.rmtree(root / "dcpn", ignore_errors=True)
-    f.update(_trainyard(state, root))
+    f.update(_trainyard(state, root, config))
     base_dcp = max(f["dcp_save_1thread_gib_s"], f["dcp_save_nthreads_gib_s"])
     if "save_gib_s" in f:
         f["save_vs_raw_write"] = f["save_gib_s"] / f["raw_write_gib_s"]
@@ -201,8 +211,8 @@ def _run(root: Path) -> dict[str, float]:
     return f
 
 
-def _trainyard(state: dict[str, torch.Tensor], root: Path) -> dict[str, float]:
+def _trainyard(state: dict[str, torch.Tensor], root: Path, config: Config) -> dict[str, float]:
     """The client library's figures (filled in with the library; see bench/_checkpoint_trainyard.py)."""
     from bench._checkpoint_trainyard import measure
 
-    return measure(state, root)
+    return measure(state, root, config)

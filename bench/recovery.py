@@ -1,7 +1,7 @@
 """Recovery from a node death, end to end, on the local cluster's real processes.
 
 A 2-node torch.distributed (gloo) training job — examples/train_with_checkpoints.py, a checkpoint every
-CKPT_EVERY steps through the checkpoint-store — runs on a 3-node cluster. Each round kills one of its
+`ckpt_every` steps through the checkpoint-store — runs on a 3-node cluster. Each round kills one of its
 nodes (the agent, its worker shims and workers, all SIGKILL: a host dying) a random number of steps after
 a checkpoint, and measures, from the kill:
 
@@ -14,12 +14,12 @@ The killed host then comes back (a fresh agent) for the next round. A last round
 the job's GPUs and measures gpu_fault_evacuated_s: until the gang is stopped and the job restarting.
 
 The baseline is the targets in BRIEF.md (detected <= 3 s p99, running again <= 10 s after detection,
-GPU fault evacuated <= 2 s); ratios below 1 meet them. With ROUNDS samples, "p99" is the worst round.
+GPU fault evacuated <= 2 s); ratios below 1 meet them. With `rounds` samples (5; TINY 1), "p99" is the worst
+round.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import shlex
@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,23 @@ from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_cli.local import LocalCluster
 from trainyard_core.testing.wait import until
 
-ROUNDS = int(os.environ.get("BENCH_RECOVERY_ROUNDS", "5"))
-CKPT_EVERY = 10
-STEP_TIME_S = 0.05
 TARGET_DETECT_S = 3.0
 TARGET_RUNNING_S = 10.0
 TARGET_EVACUATE_S = 2.0
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_with_checkpoints.py"
 STEP_LINE = re.compile(r"^\[rank 0\] step (\d+) at ([0-9.]+)$", re.M)
 START_LINE = re.compile(r"starting at step (\d+)")
+
+
+@dataclass(frozen=True)
+class Config:
+    rounds: int = 5
+    seed: int = 7
+    ckpt_every: int = 10
+    step_time_s: float = 0.05
+
+
+TINY = Config(rounds=1, ckpt_every=5, step_time_s=0.02)
 
 
 class Gateway:
@@ -82,12 +91,13 @@ def _node_lost(gw: Gateway, node_id: str) -> bool:
     return bool(gw.get(f"/v1/nodes/{node_id}")["state"] != "ready")
 
 
-def _kill_round(cluster: LocalCluster, gw: Gateway, job_id: str, rng: random.Random) -> dict[str, float]:
+def _kill_round(cluster: LocalCluster, gw: Gateway, job_id: str, rng: random.Random,
+                every: int) -> dict[str, float]:
     job = gw.until("the job running", lambda: (j := gw.get(f"/v1/jobs/{job_id}"))["state"] == "running" and j)
     attempt = job["attempt"]
     # Two checkpoints into this attempt, then a random number of steps past a checkpoint.
     first = gw.until("the first step", lambda: gw.steps(job_id, attempt))[0][0]
-    kill_at = (first // CKPT_EVERY + 2) * CKPT_EVERY + rng.randrange(1, CKPT_EVERY)
+    kill_at = (first // every + 2) * every + rng.randrange(1, every)
     gw.until(f"step {kill_at}", lambda: any(s >= kill_at for s, _ in gw.steps(job_id, attempt)), interval=0.02)
     victim = job["placement"][rng.randrange(len(job["placement"]))]["node_id"]
     # The last step trained before the kill, read just before it (the logs of ranks on the dead node cannot
@@ -134,8 +144,8 @@ def _gpu_fault_round(cluster: LocalCluster, gw: Gateway, job_id: str) -> float:
     return time.time() - t
 
 
-def run() -> dict[str, float]:
-    rng = random.Random(int(os.environ.get("BENCH_SEED", "7")))
+def run(config: Config = Config()) -> dict[str, float]:
+    rng = random.Random(config.seed)
     nodes = [(f"node-{i}", "a100x4") for i in (1, 2, 3)]
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-recovery-") as tmp:
         cluster = LocalCluster(Path(tmp), gateway_port=0, stop_grace_s=2.0, log_format="text", nodes=nodes)
@@ -144,15 +154,15 @@ def run() -> dict[str, float]:
             gw = Gateway(cluster)
             gw.until("3 nodes ready", lambda: sum(n["state"] == "ready" for n in gw.get("/v1/nodes")["nodes"]) == 3)
             command = (f"exec {shlex.quote(sys.executable)} {shlex.quote(str(EXAMPLE))} --steps 1000000 "
-                       f"--every {CKPT_EVERY} --step-time {STEP_TIME_S} --log-steps")
+                       f"--every {config.ckpt_every} --step-time {config.step_time_s} --log-steps")
             r = gw.http.post("/v1/jobs", json={
                 "name": "recovery-bench", "command": ["sh", "-c", command], "max_restarts": 0,
-                "resources": {"nodes": 2, "gpus_per_node": 1}, "checkpoint": {"every_steps": CKPT_EVERY}})
+                "resources": {"nodes": 2, "gpus_per_node": 1}, "checkpoint": {"every_steps": config.ckpt_every}})
             r.raise_for_status()
             job_id = r.json()["id"]
             rounds = []
-            for i in range(ROUNDS):
-                rounds.append(_kill_round(cluster, gw, job_id, rng))
+            for i in range(config.rounds):
+                rounds.append(_kill_round(cluster, gw, job_id, rng, config.ckpt_every))
                 print(f"  round {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1].items()), flush=True)
             evacuated = _gpu_fault_round(cluster, gw, job_id)
             print(f"  gpu fault: evacuated in {evacuated:.2f}s", flush=True)
@@ -167,7 +177,7 @@ def run() -> dict[str, float]:
         return statistics.median(r[key] for r in rounds)
 
     return {
-        "rounds": float(ROUNDS),
+        "rounds": float(len(rounds)),
         "detect_s": worst("detect_s"),
         "detect_s_median": median("detect_s"),
         "detect_to_running_s": worst("detect_to_running_s"),

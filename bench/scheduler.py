@@ -11,7 +11,7 @@ Parts, all in one run:
    `index_build_ms` = per cycle, place time minus the per-job timings (the session's index of free
    capacity, built from the snapshot every call).
 3. Latency of 128-node (1,024-GPU) topology-constrained gangs: every consideration of such a job in the
-   simulation, plus a burst of BURST_JOBS such gangs (spine or zone; wait or required; high and normal
+   simulation, plus a burst of `burst_jobs` such gangs (spine or zone; wait or required; high and normal
    class) added to the busiest snapshot of the run, so most of them take the slow paths (preemption
    search, reservation) on a nearly full fleet.
 4. Commit: a real etcd (trainyard_core.testing.etcd). (a) raw `Store.txn` of the gang commit's shape
@@ -19,6 +19,9 @@ Parts, all in one run:
    `Repository.commit_placement` of the same decisions (job records created first); both with
    COMMIT_CONCURRENCY in flight (asyncio.gather behind a semaphore, as the reconciler commits),
    alternating rounds of (a) and (b) so noise hits both.
+
+The sizes (fleet, trace lengths, burst, backlog, commits) are `Config`; TINY runs every part on a 1,024-node
+fleet in seconds, for tests/bench/, and its figures say nothing about the targets.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from trainyard_core.store import Put, absent, mod_revision_is
@@ -50,7 +53,6 @@ from trainyard_scheduler.state.codec import encode_allocation, encode_job
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
 
-NODES = 10_000
 GPUS_PER_NODE = 8
 SEED = 7
 MEDIAN_RUNTIME_S = 900.0   # at speed 1.0 (A100), for a 1-GPU job; bigger jobs run longer
@@ -60,17 +62,13 @@ WARMUP_SHARE = 0.25        # job figures skip the jobs submitted while the fleet
 # holds ~83% of the GPUs and its queue stays bounded; from ~0.6 on it saturates (mixed-model gangs run at
 # their slowest model) and its queue grows for as long as the trace lasts, so a JCT ratio there measures the
 # trace's length as much as the policies. HIGH_LOAD is reported beside it, flagged by fifo_pending_growth.
-TRACE_JOBS = 20_000
 LOAD = 0.5
 HIGH_LOAD = 0.6
 # The saturation run (ours only): more work than the fleet can serve, to see allocation under a standing
 # queue and whether big jobs still get through. Measured from 40% of its arrival span.
 SAT_LOAD = 1.2
-SAT_JOBS = 9_000
-BURST_JOBS = 64
 BIG_NODES = 128
-COMMITS = 2_400            # per arm, in ROUNDS alternating rounds
-ROUNDS = 8
+ROUNDS = 8                 # the commits of each arm are made in this many alternating rounds
 COMMIT_CONCURRENCY = 64
 
 TARGETS = {
@@ -80,6 +78,20 @@ TARGETS = {
     "jct_vs_fifo": ("<=", 1 / 1.5),
     "allocation_percent": (">=", 90.0),
 }
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: int = 10_000
+    trace_jobs: int = 20_000   # the comparison runs (at LOAD and at HIGH_LOAD)
+    sat_jobs: int = 9_000      # the saturation run
+    burst_jobs: int = 64
+    backlog_jobs: int = 3_000
+    commits: int = 2_400       # per arm, in ROUNDS alternating rounds
+
+
+# Enough saturation-run jobs that the fleet spends time >= 5% queued and big jobs finish (no empty figures).
+TINY = Config(nodes=1_024, trace_jobs=600, sat_jobs=1_000, burst_jobs=8, backlog_jobs=200, commits=160)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -92,18 +104,23 @@ def _pct(values: Sequence[float], q: float) -> float:
 @dataclass
 class _Capture:
     """What the benchmark keeps from the simulation's cycles: decisions to commit to etcd, and the
-    busiest snapshot for the 128-node burst."""
+    busiest snapshot for the 128-node burst. The decisions kept use disjoint GPUs: the commits never release
+    a gang, so all of them hold their GPUs at once, and the store refuses a GPU in two gangs (a later cycle
+    reuses the GPUs of gangs that ended in the simulation)."""
 
     wanted: int
     commits: list[tuple[Job, Decision, float]]
     busiest: tuple[int, ClusterSnapshot, float] | None = None
+    held: set[tuple[str, int]] = field(default_factory=set)
 
     def __call__(self, snap: ClusterSnapshot, result: PlacementResult, now: float) -> None:
         seen = {j.id for j, _, _ in self.commits}
         for d in result.decisions:
-            if len(self.commits) < self.wanted and d.job_id not in seen:
+            gpus = {(a.node_id, g) for a in d.assignments for g in a.gpu_indices}
+            if len(self.commits) < self.wanted and d.job_id not in seen and not gpus & self.held:
                 self.commits.append((snap.jobs[d.job_id], d, now))
                 seen.add(d.job_id)
+                self.held |= gpus
         held = sum(a.gpus for a in snap.allocations.values())
         if self.busiest is None or held > self.busiest[0]:
             self.busiest = (held, snap, now)
@@ -113,12 +130,13 @@ def _big_constrained(spec: JobSpec) -> bool:
     return spec.resources.nodes == BIG_NODES and spec.topology.tier in ("spine", "zone")
 
 
-def _burst(snap: ClusterSnapshot, now: float, config: PolicyConfig) -> tuple[list[float], PlacementResult, float]:
+def _burst(snap: ClusterSnapshot, now: float, config: PolicyConfig,
+           burst_jobs: int) -> tuple[list[float], PlacementResult, float]:
     jobs = dict(snap.jobs)
     kinds = [TopologyRequest("spine", wait_s=1800.0), TopologyRequest("spine", required=True),
              TopologyRequest("zone", wait_s=1800.0), TopologyRequest("zone", required=True)]
     ids = []
-    for i in range(BURST_JOBS):
+    for i in range(burst_jobs):
         spec = JobSpec(name=f"burst-{i}", command=("python", "train.py"),
                        resources=Resources(nodes=BIG_NODES, gpus_per_node=GPUS_PER_NODE),
                        priority_class="high" if i % 2 else "", time_limit_s=7200.0, topology=kinds[i % len(kinds)])
@@ -135,10 +153,10 @@ def _burst(snap: ClusterSnapshot, now: float, config: PolicyConfig) -> tuple[lis
     return [s for j, s in result.timings if j in wanted], result, total
 
 
-def _backlog(nodes_n: int, config: PolicyConfig) -> tuple[int, float, float]:
+def _backlog(nodes_n: int, jobs_n: int, config: PolicyConfig) -> tuple[int, float, float]:
     """One session over a backlog on an empty fleet: decisions, seconds inside place, per-job seconds."""
     nodes = make_fleet(nodes_n, GPUS_PER_NODE)
-    trace = synthetic_trace(3_000, SEED + 1, load=LOAD, median_runtime_s=MEDIAN_RUNTIME_S)
+    trace = synthetic_trace(jobs_n, SEED + 1, load=LOAD, median_runtime_s=MEDIAN_RUNTIME_S)
     snap = ClusterSnapshot(nodes={n.node_id: n for n in nodes}, alive=frozenset(n.node_id for n in nodes),
                            jobs={t.job_id: t.job() for t in trace}, allocations={})
     t0 = time.perf_counter()
@@ -299,9 +317,9 @@ class _Comparison:
                 / max(1.0, _mean_pending(self.fifo, self.warm_until, self.warm_until + third)))
 
 
-def _compare(nodes: list[Node], shape: FleetShape, config: PolicyConfig, load: float,
+def _compare(nodes: list[Node], shape: FleetShape, config: PolicyConfig, load: float, jobs: int,
              capture: _Capture | None) -> _Comparison:
-    trace = synthetic_trace(TRACE_JOBS, SEED, load=load, shape=shape, median_runtime_s=MEDIAN_RUNTIME_S)
+    trace = synthetic_trace(jobs, SEED, load=load, shape=shape, median_runtime_s=MEDIAN_RUNTIME_S)
     warm_until, arrivals_end = _window(trace, WARMUP_SHARE)
     ours, ours_s = _simulate(nodes, trace, config, True, capture)
     fifo, fifo_s = _simulate(nodes, trace, config, False, None)
@@ -310,22 +328,22 @@ def _compare(nodes: list[Node], shape: FleetShape, config: PolicyConfig, load: f
                        fifo.select(lambda r: r.job_id in measured), warm_until, arrivals_end, ours_s, fifo_s)
 
 
-def run() -> dict[str, float]:
+def run(size: Config = Config()) -> dict[str, float]:
     t_start = time.perf_counter()
     # Exactly the scheduler's default policy settings (classes, speed factors, reservation depth 1,
     # preemption on with its exemption).
     config = SchedulerSettings.model_validate({}).policy()
-    shape = FleetShape(nodes=NODES, gpus_per_node=GPUS_PER_NODE)
-    nodes = make_fleet(NODES, GPUS_PER_NODE, shape=shape)
+    shape = FleetShape(nodes=size.nodes, gpus_per_node=GPUS_PER_NODE)
+    nodes = make_fleet(size.nodes, GPUS_PER_NODE, shape=shape)
 
     # 1. The comparison runs: one trace per load, our policy and FIFO on each.
-    capture = _Capture(COMMITS, [])
-    main = _compare(nodes, shape, config, LOAD, capture)
-    high = _compare(nodes, shape, config, HIGH_LOAD, None)
+    capture = _Capture(size.commits, [])
+    main = _compare(nodes, shape, config, LOAD, size.trace_jobs, capture)
+    high = _compare(nodes, shape, config, HIGH_LOAD, size.trace_jobs, None)
     ours, ours_m, fifo, fifo_m = main.ours, main.ours_m, main.fifo, main.fifo_m
 
     # 2. The saturation run: ours alone, offered more than the fleet serves.
-    sat_trace = synthetic_trace(SAT_JOBS, SEED + 2, load=SAT_LOAD, shape=shape, median_runtime_s=MEDIAN_RUNTIME_S)
+    sat_trace = synthetic_trace(size.sat_jobs, SEED + 2, load=SAT_LOAD, shape=shape, median_runtime_s=MEDIAN_RUNTIME_S)
     sat_from, sat_until = _window(sat_trace, 0.4)
     sat, sat_s = _simulate(nodes, sat_trace, config, True, None)
     sat_m = sat.select(lambda r: sat_from <= r.submit <= sat_until)
@@ -341,8 +359,8 @@ def run() -> dict[str, float]:
     sat_big = [s for j, s in sat.timings if _big_constrained(sat_by_id[j].spec)]
     assert capture.busiest is not None
     _, busy_snap, busy_now = capture.busiest
-    burst_big, burst_result, burst_s = _burst(busy_snap, busy_now, config)
-    backlog_decisions, backlog_s, backlog_jobs_s = _backlog(NODES, config)
+    burst_big, burst_result, burst_s = _burst(busy_snap, busy_now, config, size.burst_jobs)
+    backlog_decisions, backlog_s, backlog_jobs_s = _backlog(size.nodes, size.backlog_jobs, config)
     full_index_ms = _full_index_build_ms(busy_snap)
     sat_decisions = sum(c.decisions for c in sat.cycles)
     sat_place_s = sum(c.place_s for c in sat.cycles)
@@ -369,7 +387,8 @@ def run() -> dict[str, float]:
         "decisions_per_cycle": decisions / len(ours.cycles),
         "decisions_per_s_backlog": backlog_decisions / backlog_s,
         "backlog_decisions": float(backlog_decisions),
-        "backlog_job_ms_mean": backlog_jobs_s / 3_000 * 1000,
+        "backlog_jobs": float(size.backlog_jobs),
+        "backlog_job_ms_mean": backlog_jobs_s / size.backlog_jobs * 1000,
         "p99_decision_ms_128node": _pct(big, 0.99) * 1000,
         "p50_decision_ms_128node": _pct(big, 0.5) * 1000,
         "p99_decision_ms_128node_main": _pct(main_big, 0.99) * 1000,
@@ -395,7 +414,11 @@ def run() -> dict[str, float]:
         "allocation_percent": sat.mean_allocation_while_queued(since=sat_from, until=sat_until) * 100,
         "allocation_percent_saturated": sat.mean_allocation_while_queued(
             min_queued_gpus=sat.healthy_gpus // 20, since=sat_from, until=sat_until) * 100,
-        "saturated_share_of_window": sat.queued_time(sat.healthy_gpus // 20) / max(1e-9, sat_until - sat_from),
+        # SimResult.queued_time counts the whole run (the queue drains long after the arrivals end); the share is
+        # of the measured window, so only the intervals that start inside it count.
+        "saturated_share_of_window": sum(dt for start, dt, _, _, queued in sat.intervals
+                                         if queued >= sat.healthy_gpus // 20 and sat_from <= start < sat_until)
+        / max(1e-9, sat_until - sat_from),
     }
     for label, _, _ in BUCKETS:
         key = label.replace("-", "_")
@@ -418,13 +441,13 @@ def run() -> dict[str, float]:
         "failed_time_limit": float(len(ours.failed()) + len(sat.failed())),
         "failed_time_limit_fifo": float(len(fifo.failed())),
         "never_started": float(len(ours.never_started()) + len(sat.never_started())),
-        "trace_jobs": float(TRACE_JOBS),
+        "trace_jobs": float(size.trace_jobs),
         "measured_jobs": float(len(ours_m.jobs)),
         "trace_span_h": (main.arrivals_end - main.trace[0].submit) / 3600,
-        "saturation_trace_jobs": float(SAT_JOBS),
+        "saturation_trace_jobs": float(size.sat_jobs),
         "saturation_span_h": (sat_until - sat_trace[0].submit) / 3600,
-        "fleet_nodes": float(NODES),
-        "fleet_gpus": float(NODES * GPUS_PER_NODE),
+        "fleet_nodes": float(size.nodes),
+        "fleet_gpus": float(size.nodes * GPUS_PER_NODE),
         "offered_load": LOAD,
         "offered_load_high": HIGH_LOAD,
         "offered_load_saturated": SAT_LOAD,
@@ -450,13 +473,14 @@ def _mean_pending(result: SimResult, since: float, until: float) -> float:
 
 
 def _print(f: dict[str, float]) -> None:
-    print(f"\nscheduler benchmark: {NODES:,} nodes x {GPUS_PER_NODE} GPUs (3 models, 2 vendors, leaf/spine/zone); "
-          f"comparison trace of {TRACE_JOBS:,} jobs over {f['trace_span_h']:.1f} h at load {LOAD:g} (and "
-          f"{HIGH_LOAD:g}), cycle {CYCLE_S:g}s, {int(f['measured_jobs']):,} jobs measured after warm-up")
+    print(f"\nscheduler benchmark: {int(f['fleet_nodes']):,} nodes x {GPUS_PER_NODE} GPUs (3 models, 2 vendors, "
+          f"leaf/spine/zone); comparison trace of {int(f['trace_jobs']):,} jobs over {f['trace_span_h']:.1f} h "
+          f"at load {LOAD:g} (and {HIGH_LOAD:g}), cycle {CYCLE_S:g}s, {int(f['measured_jobs']):,} jobs measured "
+          "after warm-up")
     rows = [
         ("decisions_per_s", "gang decisions / s of place() time (comparison run)"),
         ("decisions_per_s_saturated", "  saturation run"),
-        ("decisions_per_s_backlog", "  one session over a 3,000-job backlog, empty fleet"),
+        ("decisions_per_s_backlog", f"  one session over a {int(f['backlog_jobs']):,}-job backlog, empty fleet"),
         ("decisions_per_s_excluding_index", "  decisions / s of per-job time only"),
         ("index_build_ms", "per cycle: place() time outside the per-job timings"),
         ("index_full_build_ms", "  a full index build from the busiest snapshot (not kept)"),
