@@ -1,24 +1,39 @@
 """One typed settings object per service, built once at start-up from flags, environment and a file.
 
-Precedence, highest first: command-line flags, environment (`TRAINYARD_<SERVICE>_<FIELD>`), the YAML or
-JSON file named by `--config` (or `TRAINYARD_<SERVICE>_CONFIG`), then the model's defaults. Flags are
-derived from the model's fields (`listen_port` → `--listen-port`), so adding a field adds its flag.
-Nothing else in a service reads the environment: main.py builds the settings and passes them in.
+Precedence, highest first: command-line flags, environment (`<prefix><FIELD>`, the prefix being the
+service's, e.g. `TRAINYARD_SCHEDULER_`), the YAML or JSON file named by `--config` (or `<prefix>CONFIG`),
+then the model's defaults. Flags are derived from the model's fields (`listen_port` → `--listen-port`), so
+adding a field adds its flag and its variable. Nothing else in a service reads the environment: main.py
+builds the settings and passes them in.
+
+Each settings class names its own prefix (`env_prefix`), so the documented names and the loader cannot
+disagree. A variable under that prefix that names no setting stops the service with a message naming the
+closest settings: a typo must not silently fall back to a default. Variables outside the prefix (those
+meant for workers or the CLI, such as `TRAINYARD_CHECKPOINT_STORE` or `TRAINYARD_URL`) are never looked at.
+
+Maps and lists (`--labels rack=r1,switch=s3`) are repeatable flags and comma-separated in a variable. A map
+whose values are a model (the scheduler's priority classes) takes `NAME=VALUE[,field=value...]` per flag,
+the bare VALUE filling the model's first field; one variable holds several entries separated by `;`.
+A flag or variable replaces the whole map or list from the file or the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from .errors import InvalidArgument
 from .files import read_structured
+
+log = logging.getLogger(__name__)
 
 
 class SettingsError(InvalidArgument):
@@ -30,18 +45,28 @@ class BaseSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    log_level: typing.Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: typing.Literal["json", "text"] = "json"
-    # Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off.
-    metrics_port: int = -1
-    metrics_host: str = "127.0.0.1"
-    # OpenTelemetry: "none", "console" (spans to stderr as JSON) or a file path to append spans to.
-    trace_exporter: str = "none"
-    # Once serving, write {"grpc_port": ..., ...} as JSON here (used by the local cluster and tests).
-    ready_file: str = ""
-    # etcd client endpoints, comma-separated host:port; every key lives under etcd_prefix.
-    etcd_endpoints: str = "127.0.0.1:2379"
-    etcd_prefix: str = "/trainyard"
+    # The service's environment prefix, e.g. "TRAINYARD_SCHEDULER_"; every setting X is <prefix>X.
+    env_prefix: ClassVar[str] = ""
+    # Earlier prefixes still honoured for the exact names of settings, each with a warning at start-up.
+    # Names under them that are no setting are left alone: they may be other programs' variables.
+    legacy_env_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    log_level: typing.Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_format: typing.Literal["json", "text"] = Field("json", description="one JSON object per line, or text")
+    metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint; "
+                              "-1 (the default): off; 0: a free port")
+    metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
+    trace_exporter: str = Field("none", description="OpenTelemetry spans: none, console (stderr, JSON) or a "
+                                "file path to append them to")
+    ready_file: str = Field("", description="once serving, write the bound ports here as JSON (launchers, "
+                            "tests)")
+
+
+class EtcdSettings(BaseSettings):
+    """The etcd client of the services that keep state there (scheduler, gateway, checkpoint-store)."""
+
+    etcd_endpoints: str = Field("127.0.0.1:2379", description="etcd client endpoints, comma-separated host:port")
+    etcd_prefix: str = Field("/trainyard", description="every key lives under this prefix")
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -57,10 +82,20 @@ def _origin_args(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
     return origin, args
 
 
+def _map_model(annotation: Any) -> type[BaseModel] | None:
+    """The value model of a `dict[str, SomeModel]` field, else None."""
+    origin, args = _origin_args(annotation)
+    if origin in (dict, Mapping) and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return args[1]
+    return None
+
+
 def _kind(annotation: Any) -> str:
     origin, _ = _origin_args(annotation)
     if annotation is bool:
         return "bool"
+    if _map_model(annotation) is not None:
+        return "model_map"
     if origin in (dict, Mapping):
         return "map"
     if origin in (list, tuple, Sequence):
@@ -79,6 +114,38 @@ def _parse_map(items: Sequence[str], source: str, name: str) -> dict[str, str]:
     return out
 
 
+def model_map_syntax(model: type[BaseModel]) -> str:
+    """How one entry of a model-valued map is written on a command line, e.g.
+    NAME=VALUE[,preemptible=BOOL][,can_preempt=BOOL]."""
+    first, *rest = model.model_fields
+    return f"NAME={first.upper()}" + "".join(f"[,{f}=...]" for f in rest)
+
+
+def _parse_model_map(items: Sequence[str], source: str, name: str, model: type[BaseModel]) -> dict[str, Any]:
+    fields = list(model.model_fields)
+    out: dict[str, Any] = {}
+    for item in items:
+        for entry in (e.strip() for e in item.split(";") if e.strip()):
+            key, sep, rest = entry.partition("=")
+            if not sep or not key.strip() or not rest.strip():
+                raise SettingsError(f"{source}: {name} expects {model_map_syntax(model)}, got {entry!r}")
+            value: dict[str, str] = {}
+            for i, part in enumerate(p.strip() for p in rest.split(",")):
+                if "=" in part:
+                    field, _, v = part.partition("=")
+                    field = field.strip()
+                    if field not in fields:
+                        raise SettingsError(f"{source}: {name} entry {key.strip()!r}: unknown field {field!r}; "
+                                            f"expected {model_map_syntax(model)}")
+                    value[field] = v.strip()
+                elif i == 0 and part:
+                    value[fields[0]] = part
+                else:
+                    raise SettingsError(f"{source}: {name} expects {model_map_syntax(model)}, got {entry!r}")
+            out[key.strip()] = value
+    return out
+
+
 def _parse_list(items: Sequence[str]) -> list[str]:
     return [p.strip() for item in items for p in item.split(",") if p.strip()]
 
@@ -92,7 +159,27 @@ def _parse_bool(value: str, source: str, name: str) -> bool:
     raise SettingsError(f"{source}: {name} must be true or false, got {value!r}")
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _parse(kind: str, field: Any, raw: Sequence[str], source: str, name: str) -> Any:
+    if kind == "bool":
+        return _parse_bool(raw[-1], source, name)
+    if kind == "model_map":
+        model = _map_model(field.annotation)
+        assert model is not None
+        return _parse_model_map(raw, source, name, model)
+    if kind == "map":
+        return _parse_map(raw, source, name)
+    if kind == "list":
+        return _parse_list(raw)
+    return raw[-1]
+
+
+def _closest(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6) or \
+        difflib.get_close_matches(name, candidates, n=3, cutoff=0.0)
+    return ", ".join(close)
+
+
+def _read_file(path: str, cls: type[BaseSettings]) -> dict[str, Any]:
     try:
         data = read_structured(path, "config file")
     except InvalidArgument as e:
@@ -101,21 +188,32 @@ def _read_file(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must hold a mapping of setting names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    values = {str(k).replace("-", "_"): v for k, v in data.items()}
+    for key in values:
+        if key not in cls.model_fields:
+            raise SettingsError(f"config file {path}: {key!r} is no setting of this service; the closest are "
+                                f"{_closest(key, list(cls.model_fields))}")
+    return values
 
 
-def load_settings(
-    cls: type[S],
-    *,
-    prog: str,
-    env_prefix: str,
-    argv: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> S:
-    """Build `cls` from flags, environment and an optional file. Raises SettingsError on bad input."""
-    env = {} if env is None else env
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0])
-    parser.add_argument("--config", help=f"YAML or JSON settings file (env {env_prefix}CONFIG)")
+def resolve_prefix(cls: type[BaseSettings], env_prefix: str | None = None) -> str:
+    """The prefix `load_settings` uses: the class's own, unless a caller names another (tests do). A caller
+    still naming one of the class's earlier prefixes gets the current one."""
+    if env_prefix is None or (cls.env_prefix and env_prefix in cls.legacy_env_prefixes):
+        env_prefix = cls.env_prefix
+    if not env_prefix:
+        raise ValueError(f"{cls.__name__} names no env_prefix and none was given")
+    return env_prefix
+
+
+def settings_parser(cls: type[BaseSettings], *, prog: str, env_prefix: str | None = None) -> argparse.ArgumentParser:
+    """The command line of a service: `--config` and one flag per setting."""
+    prefix = resolve_prefix(cls, env_prefix)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0], allow_abbrev=False,
+        epilog=f"Every flag is also an environment variable: --listen-port is {prefix}LISTEN_PORT. Flags win "
+               "over the environment, which wins over the --config file.")
+    parser.add_argument("--config", help=f"YAML or JSON settings file (env {prefix}CONFIG)")
     for name, field in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_text = field.description or ""
@@ -123,42 +221,89 @@ def load_settings(
         if kind == "bool":
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
+        elif kind == "model_map":
+            model = _map_model(field.annotation)
+            assert model is not None
+            parser.add_argument(flag, dest=name, action="append", default=None,
+                                help=f"{help_text} (repeatable: {model_map_syntax(model)}; replaces the whole "
+                                     "table)".strip())
         elif kind in ("map", "list"):
             parser.add_argument(flag, dest=name, action="append", default=None,
                                 help=(help_text + " (repeatable" + (", key=value" if kind == "map" else "")
                                       + ")").strip())
         else:
             parser.add_argument(flag, dest=name, default=None, help=help_text)
+    return parser
+
+
+def env_names(cls: type[BaseSettings], env_prefix: str | None = None) -> dict[str, str]:
+    """Every environment variable the loader reads for `cls`, mapped to its setting ("config" for the file)."""
+    prefix = resolve_prefix(cls, env_prefix)
+    return {prefix + "CONFIG": "config", **{prefix + name.upper(): name for name in cls.model_fields}}
+
+
+def _environment(cls: type[BaseSettings], prefix: str, env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """setting (or "config") → (variable, raw value), refusing unknown names under `prefix` and taking the
+    exact names under a legacy prefix where the current name is not set."""
+    known = env_names(cls, prefix)
+    out: dict[str, tuple[str, str]] = {}
+    for var, raw in env.items():
+        if not var.startswith(prefix):
+            continue
+        if var not in known:
+            raise SettingsError(f"environment variable {var} is no setting of this service (settings are "
+                                f"{prefix}<SETTING>); the closest are {_closest(var, list(known))}")
+        out[known[var]] = (var, raw)
+    if prefix != cls.env_prefix:
+        return out
+    for legacy in cls.legacy_env_prefixes:
+        for name in ("config", *cls.model_fields):
+            old = legacy + name.upper()
+            if old not in env:
+                continue
+            new = prefix + name.upper()
+            if name in out:
+                log.warning("%s is ignored: %s is set, and %s is the old name of it", old, new, old)
+                continue
+            log.warning("%s is an old name; use %s (the old one will stop working)", old, new)
+            out[name] = (old, env[old])
+    return out
+
+
+def load_settings(
+    cls: type[S],
+    *,
+    prog: str,
+    env_prefix: str | None = None,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> S:
+    """Build `cls` from flags, environment and an optional file. Raises SettingsError on bad input.
+
+    `env_prefix` defaults to the class's own (`cls.env_prefix`)."""
+    env = {} if env is None else env
+    prefix = resolve_prefix(cls, env_prefix)
+    parser = settings_parser(cls, prog=prog, env_prefix=prefix)
     args = parser.parse_args(list(argv) if argv is not None else [])
+    from_env = _environment(cls, prefix, env)
 
     values: dict[str, Any] = {}
-    config_path = args.config or env.get(f"{env_prefix}CONFIG")
+    config_path = args.config or (from_env["config"][1] if "config" in from_env else "")
     if config_path:
-        values.update(_read_file(config_path))
+        values.update(_read_file(config_path, cls))
 
     for name, field in cls.model_fields.items():
         kind = _kind(field.annotation)
-        env_name = env_prefix + name.upper()
-        if env_name in env:
-            raw = env[env_name]
-            src = f"environment variable {env_name}"
-            if kind == "bool":
-                values[name] = _parse_bool(raw, src, name)
-            elif kind == "map":
-                values[name] = _parse_map([raw], src, name)
-            elif kind == "list":
-                values[name] = _parse_list([raw])
-            else:
-                values[name] = raw
+        if name in from_env:
+            var, raw = from_env[name]
+            values[name] = _parse(kind, field, [raw], f"environment variable {var}", name)
         flag_value = getattr(args, name)
         if flag_value is not None:
             src = "--" + name.replace("_", "-")
-            if kind == "map":
-                values[name] = _parse_map(flag_value, src, name)
-            elif kind == "list":
-                values[name] = _parse_list(flag_value)
-            else:
+            if kind in ("bool", "scalar"):
                 values[name] = flag_value
+            else:
+                values[name] = _parse(kind, field, flag_value, src, name)
 
     try:
         return cls.model_validate(values)

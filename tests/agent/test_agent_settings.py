@@ -106,3 +106,41 @@ def test_more_invalid_settings_are_named(argv: list[str], message: str) -> None:
     with pytest.raises(SettingsError) as info:
         load(*argv, "--state-dir", "/tmp/unused-agent-state")
     assert message in info.value.message
+
+
+def test_a_wildcard_listen_address_advertises_the_fqdn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--advertise-host said it defaults to listen_host but was the short host name, which the scheduler's
+    host often cannot resolve. Now: listen_host when concrete, else the FQDN (hostname -f)."""
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu-node-01")
+    monkeypatch.setattr("socket.getfqdn", lambda name="": f"{name}.cluster.example")
+    assert load("--listen-host", "0.0.0.0").advertise_host == "gpu-node-01.cluster.example"
+    assert load("--listen-host", "::").advertise_host == "gpu-node-01.cluster.example"
+    assert load("--listen-host", "10.1.2.3").advertise_host == "10.1.2.3"
+    assert load().advertise_host == "127.0.0.1"
+    s = load("--listen-host", "0.0.0.0", "--advertise-host", "agent.example")
+    assert (s.advertise_host, s.worker_address) == ("agent.example", "agent.example")
+
+
+def test_a_resolver_that_only_knows_localhost_gives_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("socket.gethostname", lambda: "vm")
+    monkeypatch.setattr("socket.getfqdn", lambda name="": "localhost")
+    assert load("--listen-host", "0.0.0.0").advertise_host == "vm"
+
+
+def test_the_help_says_what_advertise_host_defaults_to() -> None:
+    from trainyard_core.settings import settings_parser
+
+    text = " ".join(settings_parser(AgentSettings, prog="trainyard-agent").format_help().split())
+    assert "default: listen_host when it is a concrete address, else this host's FQDN" in text
+    assert "--etcd-endpoints" not in text and "--etcd-prefix" not in text
+
+
+def test_an_unknown_agent_variable_is_refused_loudly() -> None:
+    with pytest.raises(SettingsError) as info:
+        load(env={"TRAINYARD_AGENT_GPU_PROFILES": "h100x8"})
+    assert "TRAINYARD_AGENT_GPU_PROFILES is no setting" in info.value.message
+    assert "TRAINYARD_AGENT_GPU_PROFILE" in info.value.message
+    # The workers' and the CLI's variables in the agent's environment are not its business.
+    s = load(env={"TRAINYARD_CHECKPOINT_STORE": "h:1", "TRAINYARD_URL": "http://gw", "TRAINYARD_NODE_ID": "x",
+                  "TRAINYARD_AGENT_NODE_ID": "gpu-node-09", "TRAINYARD_AGENT_STATE_DIR": "/tmp/unused-agent-state"})
+    assert s.node_id == "gpu-node-09"

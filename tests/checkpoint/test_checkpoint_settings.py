@@ -1,7 +1,9 @@
-"""Checkpoint-store settings: storage URLs are checked at start-up with messages an operator can act on."""
+"""Checkpoint-store settings: storage URLs are checked at start-up with messages an operator can act on; the
+environment is TRAINYARD_CHECKPOINT_STORE_<SETTING>, beside the workers' TRAINYARD_CHECKPOINT_* variables."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,12 +12,21 @@ from trainyard_checkpoint.main import main
 from trainyard_checkpoint.settings import CheckpointSettings
 from trainyard_core.settings import SettingsError, load_settings, redacted
 
-PREFIX = "TRAINYARD_CHECKPOINT_"
+PREFIX = "TRAINYARD_CHECKPOINT_STORE_"
+# What a worker's environment holds (the scheduler's launch env, the client's settings, the CLI's): a store
+# started from such an environment must neither take these for settings nor refuse them.
+WORKER_ENV = {
+    "TRAINYARD_CHECKPOINT_STORE": "10.0.0.5:50053", "TRAINYARD_CHECKPOINT_EVERY_STEPS": "500",
+    "TRAINYARD_CHECKPOINT_INTERVAL_S": "1800", "TRAINYARD_CHECKPOINT_KEEP_LAST": "3",
+    "TRAINYARD_CHECKPOINT_KEEP_EVERY_STEPS": "1000", "TRAINYARD_CHECKPOINT_THREADS": "4",
+    "TRAINYARD_CHECKPOINT_CHUNK_BYTES": "4096", "TRAINYARD_CHECKPOINT_TIMEOUT_S": "60",
+    "TRAINYARD_JOB_ID": "job-a", "TRAINYARD_ATTEMPT": "1", "TRAINYARD_URL": "http://gw:8080",
+    "TRAINYARD_TOKEN": "ty_x",
+}
 
 
 def load(env: dict[str, str], argv: list[str] | None = None) -> CheckpointSettings:
-    return load_settings(CheckpointSettings, prog="trainyard-checkpoint-store", env_prefix=PREFIX,
-                         argv=argv or [], env=env)
+    return load_settings(CheckpointSettings, prog="trainyard-checkpoint-store", argv=argv or [], env=env)
 
 
 def test_defaults_and_sources() -> None:
@@ -77,3 +88,46 @@ def test_commit_verify_and_gc_settings() -> None:
     assert (s.commit_verify, s.gc_interval_s) == ("size", 0.0)
     with pytest.raises(SettingsError, match="commit_verify"):
         load({PREFIX + "COMMIT_VERIFY": "md5"})
+
+
+def test_the_prefix_is_the_service_name() -> None:
+    """TRAINYARD_CHECKPOINT_STORE_STORAGE_URL, as the docs say (TRAINYARD_<SERVICE>_), was silently ignored."""
+    assert CheckpointSettings.env_prefix == "TRAINYARD_CHECKPOINT_STORE_"
+    assert load({"TRAINYARD_CHECKPOINT_STORE_STORAGE_URL": "file:///mnt/ckpt"}).storage_root == Path("/mnt/ckpt")
+
+
+def test_an_unknown_variable_under_the_prefix_stops_the_store() -> None:
+    with pytest.raises(SettingsError) as info:
+        load({PREFIX + "STORAGE_ULR": "file:///mnt/ckpt"})
+    assert f"{PREFIX}STORAGE_ULR is no setting" in info.value.message
+    assert f"{PREFIX}STORAGE_URL" in info.value.message
+
+
+def test_main_exits_2_naming_an_unknown_variable(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(PREFIX + "GC_INTERVAL", "5")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert f"{PREFIX}GC_INTERVAL is no setting" in err and f"{PREFIX}GC_INTERVAL_S" in err
+
+
+def test_a_workers_environment_is_not_taken_for_settings(caplog: pytest.LogCaptureFixture) -> None:
+    """TRAINYARD_CHECKPOINT_STORE (the store's address, no trailing '_') is not under the prefix."""
+    with caplog.at_level(logging.WARNING):
+        s = load(WORKER_ENV)
+    assert s == load({}) and not caplog.text
+
+
+def test_the_old_prefix_still_works_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Installs and scripts that set TRAINYARD_CHECKPOINT_STORAGE_URL keep working, and hear about it."""
+    with caplog.at_level(logging.WARNING, logger="trainyard_core.settings"):
+        s = load({**WORKER_ENV, "TRAINYARD_CHECKPOINT_STORAGE_URL": "file:///old",
+                  "TRAINYARD_CHECKPOINT_GC_GRACE_S": "10"})
+    assert s.storage_root == Path("/old") and s.gc_grace_s == 10.0
+    assert "TRAINYARD_CHECKPOINT_STORAGE_URL is an old name; use TRAINYARD_CHECKPOINT_STORE_STORAGE_URL" in caplog.text
+    assert load({"TRAINYARD_CHECKPOINT_STORAGE_URL": "file:///old",
+                 PREFIX + "STORAGE_URL": "file:///new"}).storage_root == Path("/new")
+    # main.py and the local cluster still name the old prefix; they get the current one.
+    s = load_settings(CheckpointSettings, prog="c", env_prefix="TRAINYARD_CHECKPOINT_",
+                      env={PREFIX + "LISTEN_PORT": "7000", **WORKER_ENV})
+    assert s.listen_port == 7000

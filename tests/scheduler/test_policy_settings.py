@@ -60,3 +60,48 @@ def test_bad_policy_settings_are_refused_clearly(tmp_path: Path, text: str, mess
     with pytest.raises(SettingsError) as info:
         _load(tmp_path, text)
     assert message in str(info.value)
+
+
+def test_priority_classes_as_repeatable_flags(tmp_path: Path) -> None:
+    """`--priority-classes low=5` failed with "Input should be a valid dictionary": each flag is one class,
+    NAME=VALUE[,preemptible=BOOL][,can_preempt=BOOL], and the flags replace the file's whole table."""
+    s = _load(tmp_path, README_EXAMPLE, "--priority-classes", "low=5", "--priority-classes",
+              "normal=0,can_preempt=false", "--priority-classes", "vip=value=500,preemptible=no")
+    assert set(s.priority_classes) == {"low", "normal", "vip"}
+    policy = s.policy()
+    assert policy.priority_class("low").value == 5 and policy.priority_class("low").can_preempt
+    assert not policy.priority_class("normal").can_preempt and not policy.priority_class("vip").preemptible
+
+
+def test_priority_classes_in_the_environment(tmp_path: Path) -> None:
+    s = load_settings(SchedulerSettings, prog="trainyard-scheduler", env={
+        "TRAINYARD_SCHEDULER_PRIORITY_CLASSES": "low=-100,can_preempt=false; normal=0 ;critical=1000,preemptible=no"})
+    assert {n: (c.value, c.preemptible, c.can_preempt) for n, c in s.priority_classes.items()} == {
+        "low": (-100, True, False), "normal": (0, True, True), "critical": (1000, False, True)}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--priority-classes", "low"], "priority_classes expects NAME=VALUE[,preemptible=...][,can_preempt=...]"),
+    (["--priority-classes", "normal=0,preemptable=false"], "unknown field 'preemptable'"),
+    (["--priority-classes", "normal=zero"], "priority_classes.normal.value"),
+    (["--priority-classes", "normal=0,can_preempt=maybe"], "priority_classes.normal.can_preempt"),
+    # The flags replace the table, so the default class must be among them.
+    (["--priority-classes", "high=100"], "default priority class 'normal' is not one of"),
+])
+def test_bad_priority_class_flags_are_named(tmp_path: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        _load(tmp_path, "", *argv)
+    assert message in info.value.message
+
+
+def test_a_misspelt_priority_class_field_in_the_file_is_refused(tmp_path: Path) -> None:
+    """It was dropped silently: a class meant never to be preempted was preemptible."""
+    with pytest.raises(SettingsError, match=r"priority_classes\.critical\.premptible: Extra inputs"):
+        _load(tmp_path, "priority_classes:\n  normal: {value: 0}\n  critical: {value: 1000, premptible: false}\n")
+
+
+def test_an_unknown_scheduler_variable_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"TRAINYARD_SCHEDULER_PRIORITY_CLASS is no setting.*"
+                                            r"TRAINYARD_SCHEDULER_PRIORITY_CLASSES"):
+        load_settings(SchedulerSettings, prog="trainyard-scheduler",
+                      env={"TRAINYARD_SCHEDULER_PRIORITY_CLASS": "low=1"})

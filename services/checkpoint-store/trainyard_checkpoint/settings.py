@@ -1,16 +1,23 @@
-"""Settings of the checkpoint-store (env prefix `TRAINYARD_CHECKPOINT_`, flags `--storage-url` etc.)."""
+"""Settings of the checkpoint-store: flags `--storage-url` etc., environment `TRAINYARD_CHECKPOINT_STORE_<SETTING>`
+(e.g. `TRAINYARD_CHECKPOINT_STORE_STORAGE_URL`), or a `--config` file.
+
+The prefix was `TRAINYARD_CHECKPOINT_`; the exact old names of settings still work, with a warning. That
+prefix also holds the variables given to workers (`TRAINYARD_CHECKPOINT_STORE`, the store's address, with no
+trailing `_`; `TRAINYARD_CHECKPOINT_EVERY_STEPS`, ...), which a store started from a worker's environment
+must not take for settings, so only the current prefix refuses names that are no setting.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from trainyard_core.settings import BaseSettings
+from trainyard_core.settings import EtcdSettings
 
 # S3 bucket names: 3-63 characters, lower-case letters, digits, '.', '-'.
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -60,8 +67,11 @@ def _secret(value: SecretStr | None) -> str:
     return value.get_secret_value() if value is not None else ""
 
 
-class CheckpointSettings(BaseSettings):
+class CheckpointSettings(EtcdSettings):
     """Trainyard checkpoint-store: checkpoint metadata and lifecycle over etcd and shared storage."""
+
+    env_prefix: ClassVar[str] = "TRAINYARD_CHECKPOINT_STORE_"
+    legacy_env_prefixes: ClassVar[tuple[str, ...]] = ("TRAINYARD_CHECKPOINT_",)
 
     listen_host: str = Field("127.0.0.1", description="address the gRPC server binds")
     listen_port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free one")

@@ -1,34 +1,57 @@
-"""Settings of the gateway (env prefix `TRAINYARD_GATEWAY_`, flags `--http-port` etc.)."""
+"""Settings of the gateway (environment `TRAINYARD_GATEWAY_<SETTING>`, flags `--http-port` etc.)."""
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import socket
+from typing import ClassVar
 
 from pydantic import Field, SecretStr, field_validator
 
 from trainyard_core.addresses import address_list, host_port
-from trainyard_core.settings import BaseSettings
+from trainyard_core.settings import EtcdSettings
 
 from .tokens import SECRET_PREFIX, is_well_formed_secret
 
+log = logging.getLogger(__name__)
 
-def _is_ipv4(host: str) -> bool:
+
+def _literal_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        ipaddress.IPv4Address(host)
-        return True
+        return ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
     except ValueError:
-        return False
+        return None
 
 
-class GatewaySettings(BaseSettings):
+def _resolve(host: str, port: int) -> list[str]:
+    """host:port → every address it resolves to now, as ip:port ([ip]:port for IPv6)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        log.warning("scheduler address %s:%d does not resolve (%s); leaving it out", host, port, e)
+        return []
+    out: list[str] = []
+    for family, *_, sockaddr in infos:
+        ip = str(sockaddr[0])
+        text = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if text not in out:
+            out.append(text)
+    return out
+
+
+class GatewaySettings(EtcdSettings):
     """Trainyard gateway: the public HTTP/JSON API and the internal TokenService."""
+
+    env_prefix: ClassVar[str] = "TRAINYARD_GATEWAY_"
 
     http_host: str = Field("127.0.0.1", description="address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 picks a free one")
     grpc_host: str = Field("127.0.0.1", description="address of the internal gRPC TokenService")
     grpc_port: int = Field(50054, ge=0, le=65535, description="gRPC port of TokenService; 0 picks a free one")
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API; "
-                                   "several replicas as ip:port,ip:port (the next one is used while one is down)")
+                                   "every replica, comma-separated (IP addresses or DNS names): the next one is "
+                                   "used while one is down")
     bootstrap_admin_token: SecretStr | None = Field(
         None, description=f"admin token ('{SECRET_PREFIX}...') stored (hashed) at start for team and user 'admin'")
     request_timeout_s: float = Field(10.0, gt=0, description="deadline of each call to the scheduler or an agent")
@@ -42,22 +65,39 @@ class GatewaySettings(BaseSettings):
     def _check_scheduler_address(cls, v: str) -> str:
         targets = address_list(v)
         if not targets:
-            raise ValueError("give at least one scheduler address (host:port[,ip:port...])")
+            raise ValueError("give at least one scheduler address (host:port[,host:port...])")
         for t in targets:
-            parsed = host_port(t)
-            if parsed is None:
-                raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051)")
-            if len(targets) > 1 and not _is_ipv4(parsed[0]):
-                raise ValueError(f"{t!r}: several scheduler replicas are given as IPv4 ip:port (a DNS name that "
-                                 "resolves to every replica can be given alone)")
+            if host_port(t) is None:
+                raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051 or sched1.example.internal:50051)")
         return ",".join(targets)
 
     @property
     def scheduler_target(self) -> str:
-        """The gRPC target: the address itself, or for several replicas an ipv4: list that gRPC's pick_first
-        tries in order, moving on while one is unreachable."""
+        """The gRPC target. One address: itself (gRPC resolves a DNS name, and re-resolves it, itself; a name
+        with a record per replica fails over like a list). Several: an ipv4: (or ipv6:) list that gRPC's
+        pick_first tries in order, moving on while one is unreachable. DNS names in a list are resolved here,
+        once, when the gateway starts (gRPC has no list of names): restart the gateway after a replica moves
+        to another address. Names that do not resolve are left out with a warning; OSError when none does."""
         targets = self.scheduler_address.split(",")
-        return targets[0] if len(targets) == 1 else "ipv4:" + ",".join(targets)
+        if len(targets) == 1:
+            return targets[0]
+        resolved: list[str] = []
+        for t in targets:
+            parsed = host_port(t)
+            assert parsed is not None  # checked by the validator
+            host, port = parsed
+            ip = _literal_ip(host)
+            found = [t] if ip is not None else _resolve(host, port)
+            resolved += [r for r in found if r not in resolved]
+        v4 = [r for r in resolved if not r.startswith("[")]
+        if v4:
+            if len(v4) < len(resolved):  # one gRPC address list holds one family
+                log.warning("scheduler addresses: IPv6 ones left out beside IPv4 ones: %s",
+                            ",".join(r for r in resolved if r not in v4))
+            return "ipv4:" + ",".join(v4)
+        if resolved:
+            return "ipv6:" + ",".join(resolved)
+        raise OSError(f"none of the scheduler addresses {self.scheduler_address} resolves")
 
     @field_validator("bootstrap_admin_token")
     @classmethod

@@ -2,8 +2,10 @@
 or a YAML/JSON file (`--config`). Built once in main.py and passed down; nothing else reads the env.
 
 Derived defaults (filled when the field is left empty): `node_id` from the host name, `advertise_host`
-from `listen_host` (the host name when listening on a wildcard address), `worker_address` from
-`advertise_host`, `state_dir` under `~/.local/state/trainyard/agent/<node_id>`.
+from `listen_host` when that is a concrete address, else (a wildcard such as 0.0.0.0) the host's fully
+qualified name (`socket.getfqdn()`, what `hostname -f` prints: a short name often does not resolve on the
+scheduler's host), `worker_address` from `advertise_host`, `state_dir` under
+`~/.local/state/trainyard/agent/<node_id>`.
 
 Files named by settings are read and validated here, so a mistake in them stops the agent at start-up
 with exit code 2 and a message naming the file and the entry: `topology_file` (its labels for this node
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -40,15 +42,26 @@ def default_node_id(hostname: str) -> str:
     return base if len(base) >= 3 else f"{base}-node"
 
 
+def host_fqdn(hostname: str) -> str:
+    """The host's fully qualified name, as `hostname -f` prints it; the plain host name where the resolver
+    knows no better (getfqdn answers "localhost" on hosts whose name maps to a loopback address)."""
+    fqdn = socket.getfqdn(hostname)
+    return hostname if fqdn == "localhost" or fqdn.startswith("localhost.") else fqdn
+
+
 class AgentSettings(BaseSettings):
     """Trainyard node agent: reports this host's GPUs to the scheduler and runs the workers it is sent."""
+
+    env_prefix: ClassVar[str] = "TRAINYARD_AGENT_"
 
     node_id: str = Field("", description="Node name in the cluster (default: derived from the host name)")
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's NodeService; "
                                    "several, comma-separated, for replicas (the agent moves on until one leads)")
     listen_host: str = Field("127.0.0.1", description="Address the agent's gRPC server binds to")
     listen_port: int = Field(0, ge=0, le=65535, description="Port of the agent's gRPC server; 0 picks a free one")
-    advertise_host: str = Field("", description="Host the scheduler uses to reach this agent (default: listen_host)")
+    advertise_host: str = Field("", description="Host the scheduler uses to reach this agent (default: listen_host "
+                                               "when it is a concrete address, else this host's FQDN, as "
+                                               "hostname -f prints it)")
     worker_address: str = Field("", description="MASTER_ADDR other nodes use to reach workers here "
                                                 "(default: advertise_host)")
     gpu_profile: str = Field("", description="Simulated GPUs from a profile (" + ", ".join(sorted(PROFILES))
@@ -95,8 +108,9 @@ class AgentSettings(BaseSettings):
             data["node_id"] = default_node_id(hostname)
         listen_host = str(data.get("listen_host") or "127.0.0.1")
         if not data.get("advertise_host"):
-            # A wildcard bind address cannot be dialled; the host name can.
-            data["advertise_host"] = hostname if listen_host in _WILDCARD_HOSTS else listen_host
+            # A wildcard bind address cannot be dialled; the fully qualified name can, from other hosts
+            # (the short name only within the host's own search domain).
+            data["advertise_host"] = host_fqdn(hostname) if listen_host in _WILDCARD_HOSTS else listen_host
         if not data.get("worker_address"):
             data["worker_address"] = data["advertise_host"]
         if not data.get("state_dir") and isinstance(data["node_id"], str):

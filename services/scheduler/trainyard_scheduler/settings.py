@@ -1,13 +1,13 @@
-"""Settings of the scheduler (flags, TRAINYARD_SCHEDULER_* environment, optional YAML/JSON file)."""
+"""Settings of the scheduler (flags, `TRAINYARD_SCHEDULER_<SETTING>` environment, optional YAML/JSON file)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
-from trainyard_core.settings import BaseSettings
+from trainyard_core.settings import EtcdSettings
 
 from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
 
@@ -23,13 +23,20 @@ DEFAULT_SPEED_FACTORS = {
 
 
 class PriorityClassSettings(BaseModel):
+    """One priority class. On the command line: `--priority-classes low=-100,can_preempt=false` (the bare
+    number is `value`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     value: int = Field(ge=-100_000, le=100_000)
     preemptible: bool = True
     can_preempt: bool = True
 
 
-class SchedulerSettings(BaseSettings):
+class SchedulerSettings(EtcdSettings):
     """Trainyard scheduler: gang placement of jobs on GPU nodes, backed by etcd."""
+
+    env_prefix: ClassVar[str] = "TRAINYARD_SCHEDULER_"
 
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
