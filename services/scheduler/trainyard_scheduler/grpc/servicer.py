@@ -14,7 +14,7 @@ import grpc.aio
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
 
@@ -33,7 +33,7 @@ from ..leadership import Leadership
 from ..liveness import NodeLiveness
 from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
-from ..state.repository import Repository
+from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, Repository, max_gang_nodes
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,13 @@ def _check_job_id(job_id: str) -> None:
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
     """`priority_classes`: the class names a job may ask for (default: the built-in classes). `policy`:
-    where the queues are (default: the same store and keys as `repo`)."""
+    where the queues are (default: the same store and keys as `repo`). `max_txn_ops`: etcd's
+    --max-txn-ops, which bounds the nodes of a gang (placed in one transaction)."""
 
     def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event,
-                 priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None) -> None:
+                 priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
+                 max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> None:
+        self._max_gang_nodes = max_gang_nodes(max_txn_ops)
         self._repo = repo
         self._clock = clock
         self._wake = wake
@@ -95,6 +98,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         if spec.queue != "default":  # "default" always exists: no read for the common case
             check_queue(spec, await self._policy.queue_names())
         check_fits_fleet(spec, await self._repo.list_nodes())
+        if spec.resources.nodes > self._max_gang_nodes:
+            raise FailedPrecondition(
+                f"resources.nodes={spec.resources.nodes}: a gang is placed in one etcd transaction, which holds "
+                f"at most {self._max_gang_nodes} nodes with this store's limit; the operator can raise etcd's "
+                "--max-txn-ops and the scheduler's etcd_max_txn_ops together")
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=request.user or "unknown", created_at=now, updated_at=now, queued_at=now,

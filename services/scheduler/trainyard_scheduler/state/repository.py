@@ -34,6 +34,20 @@ from .keys import Keys
 
 log = logging.getLogger(__name__)
 
+# etcd's default --max-txn-ops: the most compares, or writes, one transaction may carry.
+ETCD_DEFAULT_MAX_TXN_OPS = 128
+
+
+def placement_txn_ops(nodes: int) -> int:
+    """Operations the largest side of a gang's placement transaction needs: the fence, the job's revision,
+    the allocation's absence and one holdings compare per node (writes: job, allocation, one per node)."""
+    return nodes + 3
+
+
+def max_gang_nodes(max_txn_ops: int) -> int:
+    """The largest gang (in nodes) whose placement fits one transaction of at most `max_txn_ops`."""
+    return max_txn_ops - placement_txn_ops(0)
+
 
 class Repository:
     def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None, *,
