@@ -1,14 +1,42 @@
-"""Shared fixtures: a real etcd per test session (free ports, data on tmpfs), a clean prefix per test."""
+"""Shared fixtures: a real etcd per test session (free ports, data on tmpfs), a clean prefix per test; and
+logging as the services have it in production: INFO, through the JSON formatter, for the whole run."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from trainyard_core import logs
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import etcd as etcd_proc
+
+
+class ReservedExtraKey(AssertionError):
+    """A log call's `extra` named a LogRecord attribute: production renames the field, a test fails."""
+
+
+class FormatEveryRecord(logging.Handler):
+    """The root handler of every test run. The default root level (WARNING) made info() return before
+    building a record, so a log call that raises (an `extra` key such as `created`) never ran in a test
+    and answered 503 in the cluster. This formats each record as a service does and keeps nothing:
+    pytest's own capture shows a failed test's records. A record that cannot be formatted raises at the
+    log call, and so does one whose `extra` needed the production guard's rename."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        renamed = getattr(record, logs.RENAMED_EXTRA_ATTR, ())
+        if renamed:
+            raise ReservedExtraKey(f"log call {record.pathname}:{record.lineno} ({record.getMessage()!r}) passes "
+                                   f"extra keys {list(renamed)} that name LogRecord attributes; rename them")
+        self.format(record)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before collection, so even import-time log lines go through it; caplog.set_level still works
+    # (pytest restores the root level to INFO after each test).
+    logs.setup_logging("tests", level="INFO", fmt="json", handler=FormatEveryRecord())
 
 
 @pytest.fixture(scope="session")

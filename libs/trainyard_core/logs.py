@@ -1,5 +1,12 @@
 """Structured logging: one JSON object per line on stderr, with context (job_id, node_id, ...) taken
 from contextvars so a log line inside a job's handling names the job without threading ids through.
+
+A log call's `extra` must not name a LogRecord attribute (`created`, `name`, `msg`, ...): the standard
+library raises KeyError from inside the call, so one badly named field turned a stored write into a 503.
+`setup_logging` installs a guard that writes such a field as `extra_<key>` instead, and the JSON
+formatter never fails on a value it cannot serialise. tests/core/test_logging.py also refuses any such
+key in the tree's `extra={...}` literals, and the tests' own handler fails a test whose log call needed
+the guard, so production gets the rename and the code gets fixed.
 """
 
 from __future__ import annotations
@@ -10,12 +17,21 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("trainyard_log_context",
                                                                             default={})
-_RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+# What `extra` may not name: every attribute a fresh LogRecord has, the two that formatting adds, and
+# taskName (a record attribute from Python 3.12, so code that passes it here breaks there).
+RESERVED_RECORD_KEYS: frozenset[str] = (frozenset(vars(logging.makeLogRecord({})))
+                                        | {"message", "asctime", "taskName"})
+# On a record whose `extra` the guard had to rename: the original keys (a tuple of str). Private (leading
+# underscore), so no formatter writes it.
+RENAMED_EXTRA_ATTR = "_trainyard_renamed_extra"
+# The JSON line's own fields, which neither context nor extras may overwrite.
+_JSON_FIELDS = frozenset({"ts", "level", "service", "logger", "msg", "exc"})
 
 
 @contextlib.contextmanager
@@ -33,6 +49,63 @@ def bind(**fields: Any) -> None:
     _context.set({**_context.get(), **fields})
 
 
+def _free_key(key: str, taken: Mapping[str, Any] | set[str]) -> str:
+    """`extra_<key>`, prefixed again until no field already has the name."""
+    new = f"extra_{key}"
+    while new in taken:
+        new = f"extra_{new}"
+    return new
+
+
+def _guarded_make_record(self: logging.Logger, name: str, level: int, fn: str, lno: int, msg: object,
+                         args: Any, exc_info: Any, func: str | None = None,
+                         extra: Mapping[str, object] | None = None, sinfo: str | None = None) -> logging.LogRecord:
+    """Logger.makeRecord, except that an `extra` key naming a record attribute is written as
+    `extra_<key>` (and noted under RENAMED_EXTRA_ATTR) instead of raising KeyError into the caller."""
+    record = logging.getLogRecordFactory()(name, level, fn, lno, msg, args, exc_info, func, sinfo)
+    if extra is not None:
+        renamed: list[str] = []
+        for key, value in extra.items():
+            if key in RESERVED_RECORD_KEYS or key in record.__dict__:
+                renamed.append(key)
+                key = _free_key(key, record.__dict__)
+            record.__dict__[key] = value
+        if renamed:
+            record.__dict__[RENAMED_EXTRA_ATTR] = tuple(renamed)
+    return record
+
+
+def install_extra_guard() -> None:
+    """Makes every logger rename clashing `extra` keys (see _guarded_make_record). Idempotent.
+
+    On the Logger class, not a subclass set with setLoggerClass: modules create their loggers at import,
+    before main() reaches setup_logging, and those would keep the raising makeRecord."""
+    logging.Logger.makeRecord = _guarded_make_record  # type: ignore[method-assign]
+
+
+def _as_text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} that cannot be printed>"
+
+
+def _dumps(out: dict[str, Any]) -> str:
+    """The line as strict JSON, whatever the values: a value json cannot take (a dict with tuple keys, a
+    cycle, NaN, an object whose str() raises) is written as its str() rather than losing the line."""
+    try:
+        return json.dumps(out, default=_as_text, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        safe: dict[str, Any] = {}
+        for key, value in out.items():
+            try:
+                json.dumps(value, default=_as_text, allow_nan=False)
+                safe[_as_text(key)] = value
+            except (TypeError, ValueError, RecursionError):
+                safe[_as_text(key)] = _as_text(value)
+        return json.dumps(safe, default=_as_text, allow_nan=False)
+
+
 class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
@@ -47,13 +120,15 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update(_context.get())
+        fields = {**_context.get()}
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
-                out[key] = value
+            if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
+                fields[key] = value
+        for key, value in fields.items():
+            out[_free_key(key, out.keys() | fields.keys()) if key in _JSON_FIELDS else key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return _dumps(out)
 
 
 class TextFormatter(logging.Formatter):
@@ -64,9 +139,9 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = {**_context.get()}
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and not key.startswith("_"):
+            if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
                 extras[key] = value
-        tail = " ".join(f"{k}={v}" for k, v in extras.items())
+        tail = " ".join(f"{k}={_as_text(v)}" for k, v in extras.items())
         line = (f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} "
                 f"{self._service} {record.getMessage()}" + (f" {tail}" if tail else ""))
         if record.exc_info:
@@ -74,8 +149,12 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(service: str, level: str = "INFO", fmt: str = "json",
+                  handler: logging.Handler | None = None) -> logging.Handler:
+    """Makes `handler` (default: stderr) the root logger's only handler, formatting with JsonFormatter or
+    TextFormatter, at `level`, and installs the `extra` guard. Tests pass a handler of their own."""
+    install_extra_guard()
+    handler = handler if handler is not None else logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -83,3 +162,4 @@ def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     # Third-party chatter that would drown the service's own lines.
     for noisy in ("uvicorn.access", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    return handler

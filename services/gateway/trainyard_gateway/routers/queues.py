@@ -34,7 +34,7 @@ async def list_queues(_: Principal, deps: Deps) -> QueueList:
 async def put_queue(name: str, body: QueuePut, principal: AdminPrincipal, deps: Deps, response: Response) -> Queue:
     queue, created = await deps.scheduler.put_queue(_checked_name(name), body)
     response.status_code = 201 if created else 200
-    log.info("queue stored", extra={"queue": name, "created": created, "operator": principal.user})
+    log.info("queue stored", extra={"queue": name, "was_created": created, "operator": principal.user})
     return queue
 
 

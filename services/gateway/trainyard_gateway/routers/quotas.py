@@ -49,7 +49,7 @@ async def get_quota(team: str, principal: Principal, deps: Deps) -> Quota:
 async def put_quota(team: str, body: QuotaPut, principal: AdminPrincipal, deps: Deps, response: Response) -> Quota:
     quota, created = await deps.scheduler.put_quota(_checked_team(team), body)
     response.status_code = 201 if created else 200
-    log.info("quota stored", extra={"team": team, "created": created, "operator": principal.user})
+    log.info("quota stored", extra={"team": team, "was_created": created, "operator": principal.user})
     return quota
 
 

@@ -52,7 +52,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         _check_queue_name(request.queue.name, "queue.name")
         queue = convert.queue_from_pb(request.queue)
         created = await self._repo.put_queue(queue)
-        log.info("queue stored", extra={"queue": queue.name, "created": created, "tier": queue.tier,
+        log.info("queue stored", extra={"queue": queue.name, "was_created": created, "tier": queue.tier,
                                         "max_gpus": queue.max_gpus, "node_labels": dict(queue.node_labels)})
         self._changed()
         return policy_pb2.PutQueueResponse(queue=convert.queue_to_pb(queue), created=created)
@@ -86,7 +86,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         _check_team(request.quota.team, "quota.team")
         quota = convert.quota_from_pb(request.quota)
         created = await self._repo.put_quota(quota)
-        log.info("quota stored", extra={"team": quota.team, "created": created, "weight": quota.weight,
+        log.info("quota stored", extra={"team": quota.team, "was_created": created, "weight": quota.weight,
                                         "limits": {m: [x.nominal, x.borrow_limit] for m, x in quota.limits.items()}})
         self._changed()
         return policy_pb2.PutQuotaResponse(quota=convert.quota_to_pb(quota), created=created)
