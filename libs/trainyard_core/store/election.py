@@ -5,6 +5,11 @@ create revision is the leader's **epoch**: it only ever grows, and `fence()` giv
 leader write must carry, so a deposed leader (lease expired, key re-created by another) can never commit.
 Losing the lease (keepalive says 0, or the store unreachable for longer than the TTL) ends leadership;
 `lost` is set and the owner must stop acting as leader at once.
+
+A candidate that does not lead reads the leader key on every round of its campaign, so it always knows who
+leads now (`campaign(observe=...)` hears each change): a standby names the leader to the callers it refuses
+(NotLeader), and a name read once would go stale when the leader changes while it waits, or stay empty for
+good when that one read failed (an etcd member lost at that moment).
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-from ..errors import Unavailable
-from .api import Compare, Put, Store, absent
+from ..errors import FailedPrecondition, Unavailable
+from .api import Compare, KeyValue, Put, Store, absent
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +43,60 @@ class LeaderElection:
         kv = await self._store.get(self._key)
         return kv.value.decode() if kv else ""
 
-    async def campaign(self, stop: asyncio.Event | None = None) -> int:
-        """Block until this candidate leads (returns the epoch) or `stop` is set (returns 0)."""
+    def _leader_in(self, kv: KeyValue | None) -> str:
+        """Who leads, given the leader key: '' when nobody does. The key may still name this candidate
+        with a lease of an earlier term (it lost the lease, or never heard its own write succeed): nobody
+        leads then until that lease expires, and naming ourselves would send callers back to us."""
+        if kv is None:
+            return ""
+        who = kv.value.decode()
+        return "" if who == self.identity and kv.lease != self.lease_id else who
+
+    async def campaign(self, stop: asyncio.Event | None = None, *,
+                       observe: Callable[[str], None] | None = None) -> int:
+        """Block until this candidate leads (returns the epoch) or `stop` is set (returns 0).
+
+        Every round reads the leader key first; `observe` is called with who leads ('' for nobody) each
+        time that changes, so it is at most one round (about half a second) behind. While the store cannot
+        be read the last answer stands: the leader most likely still leads, and whoever is sent to it
+        learns soon enough if it does not."""
+        told: str | None = None
+
+        def tell(who: str) -> None:
+            nonlocal told
+            if observe is not None and who != told:
+                told = who
+                observe(who)
+
         while stop is None or not stop.is_set():
             try:
                 if not self.lease_id:
                     self.lease_id = await self._store.grant_lease(self._ttl)
-                res = await self._store.txn([absent(self._key)],
-                                            [Put(self._key, self.identity.encode(), self.lease_id)])
-                if res.succeeded:
+                kv = await self._store.get(self._key)
+                if kv is None:
+                    await self._store.txn([absent(self._key)],
+                                          [Put(self._key, self.identity.encode(), self.lease_id)])
+                    # Whoever won, this candidate or a rival: the key says.
                     kv = await self._store.get(self._key)
-                    if kv is not None and kv.lease == self.lease_id:
-                        self.epoch = kv.create_revision
-                        self.lost.clear()
-                        self._keeper = asyncio.create_task(self._keep(), name="leader keepalive")
-                        log.info("became leader", extra={"epoch": self.epoch})
-                        return self.epoch
+                # Bound to our lease, the key is ours, also when an earlier round's write raised but had
+                # succeeded (its outcome was unknown): the lease is kept across failures for this.
+                if kv is not None and kv.lease == self.lease_id:
+                    self.epoch = kv.create_revision
+                    self.lost.clear()
+                    self._keeper = asyncio.create_task(self._keep(), name="leader keepalive")
+                    tell(self.identity)
+                    log.info("became leader", extra={"epoch": self.epoch})
+                    return self.epoch
+                tell(self._leader_in(kv))
                 # Somebody else leads: keep our lease fresh and try again shortly. The leader's lease
                 # bounds how long this takes after it dies.
                 if await self._store.keepalive(self.lease_id) == 0:
                     self.lease_id = 0
+            except FailedPrecondition as exc:  # our lease expired while the store was unreachable
+                log.warning("election: lease gone, taking a new one: %s", exc)
+                self.lease_id = 0
             except Unavailable as exc:
                 log.warning("election: store unavailable: %s", exc)
-                self.lease_id = 0
             await self._sleep(min(0.5, self._ttl / 4), stop)
         return 0
 

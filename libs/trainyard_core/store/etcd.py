@@ -3,6 +3,11 @@
 Several endpoints may be given (a 3-member cluster); on a connection failure the store moves to the next
 endpoint for the following calls. Writes are not retried here: their outcome is unknown after a failure,
 and callers re-read and retry through their own compare-and-swap loops.
+
+Every call notes the connection generation it started on, and a failure moves to the next endpoint only if
+no other call has moved since: when a member dies, all the calls in flight on it fail together, and each of
+them stepping on would skip the healthy members (with three endpoints, three failures land back on the dead
+one), costing the next call another failure, or a whole timeout where the member hangs.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class EtcdStore:
         self._current = 0
         self._timeout = timeout
         self._client: aetcd.Client | None = None
+        self._generation = 0  # grows each time the store moves to another endpoint
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
         self._retired: set[aetcd.Client] = set()
@@ -85,16 +91,23 @@ class EtcdStore:
             async with self._lock:
                 if self._client is None:
                     host, port = self._endpoints[self._current]
-                    client = aetcd.Client(host=host, port=port, timeout=int(self._timeout) or None,
-                                          connect_wait_timeout=int(self._timeout))
+                    # Floats: int() made a 0.5 s deadline none at all, and 1.5 s one second.
+                    client = aetcd.Client(host=host, port=port, timeout=self._timeout,
+                                          connect_wait_timeout=self._timeout)
                     await client.connect()
                     self._client = client
         return self._client
 
-    async def _fail(self, exc: BaseException) -> Unavailable:
+    async def _fail(self, exc: BaseException, generation: int) -> Unavailable:
+        """`exc` ended a call that started on connection `generation`: move to the next endpoint, unless
+        another failed call already has."""
+        if generation != self._generation:
+            return _unavailable(exc, "an endpoint since left")
         err = _unavailable(exc, self.endpoint)
+        self._generation += 1
         client, self._client = self._client, None
         self._current = (self._current + 1) % len(self._endpoints)
+        log.info("etcd: moving to the next endpoint", extra={"endpoint": self.endpoint, "reason": str(err)})
         if client is not None:
             # Closing may wait on aetcd's watch stream of a dead member; never let the failing call (and
             # its caller's deadline) wait for that.
@@ -117,11 +130,12 @@ class EtcdStore:
         # Reads are safe to retry on the next endpoint.
         last: BaseException | None = None
         for _ in range(len(self._endpoints)):
+            generation = self._generation
             try:
                 client = await self._get_client()
                 return await client.kvstub.Range(request, timeout=self._timeout, metadata=client.metadata)
             except _CONNECTION_ERRORS as exc:
-                last = await self._fail(exc)
+                last = await self._fail(exc, generation)
         assert last is not None
         raise last
 
@@ -138,6 +152,7 @@ class EtcdStore:
     # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
     # member), the caller gets Unavailable within a bounded time, never a hang.
     async def _bounded(self, what: str, call: Awaitable[T]) -> T:
+        generation = self._generation
         task = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({task}, timeout=self._timeout + 1)
@@ -149,7 +164,8 @@ class EtcdStore:
             # exactly the hang this bound exists to prevent.
             task.cancel()
             task.add_done_callback(_consume)
-            raise await self._fail(TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s"))
+            late = TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s")
+            raise await self._fail(late, generation)
         if task.cancelled():
             # Nobody cancelled us: grpc.aio cancels the calls of a channel that is closed under them (a
             # reconnect after another call failed). That is an unavailable store, not a cancellation — let
@@ -184,12 +200,13 @@ class EtcdStore:
         await self._bounded("revoke_lease", self._revoke_lease_impl(lease_id))
 
     async def _delete_impl(self, key: str) -> bool:
+        generation = self._generation
         try:
             client = await self._get_client()
             resp = await client.kvstub.DeleteRange(rpc.DeleteRangeRequest(key=key.encode()),
                                                    timeout=self._timeout, metadata=client.metadata)
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         return bool(resp.deleted)
 
     @staticmethod
@@ -220,6 +237,7 @@ class EtcdStore:
         request = rpc.TxnRequest(compare=[self._compare(c) for c in compares],
                                  success=[self._request_op(o) for o in success],
                                  failure=[self._request_op(o) for o in failure])
+        generation = self._generation
         try:
             client = await self._get_client()
             resp = await client.kvstub.Txn(request, timeout=self._timeout, metadata=client.metadata)
@@ -228,17 +246,18 @@ class EtcdStore:
                 raise FailedPrecondition(f"etcd refused the transaction: {exc.details()}") from exc
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument(f"etcd refused the transaction: {exc.details()}") from exc
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         return TxnResult(bool(resp.succeeded), resp.header.revision)
 
     async def watch(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
+        generation = self._generation
         try:
             client = await self._get_client()
             watch = await client.watch_prefix(prefix.encode(), start_revision=start_revision or None)
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         try:
             async for event in watch:
                 kv = event.kv
@@ -249,7 +268,7 @@ class EtcdStore:
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise WatchCompacted(exc.compacted_revision) from exc
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -264,33 +283,36 @@ class EtcdStore:
                 log.debug("watch cancel failed", exc_info=True)
 
     async def _grant_lease_impl(self, ttl_seconds: int) -> int:
+        generation = self._generation
         try:
             client = await self._get_client()
             lease = await client.lease(ttl_seconds)
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         return int(lease.id)
 
     async def _keepalive_impl(self, lease_id: int) -> int:
+        generation = self._generation
         try:
             client = await self._get_client()
             reply = await client.refresh_lease(lease_id)
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         return int(reply.TTL) if reply is not None else 0
 
     async def _revoke_lease_impl(self, lease_id: int) -> None:
+        generation = self._generation
         try:
             client = await self._get_client()
             await client.revoke_lease(lease_id)
         except aetcd.exceptions.ClientError as exc:
             if "not found" in str(exc).lower():
                 return
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
         except _CONNECTION_ERRORS as exc:
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.NOT_FOUND:
                 return
-            raise await self._fail(exc) from exc
+            raise await self._fail(exc, generation) from exc
 
     async def close(self) -> None:
         client, self._client = self._client, None

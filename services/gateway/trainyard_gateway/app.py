@@ -130,7 +130,8 @@ class GatewayApp:
         self._agents = AgentClients(timeout_s=s.request_timeout_s)
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
                            scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s,
-                                                     leader_channel=self._leader_channel))
+                                                     leader_channel=self._leader_channel,
+                                                     replicas=s.scheduler_address.split(",")))
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)

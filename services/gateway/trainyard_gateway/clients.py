@@ -8,6 +8,7 @@ handler maps to an HTTP status. Channels are created here but owned by whoever b
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar, cast
 
@@ -17,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.errors import Unavailable
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.rpc.server import insecure_channel
 
@@ -28,6 +30,9 @@ from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
 
 T = TypeVar("T")
+# A NodeService call, given the stub to send it on and the seconds it may take.
+NodeCall = Callable[[scheduler_pb2_grpc.NodeServiceStub, float], Awaitable[T]]
+LEADER_METADATA = "trainyard-leader"
 
 
 async def _call(what: str, call: Awaitable[T]) -> T:
@@ -42,38 +47,77 @@ class SchedulerClient:
     callers)."""
 
     def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float,
-                 leader_channel: Callable[[str], grpc.aio.Channel] | None = None) -> None:
+                 leader_channel: Callable[[str], grpc.aio.Channel] | None = None,
+                 replicas: Sequence[str] = ()) -> None:
         self._jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         self._nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
         self._policy = policy_pb2_grpc.PolicyServiceStub(channel)
         self._health = health_pb2_grpc.HealthStub(channel)
         self._timeout = timeout_s
+        # Channels to one replica by address (cached by their owner); without it, only `channel` is used.
         self._leader_channel = leader_channel
-        # The leader's NodeService, once a standby named it; None: use the main channel.
-        self._leader_nodes: scheduler_pb2_grpc.NodeServiceStub | None = None
+        # Every configured replica, asked in turn when a refusal does not say who leads.
+        self._replicas = list(replicas) if leader_channel is not None else []
+        self._stubs: dict[str, scheduler_pb2_grpc.NodeServiceStub] = {}
+        # The leader's address, once a replica named it and it answered; '': use the main channel.
+        self._leader = ""
 
-    async def _on_leader(self, call: Callable[[scheduler_pb2_grpc.NodeServiceStub], Awaitable[T]]) -> T:
+    def _stub(self, address: str) -> scheduler_pb2_grpc.NodeServiceStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            assert self._leader_channel is not None
+            stub = self._stubs[address] = scheduler_pb2_grpc.NodeServiceStub(self._leader_channel(address))
+        return stub
+
+    async def _on_leader(self, call: NodeCall[T]) -> T:
         """NodeService calls must reach the leader (only it hears the agents' heartbeats). Any replica
-        answers job calls, so the main channel may be on a standby: a standby refuses node calls with
-        UNAVAILABLE naming the leader (`trainyard-leader` metadata), and the call is sent there instead;
-        the leader is remembered until it stops answering."""
-        if self._leader_nodes is not None:
+        answers job calls, so the main channel may be on a standby, and a standby refuses node calls with
+        UNAVAILABLE, naming the leader when it knows it (`trainyard-leader` metadata).
+
+        Asked in order, each at most once, all within one call's deadline: the leader remembered from an
+        earlier call, the main channel, then whoever a refusal names, and — when a refusal names nobody (a
+        replica that does not know yet, or one that is down) — every configured replica in turn, so a
+        leader that exists is found whatever the replica in front of it knows. Node calls are reads and
+        the idempotent cordon, so sending one to several replicas is safe; only the leader acts on it."""
+        deadline = time.monotonic() + self._timeout
+        queue: list[str | None] = [self._leader] if self._leader else []
+        queue.append(None)  # None: the main channel
+        tried: set[str | None] = set()
+        first: grpc.aio.AioRpcError | None = None
+        named: grpc.aio.AioRpcError | None = None  # the refusal of a replica another one named as leader
+        hinted: set[str] = set()
+        while queue:
+            target = queue.pop(0)
+            if target in tried:
+                continue
+            tried.add(target)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
-                return await call(self._leader_nodes)
+                result = await call(self._nodes if target is None else self._stub(target), left)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, "scheduler") from exc
-                self._leader_nodes = None  # the leader moved or died: ask the replicas again
-        try:
-            return await call(self._nodes)
-        except grpc.aio.AioRpcError as exc:
-            leader = dict(exc.trailing_metadata() or ()).get("trainyard-leader", "")
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or not leader or self._leader_channel is None:
-                raise from_rpc_error(exc, "scheduler") from exc
-        stub = scheduler_pb2_grpc.NodeServiceStub(self._leader_channel(str(leader)))
-        result = await _call("scheduler", call(stub))
-        self._leader_nodes = stub
-        return result
+                first = first or exc
+                if target is not None and target in hinted:
+                    named = exc
+                if target is not None and target == self._leader:
+                    self._leader = ""  # it moved or died
+                leader = str(dict(exc.trailing_metadata() or ()).get(LEADER_METADATA, ""))
+                if leader and self._leader_channel is not None:
+                    hinted.add(leader)
+                    queue.insert(0, leader)
+                elif not leader:
+                    queue.extend(r for r in self._replicas if r not in tried)
+                continue
+            if target is not None:
+                self._leader = target
+            return result
+        last = named or first
+        if last is None:
+            raise Unavailable(f"no scheduler replica answered within {self._timeout:g}s")
+        raise from_rpc_error(last, "scheduler") from last
 
     async def submit_job(self, spec: JobSubmit, *, team: str, user: str, idempotency_key: str = "") -> Job:
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
@@ -100,18 +144,18 @@ class SchedulerClient:
         return convert.job_from_pb(reply.job)
 
     async def list_nodes(self) -> list[Node]:
-        reply = await self._on_leader(lambda nodes: nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
-                                                                    timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes, left: nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
+                                                                          timeout=left))
         return [convert.node_from_pb(n) for n in reply.nodes]
 
     async def get_node(self, node_id: str) -> Node:
-        reply = await self._on_leader(lambda nodes: nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
-                                                                  timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes, left: nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
+                                                                        timeout=left))
         return convert.node_from_pb(reply.node)
 
     async def cordon_node(self, node_id: str, *, cordoned: bool, reason: str) -> Node:
         request = scheduler_pb2.CordonNodeRequest(node_id=node_id, cordoned=cordoned, reason=reason)
-        reply = await self._on_leader(lambda nodes: nodes.CordonNode(request, timeout=self._timeout))
+        reply = await self._on_leader(lambda nodes, left: nodes.CordonNode(request, timeout=left))
         return convert.node_from_pb(reply.node)
 
     async def list_queues(self) -> list[Queue]:

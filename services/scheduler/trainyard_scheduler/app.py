@@ -89,13 +89,13 @@ class SchedulerApp:
     async def _lead(self, election: LeaderElection, repo: Repository) -> None:
         s = self.settings
         while not self._stop.is_set():
-            self.leadership.leader = await self._safe_leader(election)
-            epoch = await election.campaign(self._stop)
+            # Who leads is kept fresh while campaigning (not read once before): a standby names the leader
+            # to the callers it refuses, and they follow that name (the gateway's node calls).
+            epoch = await election.campaign(self._stop, observe=self.leadership.observe)
             if not epoch:
                 return
             self.liveness.reset()
-            self.leadership.epoch = epoch
-            self.leadership.leader = election.identity
+            self.leadership.epoch = epoch  # the campaign has already observed this replica as the leader
             metrics.IS_LEADER.set(1)
             self.reconciler = Reconciler(
                 repo=repo, mirror=self._mirror, liveness=self.liveness, agents=self._agents,
@@ -113,6 +113,8 @@ class SchedulerApp:
                 _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 for p in pending:
                     p.cancel()
+                # Refuse leader calls at once, not only once the reconciler's cycle has ended.
+                self.leadership.step_down()
                 stop_term.set()
 
             watcher = asyncio.create_task(watch_loss())
@@ -120,15 +122,9 @@ class SchedulerApp:
             await self.reconciler.run(stop_term)
             watcher.cancel()
             ticker.cancel()
-            self.leadership.epoch = 0
+            self.leadership.step_down()
             metrics.IS_LEADER.set(0)
             log.warning("leadership ended", extra={"epoch": epoch})
-
-    async def _safe_leader(self, election: LeaderElection) -> str:
-        try:
-            return await election.current_leader()
-        except Exception:
-            return ""
 
     async def stop(self) -> None:
         self._stop.set()
