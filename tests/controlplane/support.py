@@ -292,9 +292,11 @@ def new_scheduler_leader(etcd: Etcd, old_identity: str) -> tuple[str, int] | Non
     return got if got is not None and got[0] != old_identity else None
 
 
-def leader_ready_nodes(etcd: Etcd) -> set[str]:
+def leader_ready_nodes(etcd: Etcd, *, heard: bool = False) -> set[str]:
     """The nodes the scheduler leader (found through its key in etcd) holds ready, asked directly: only
-    the leader hears heartbeats, so this is the authoritative view ({} while there is no leader)."""
+    the leader hears heartbeats, so this is the authoritative view ({} while there is no leader). With
+    `heard`, only those it has also had a heartbeat from: a leader just elected holds the nodes ready it
+    found ready (the failover grace) before their agents have found it."""
     leader = etcd.scheduler_leader()
     if leader is None:
         return set()
@@ -304,7 +306,8 @@ def leader_ready_nodes(etcd: Etcd) -> set[str]:
                                                                            timeout=5)
         except grpc.RpcError:
             return set()
-    return {n.node_id for n in reply.nodes if n.state == types_pb2.NODE_STATE_READY}
+    return {n.node_id for n in reply.nodes
+            if n.state == types_pb2.NODE_STATE_READY and (not heard or n.HasField("last_heartbeat"))}
 
 
 # --- watching a fault ------------------------------------------------------------------------------------
