@@ -24,7 +24,9 @@ from pathlib import Path
 
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
 
-DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "a100x4"))
+# Two nodes of one model, so a newcomer's first multi-node job (the minimal spec, one model per gang) runs,
+# and one of another model, so heterogeneous placement is on show.
+DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "h100x8"), ("node-3", "a100x4"))
 
 
 @dataclass
@@ -318,5 +320,5 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--workdir", default=".trainyard", help="state, logs and local.env (default .trainyard)")
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (default 8080; busy → a free one)")
     p.add_argument("--node", action="append", metavar="NAME=PROFILE",
-                   help="a simulated node, e.g. node-1=h100x8 (repeatable; default node-1=h100x8 node-2=a100x4)")
+                   help="a simulated node, e.g. node-1=h100x8 (repeatable; default node-1=h100x8 node-2=h100x8 node-3=a100x4)")
     p.set_defaults(func=up)

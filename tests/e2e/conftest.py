@@ -1,4 +1,4 @@
-"""The local cluster's real processes (etcd, scheduler, checkpoint-store, gateway, two simulated nodes),
+"""The local cluster's real processes (etcd, scheduler, checkpoint-store, gateway, the default simulated nodes),
 started once for the e2e module that asks for them."""
 
 from __future__ import annotations
@@ -82,6 +82,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def api(cluster: LocalCluster) -> Iterator[Api]:
     a = Api(cluster)
-    a.wait_nodes_ready(2)
+    a.wait_nodes_ready(len(cluster.nodes))
     yield a
     a.http.close()

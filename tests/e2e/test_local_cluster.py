@@ -16,12 +16,22 @@ PROGRAMS = Path(__file__).parent / "programs"
 
 
 def test_two_node_torch_job_succeeds_and_logs_show_both_ranks(api: Api) -> None:
+    """The README tour's minimal spec, as a newcomer sends it: no accelerator, no allow_mixed. The default
+    cluster has two H100 nodes, so one gang of one model fits."""
     job = api.submit({"name": "allreduce", "command": [sys.executable, str(PROGRAMS / "allreduce.py")],
-                      "resources": {"nodes": 2, "gpus_per_node": 1, "allow_mixed": True}})
+                      "resources": {"nodes": 2, "gpus_per_node": 1}})
     assert job["state"] == "pending"
     done = api.wait(job["id"], {"succeeded"}, timeout=120)
     assert sorted(e["rank"] for e in done["exits"]) == [0, 1]
     assert {a["node_id"] for a in done["placement"]} == {"node-1", "node-2"}
+
+
+def test_mixed_models_gang_uses_the_other_model(api: Api) -> None:
+    """Heterogeneity on the default cluster: three nodes need both models, which allow_mixed permits."""
+    job = api.submit({"name": "mixed", "command": [sys.executable, "-c", "pass"],
+                      "resources": {"nodes": 3, "gpus_per_node": 1, "allow_mixed": True}})
+    done = api.wait(job["id"], {"succeeded"}, timeout=120)
+    assert {a["node_id"] for a in done["placement"]} == {"node-1", "node-2", "node-3"}
     logs = api.http.get(f"/v1/jobs/{job['id']}/logs").text
     assert "[rank 0] rank 0/2 node 0 local 0 gpu 0 allreduce=1 expected=1" in logs
     assert "[rank 1] rank 1/2 node 1 local 0 gpu 0 allreduce=1 expected=1" in logs
@@ -48,7 +58,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_cancel_kills_workers_and_frees_gpus(api: Api, tmp_path: Path) -> None:
-    # Take every GPU of node-2 (a100x4) so the follow-up job can only run once they are freed.
+    # Take every GPU of node-3 (a100x4) so the follow-up job can only run once they are freed.
     job = api.submit({"name": "to-cancel", "command": [sys.executable, str(PROGRAMS / "record_pid_and_wait.py"),
                                                        str(tmp_path)],
                       "resources": {"nodes": 1, "gpus_per_node": 4, "accelerator": "A100-SXM4-40GB"}})
