@@ -36,8 +36,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from trainyard_core.store import Put, absent, mod_revision_is
+from trainyard_core.store import Compare, KeyValue, Put, absent, mod_revision_is
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.mirror import PrefixMirror
 from trainyard_core.testing import etcd as etcd_proc
 from trainyard_scheduler.domain.jobs import admit
 from trainyard_scheduler.domain.models import Allocation, Job, JobSpec, JobState, Node, Resources, TopologyRequest
@@ -50,6 +51,7 @@ from trainyard_scheduler.settings import SchedulerSettings
 from trainyard_scheduler.sim import FleetShape, SimResult, Simulator, TraceJob, gang_fifo, make_fleet, synthetic_trace
 from trainyard_scheduler.sim.simulator import BUCKETS, PlaceFn
 from trainyard_scheduler.state.codec import encode_allocation, encode_job
+from trainyard_scheduler.state.holdings import encode_holding, gpus_by_node
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
 
@@ -200,16 +202,28 @@ def _offset(call: Callable[[int], Awaitable[None]], lo: int, i: int) -> Awaitabl
 async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: str) -> dict[str, float]:
     """Three arms over the same decisions, each under its own key prefix, in alternating rounds:
     raw (`Store.txn` with the records' bytes encoded beforehand), raw+encode (the same with the JSON encoding
-    inside the timed part), and `Repository.commit_placement`."""
+    inside the timed part), and `Repository.commit_placement` as the leader runs it: with the GPU holdings of
+    every node of the gang compared and written in the same transaction, read from a mirror of the prefix.
+    The raw arms keep the shape without holdings, so the ratio prices them in."""
     store = EtcdStore(endpoint)
+    mirror: PrefixMirror | None = None
     try:
         run_id = uuid.uuid4().hex[:8]
-        keys = {arm: Keys(f"/bench-{run_id}/{arm}") for arm in ("raw", "encode", "repo")}
-        repo = Repository(store, keys["repo"])
+        keys = {arm: Keys(f"/bench-{run_id}/{arm}") for arm in ("raw", "guarded", "encode", "repo")}
+        mirror = PrefixMirror(store, keys["repo"].prefix + "/")
+        await mirror.start()
+        items = mirror.items
+
+        async def from_mirror(key: str) -> KeyValue | None:
+            return items.get(key)
+        repo = Repository(store, keys["repo"], holdings_source=from_mirror)
         payloads = [(encode_job(pending), encode_job(admitted), encode_allocation(alloc))
                     for pending, admitted, alloc in records]
+        # The holdings each gang writes, for the raw arm of the same shape (one compare and write per node).
+        holdings = [[(node_id, encode_holding({admitted.id: gpus})) for node_id, gpus in gpus_by_node(alloc).items()]
+                    for _, admitted, alloc in records]
         # Setup (not timed): the pending job records every arm compares against.
-        for arm in ("raw", "encode"):
+        for arm in ("raw", "guarded", "encode"):
             prefix = keys[arm]
 
             async def put_pending(i: int, k: Keys = prefix) -> None:
@@ -230,6 +244,18 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
                                   [Put(k.job(job_id), payloads[i][1]), Put(k.allocation(job_id), payloads[i][2])])
             failures += not res.succeeded
 
+        async def guarded(i: int) -> None:
+            # The transaction commit_placement sends, raw: its holdings compares always hold here, so the
+            # arms' order cannot make it fail; etcd does the same work per operation.
+            nonlocal failures
+            job_id, k = records[i][0].id, keys["guarded"]
+            res = await store.txn([mod_revision_is(k.job(job_id), revs["guarded"][job_id]),
+                                   absent(k.allocation(job_id)),
+                                   *(Compare(k.holdings(n), "version", ">", -1) for n, _ in holdings[i])],
+                                  [Put(k.job(job_id), payloads[i][1]), Put(k.allocation(job_id), payloads[i][2]),
+                                   *(Put(k.holdings(n), v) for n, v in holdings[i])])
+            failures += not res.succeeded
+
         async def encode(i: int) -> None:
             nonlocal failures
             _, admitted, alloc = records[i]
@@ -244,7 +270,8 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
             _, admitted, alloc = records[i]
             await repo.commit_placement(admitted, revs["repo"][admitted.id], alloc)
 
-        arms: dict[str, Callable[[int], Awaitable[None]]] = {"raw": raw, "encode": encode, "repo": commit}
+        arms: dict[str, Callable[[int], Awaitable[None]]] = {"raw": raw, "guarded": guarded, "encode": encode,
+                                                              "repo": commit}
         took = dict.fromkeys(arms, 0.0)
         per_round = len(records) // ROUNDS
         for r in range(ROUNDS):
@@ -256,10 +283,13 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
             raise RuntimeError(f"{failures} raw transactions failed their compares")
         sizes = [len(p[1]) + len(p[2]) for p in payloads]
         return {"etcd_txn_per_s": n / took["raw"], "etcd_txn_with_encode_per_s": n / took["encode"],
+                "etcd_txn_with_holdings_per_s": n / took["guarded"],
                 "commit_per_s": n / took["repo"], "commits_each": float(n),
                 "commit_payload_bytes_mean": statistics.mean(sizes),
                 "commit_payload_bytes_max": float(max(sizes))}
     finally:
+        if mirror is not None:
+            await mirror.stop()
         await store.close()
 
 
@@ -461,6 +491,9 @@ def run(size: Config = Config()) -> dict[str, float]:
     })
     figures.update(etcd)
     figures["commit_vs_etcd_txn"] = etcd["commit_per_s"] / etcd["etcd_txn_per_s"]
+    # What the store-side GPU guard costs etcd itself, and the commit path against that same transaction.
+    figures["holdings_txn_vs_etcd_txn"] = etcd["etcd_txn_with_holdings_per_s"] / etcd["etcd_txn_per_s"]
+    figures["commit_vs_etcd_txn_with_holdings"] = etcd["commit_per_s"] / etcd["etcd_txn_with_holdings_per_s"]
     figures["commit_vs_etcd_txn_with_encode"] = etcd["commit_per_s"] / etcd["etcd_txn_with_encode_per_s"]
     figures["wall_s"] = time.perf_counter() - t_start
     _print(figures)
@@ -489,7 +522,10 @@ def _print(f: dict[str, float]) -> None:
         ("p99_decision_ms_128node_main", f"  comparison run ({int(f['samples_128node_main'])})"),
         ("p99_decision_ms_128node_saturated", f"  saturation run ({int(f['samples_128node_saturated'])})"),
         ("p99_decision_ms_128node_burst", f"  burst on the busiest snapshot ({int(f['samples_128node_burst'])})"),
-        ("commit_vs_etcd_txn", "Repository.commit_placement / raw etcd txn rate"),
+        ("commit_vs_etcd_txn", "Repository.commit_placement / raw etcd txn rate (job + allocation only)"),
+        ("commit_vs_etcd_txn_with_holdings", "  commits / the same transaction raw (holdings per node included)"),
+        ("holdings_txn_vs_etcd_txn", "  raw txn with holdings / raw txn without: the GPU guard's etcd cost"),
+        ("etcd_txn_with_holdings_per_s", "  raw txns / s with one holdings compare and write per node"),
         ("commit_per_s", "  commits / s (64 in flight)"),
         ("etcd_txn_per_s", "  raw txns / s (64 in flight, records encoded beforehand)"),
         ("etcd_txn_with_encode_per_s", "  raw txns / s with the JSON encoding inside"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -250,6 +251,8 @@ async def test_the_store_refuses_a_gang_decided_on_stale_holdings(key_prefix: st
     keys = Keys(key_prefix.rstrip("/"))
     store = HeldWatch(MemoryStore(), keys)
     first = Repository(store, keys)
+    node = make_node("node-1", gpus=8)
+    await first.modify_node(node.node_id, lambda _: node)
     for job_id in ("job-a", "job-c"):
         await first.create_job(make_job(job_id, gpus=8))
     a = await first.get_job("job-a")
@@ -267,7 +270,28 @@ async def test_the_store_refuses_a_gang_decided_on_stale_holdings(key_prefix: st
     assert store.violations == []
 
 
-def _alloc(job_id: str) -> Allocation:
+def _alloc(job_id: str, node_id: str = "node-1", gpus: tuple[int, ...] = tuple(range(8))) -> Allocation:
     return Allocation(job_id=job_id, attempt=1, assignments=(NodeAssignment(
-        node_id="node-1", node_rank=0, gpu_indices=tuple(range(8)), ranks=tuple(range(8)), model="H100"),),
-        master_addr="node-1.host", master_port=29500, created_at=0.0)
+        node_id=node_id, node_rank=0, gpu_indices=gpus, ranks=tuple(range(len(gpus))), model="H100"),),
+        master_addr=f"{node_id}.host", master_port=29500, created_at=0.0)
+
+
+
+
+async def test_gangs_sharing_a_node_in_one_cycle_both_commit(key_prefix: str, etcd_store: EtcdStore) -> None:
+    """Two gangs on disjoint GPUs of one node, committed concurrently (as one cycle's decisions are): the
+    second waits for the first's transaction and compares the holdings it left, so both land, and the
+    node's holdings list both."""
+    keys = Keys(key_prefix.rstrip("/"))
+    repo = Repository(etcd_store, keys)
+    node = make_node("node-1", gpus=8)
+    await repo.modify_node(node.node_id, lambda _: node)
+    for job_id in ("job-a", "job-b"):
+        await repo.create_job(make_job(job_id, gpus=4))
+    a, b = await repo.get_job("job-a"), await repo.get_job("job-b")
+    assert a is not None and b is not None
+    await asyncio.gather(repo.commit_placement(a[0], a[1], _alloc("job-a", gpus=(0, 1, 2, 3))),
+                         repo.commit_placement(b[0], b[1], _alloc("job-b", gpus=(4, 5, 6, 7))))
+    held = await etcd_store.get(keys.holdings("node-1"))
+    assert held is not None
+    assert json.loads(held.value) == {"jobs": {"job-a": [0, 1, 2, 3], "job-b": [4, 5, 6, 7]}}

@@ -121,3 +121,4 @@ async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_endpoi
         assert [g.health_reason for g in stored.gpus] == [f"XID 79 on {i}" for i in range(8)]
     finally:
         await store.close()
+

@@ -17,8 +17,13 @@ from pathlib import Path
 
 ETCD_MISSING = (
     "etcd is not installed. On Debian/Ubuntu run: sudo apt-get install -y etcd-server "
-    "(or `make deps`, which does it when run as root)."
+    "(`make run` and `make test` do it when run as root)."
 )
+
+# What the local and test clusters run etcd with (docs/operations.md asks the same of production):
+# the largest gang the API admits, contract.MAX_NODES, needs MAX_NODES + 3 operations in one transaction.
+MAX_TXN_OPS = 4200
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
 
 
 def find_etcd() -> str:
@@ -64,6 +69,9 @@ class EtcdProcess:
             "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_port}",
             "--initial-cluster", cluster, "--initial-cluster-state", state,
             "--heartbeat-interval", "10", "--election-timeout", "100",
+            # A gang's placement is one transaction of nodes + 3 operations (the scheduler probes the limit
+            # and refuses larger gangs at submit): room for the API's largest gang, as production configures.
+            "--max-txn-ops", str(MAX_TXN_OPS), "--max-request-bytes", str(MAX_REQUEST_BYTES),
             "--log-level", "warn", *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime

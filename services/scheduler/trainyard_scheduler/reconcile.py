@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, TrainyardError, Unavailable
+from trainyard_core.errors import Conflict, InvalidArgument, TrainyardError, Unavailable
 from trainyard_core.logs import log_context
 from trainyard_core.store.mirror import PrefixMirror
 
@@ -229,6 +229,7 @@ class Reconciler:
         A cycle starts only from a mirror that holds every write this leader has made (read-your-writes),
         and the first only once the mirror has reached the revision at which this leader won (its epoch):
         decisions are never taken on a view that misses this leader's own placements."""
+        self._repo.holdings.reset()  # what a former term expected may have been overwritten since
         while not stop.is_set():
             if not await self._caught_up(stop):
                 continue
@@ -283,7 +284,7 @@ class Reconciler:
             for key, kv in list(self._mirror.items.items()):
                 if key.startswith(prefix):
                     node_id = key[len(prefix):]
-                    orphans = [j for j in decode_holding(node_id, kv).jobs if j not in snap.allocations]
+                    orphans = sorted(j for j in decode_holding(node_id, kv).jobs if j not in snap.allocations)
                     if orphans:
                         fixed += await self._repo.drop_orphan_holdings(node_id, orphans)
         except Conflict as exc:
@@ -501,6 +502,10 @@ class Reconciler:
             log.debug("write lost a race, will retry next cycle: %s", exc)
         except Unavailable as exc:
             log.warning("write failed, store unavailable: %s", exc)
+        except InvalidArgument as exc:
+            # The store refused the request itself (a transaction over etcd's --max-txn-ops or request size):
+            # only this write fails, not the cycle, which goes on with every other job.
+            log.error("the store refused a write: %s", exc)
         return False
 
     def _spawn(self, key: tuple[str, int, str, str], work: Callable[[], Awaitable[None]]) -> None:

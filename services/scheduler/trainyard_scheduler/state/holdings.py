@@ -96,6 +96,10 @@ class HoldingsLedger:
         self._kept: dict[str, NodeHolding] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
+    def reset(self) -> None:
+        """Forget the values this ledger wrote (a new leadership term: the source is the authority again)."""
+        self._kept.clear()
+
     @contextlib.asynccontextmanager
     async def locked(self, node_ids: Iterable[str]) -> AsyncIterator[None]:
         """Holds the locks of these nodes, taken in sorted order so that two gangs can never deadlock."""
