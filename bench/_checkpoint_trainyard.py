@@ -25,9 +25,10 @@ from .checkpoint import Config, evict, load_target, state_bytes
 def _store(root: Path, endpoint: str) -> tuple[Proc, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
-    env.update({"TRAINYARD_CHECKPOINT_ETCD_ENDPOINTS": endpoint, "TRAINYARD_CHECKPOINT_LISTEN_PORT": str(port),
-                "TRAINYARD_CHECKPOINT_STORAGE_URL": (root / "store").as_uri(),
-                "TRAINYARD_CHECKPOINT_READY_FILE": str(root / "store.ready"), "PYTHONUNBUFFERED": "1"})
+    env.update({"TRAINYARD_CHECKPOINT_STORE_ETCD_ENDPOINTS": endpoint,
+                "TRAINYARD_CHECKPOINT_STORE_LISTEN_PORT": str(port),
+                "TRAINYARD_CHECKPOINT_STORE_STORAGE_URL": (root / "store").as_uri(),
+                "TRAINYARD_CHECKPOINT_STORE_READY_FILE": str(root / "store.ready"), "PYTHONUNBUFFERED": "1"})
     (root / "store").mkdir(parents=True, exist_ok=True)
     proc = Proc(name="checkpoint-store", args=[sys.executable, "-m", "trainyard_checkpoint.main"], env=env,
                 log_path=root / "store.log", ready_path=root / "store.ready")

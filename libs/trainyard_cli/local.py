@@ -172,7 +172,7 @@ class LocalCluster:
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
                 "checkpoint_store_address": self.checkpoint_store_address})
         self.procs["checkpoint-store"] = self._proc(
-            "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_",
+            "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",
             {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri()})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
@@ -320,5 +320,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--workdir", default=".trainyard", help="state, logs and local.env (default .trainyard)")
     p.add_argument("--port", type=int, default=8080, help="gateway HTTP port (default 8080; busy → a free one)")
     p.add_argument("--node", action="append", metavar="NAME=PROFILE",
-                   help="a simulated node, e.g. node-1=h100x8 (repeatable; default node-1=h100x8 node-2=h100x8 node-3=a100x4)")
+                   help="a simulated node, e.g. node-1=h100x8 (repeatable; default "
+                        "node-1=h100x8 node-2=h100x8 node-3=a100x4)")
     p.set_defaults(func=up)

@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 NODES = [("node-1", "h100x8"), ("node-2", "a100x4"), ("node-3", "a100x4")]
 # Retention and GC run during the run (the defaults would wait 5 minutes for the first pass), so
 # checkpoints are deleted by the service while others are committed and restored.
-CHECKPOINT_STORE_ENV = {"TRAINYARD_CHECKPOINT_GC_INTERVAL_S": "5", "TRAINYARD_CHECKPOINT_GC_GRACE_S": "10"}
+CHECKPOINT_STORE_ENV = {"TRAINYARD_CHECKPOINT_STORE_GC_INTERVAL_S": "5", "TRAINYARD_CHECKPOINT_STORE_GC_GRACE_S": "10"}
 STRAY_DEADLINE_S = 30.0
 
 

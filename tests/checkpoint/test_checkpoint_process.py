@@ -27,11 +27,11 @@ from .checkpoint_support import Client, location_dir
 def process_env(tmp_path: Path, etcd_endpoint: str, key_prefix: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
     env.update({
-        "TRAINYARD_CHECKPOINT_ETCD_ENDPOINTS": etcd_endpoint,
-        "TRAINYARD_CHECKPOINT_ETCD_PREFIX": key_prefix.rstrip("/"),
-        "TRAINYARD_CHECKPOINT_STORAGE_URL": (tmp_path / "checkpoints").as_uri(),
-        "TRAINYARD_CHECKPOINT_READY_FILE": str(tmp_path / "ready.json"),
-        "TRAINYARD_CHECKPOINT_LOG_FORMAT": "text",
+        "TRAINYARD_CHECKPOINT_STORE_ETCD_ENDPOINTS": etcd_endpoint,
+        "TRAINYARD_CHECKPOINT_STORE_ETCD_PREFIX": key_prefix.rstrip("/"),
+        "TRAINYARD_CHECKPOINT_STORE_STORAGE_URL": (tmp_path / "checkpoints").as_uri(),
+        "TRAINYARD_CHECKPOINT_STORE_READY_FILE": str(tmp_path / "ready.json"),
+        "TRAINYARD_CHECKPOINT_STORE_LOG_FORMAT": "text",
     })
     return env
 
@@ -78,7 +78,7 @@ async def test_process_serves_until_sigterm(service: subprocess.Popen[bytes], tm
 def test_process_with_unusable_storage_exits_with_a_clear_message(process_env: dict[str, str],
                                                                    tmp_path: Path) -> None:
     (tmp_path / "blocker").write_bytes(b"")
-    process_env["TRAINYARD_CHECKPOINT_STORAGE_URL"] = (tmp_path / "blocker" / "root").as_uri()
+    process_env["TRAINYARD_CHECKPOINT_STORE_STORAGE_URL"] = (tmp_path / "blocker" / "root").as_uri()
     done = subprocess.run([sys.executable, "-m", "trainyard_checkpoint.main"], env=process_env,
                           capture_output=True, timeout=60)
     assert done.returncode == 1

@@ -24,7 +24,7 @@ async def serve(settings: CheckpointSettings, stop: asyncio.Event) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run(service="checkpoint-store", settings_cls=CheckpointSettings,
-               env_prefix="TRAINYARD_CHECKPOINT_", serve=serve, argv=argv)
+               env_prefix="TRAINYARD_CHECKPOINT_STORE_", serve=serve, argv=argv)
 
 
 if __name__ == "__main__":

@@ -65,10 +65,10 @@ class PosixStorage:
             self._root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot create checkpoint storage root {self._root}: {e.strerror} "
-                                   "(set --storage-url / TRAINYARD_CHECKPOINT_STORAGE_URL)") from e
+                                   "(set --storage-url / TRAINYARD_CHECKPOINT_STORE_STORAGE_URL)") from e
         if not os.access(self._root, os.W_OK | os.X_OK):
             raise OSError(errno.EACCES, f"checkpoint storage root {self._root} is not writable by this "
-                                        "process (set --storage-url / TRAINYARD_CHECKPOINT_STORAGE_URL)")
+                                        "process (set --storage-url / TRAINYARD_CHECKPOINT_STORE_STORAGE_URL)")
         self._real_root = Path(os.path.realpath(self._root))
 
     async def check(self) -> None:

@@ -93,7 +93,7 @@ class S3Storage:
             await asyncio.to_thread(probe)
         except FileNotFoundError:
             raise OSError(f"S3 bucket {self._bucket!r} not found at {self._endpoint or 'AWS'} "
-                          "(set --storage-url / TRAINYARD_CHECKPOINT_STORAGE_URL)") from None
+                          "(set --storage-url / TRAINYARD_CHECKPOINT_STORE_STORAGE_URL)") from None
         except Exception as e:
             raise OSError(f"cannot use S3 checkpoint storage {self.url} at {self._endpoint or 'AWS'}: "
                           f"{type(e).__name__}: {e} (check --storage-url and the s3_* settings)") from None
