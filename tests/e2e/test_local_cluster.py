@@ -24,6 +24,9 @@ def test_two_node_torch_job_succeeds_and_logs_show_both_ranks(api: Api) -> None:
     done = api.wait(job["id"], {"succeeded"}, timeout=120)
     assert sorted(e["rank"] for e in done["exits"]) == [0, 1]
     assert {a["node_id"] for a in done["placement"]} == {"node-1", "node-2"}
+    logs = api.http.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "[rank 0] rank 0/2 node 0 local 0 gpu 0 allreduce=1 expected=1" in logs
+    assert "[rank 1] rank 1/2 node 1 local 0 gpu 0 allreduce=1 expected=1" in logs
 
 
 def test_mixed_models_gang_uses_the_other_model(api: Api) -> None:
@@ -32,9 +35,6 @@ def test_mixed_models_gang_uses_the_other_model(api: Api) -> None:
                       "resources": {"nodes": 3, "gpus_per_node": 1, "allow_mixed": True}})
     done = api.wait(job["id"], {"succeeded"}, timeout=120)
     assert {a["node_id"] for a in done["placement"]} == {"node-1", "node-2", "node-3"}
-    logs = api.http.get(f"/v1/jobs/{job['id']}/logs").text
-    assert "[rank 0] rank 0/2 node 0 local 0 gpu 0 allreduce=1 expected=1" in logs
-    assert "[rank 1] rank 1/2 node 1 local 0 gpu 0 allreduce=1 expected=1" in logs
 
 
 def test_exit_code_is_reported_as_failed(api: Api) -> None:
