@@ -11,12 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainyard_core import contract
+
 from . import output
 from .api import Api
 from .config import resolve
 from .spec import build_spec, load_spec_file, parse_limits, parse_pairs, parse_speed_hints
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL = frozenset(state.value for state in contract.JobState if state.terminal)
 _RANK_PREFIX = re.compile(r"^\[rank (\d+)\] ")
 
 

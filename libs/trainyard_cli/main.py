@@ -13,11 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from trainyard_core import contract
+
 from . import commands
 from .errors import CliError, UsageError
 from .spec import parse_duration
 
-STATES = ["pending", "admitted", "running", "succeeded", "failed", "cancelled", "preempted", "restarting"]
+STATES = list(contract.JOB_STATES)
 
 SUBMIT_EPILOG = """\
 examples:
@@ -62,8 +64,8 @@ examples:
 GPUs up to BORROW_LIMIT more (no :BORROW_LIMIT: no limit), and borrowed gangs are reclaimed first. '*'
 covers every model without a limit of its own. `set` replaces the whole quota. Changes need an admin token.
 """
-TIERS = ["node", "leaf", "spine", "zone"]
-SIGNALS = ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
+TIERS = list(contract.TOPOLOGY_TIERS)
+SIGNALS = list(contract.PREEMPTION_SIGNALS)
 
 
 def _duration(text: str) -> float:
@@ -126,17 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Submit a job from a spec file, flags, or both.", epilog=SUBMIT_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-f", "--file", help="YAML or JSON job spec ('-' reads standard input)")
-    p.add_argument("--name", help="job name (lower-case letters, digits, '.', '_', '-')")
-    p.add_argument("--nodes", type=int, help="nodes in the gang (default 1)")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs, and workers, per node (default 1)")
+    p.add_argument("--name", help=f"job name: {contract.JOB_NAME.rule}")
+    p.add_argument("--nodes", type=int, help=f"nodes in the gang, 1-{contract.MAX_NODES} (default 1)")
+    p.add_argument("--gpus-per-node", type=int,
+                   help=f"GPUs, and workers, per node, 0-{contract.MAX_GPUS_PER_NODE} (default 1; 0: a CPU task)")
     p.add_argument("--accelerator", help="exact accelerator model; default any")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the workers (repeatable; a bare KEY copies it from here)")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label (repeatable)")
     p.add_argument("--working-dir", help="absolute working directory of the workers")
     p.add_argument("--queue", help="queue name")
-    p.add_argument("--priority", type=int, help="priority within the queue")
-    p.add_argument("--max-restarts", type=int, help="restarts allowed after a failure")
+    p.add_argument("--priority", type=int,
+                   help=f"priority within the queue, {contract.MIN_PRIORITY}..{contract.MAX_PRIORITY}")
+    p.add_argument("--max-restarts", type=int,
+                   help=f"restarts allowed after a failure, 0-{contract.MAX_RESTARTS}")
     p.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
     g = p.add_argument_group("accelerators and CPUs")
     g.add_argument("--accelerators", metavar="A,B,...", help="any of these models; the fastest that fits is used")
@@ -161,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preempt-grace", type=_duration, metavar="DURATION",
                    help="time between the preemption signal and SIGKILL")
     g.add_argument("--restart-backoff", type=_duration, metavar="DURATION",
-                   help="delay before the first restart, doubling after each (default 10s)")
+                   help="delay before the first restart, doubling after each (default "
+                        f"{contract.DEFAULT_RESTART_BACKOFF_S:g}s)")
     g.add_argument("--time-limit", type=_duration, metavar="DURATION",
                    help="wall-clock limit of one attempt: seconds or e.g. 90m, 1h30m, 2d")
     g = p.add_argument_group("checkpoints (handed to the job's checkpoint library)")
@@ -174,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("jobs", parents=[common], help="list jobs")
     p.add_argument("--all", action="store_true", help="page through every job, not only the first page")
     p.add_argument("--state", action="append", choices=STATES, help="only jobs in this state (repeatable)")
-    p.add_argument("--page-size", type=int, default=50, help="jobs per request (default 50)")
+    p.add_argument("--page-size", type=int, default=contract.DEFAULT_PAGE_SIZE,
+                   help=f"jobs per request, 1-{contract.MAX_PAGE_SIZE} (default {contract.DEFAULT_PAGE_SIZE})")
     p.set_defaults(func=commands.cmd_jobs)
 
     p = sub.add_parser("status", parents=[common], help="show a job",
@@ -211,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_queues_list)
     p = qsub.add_parser("set", parents=[common], help="create or replace a queue (admin)")
     p.add_argument("name")
-    p.add_argument("--tier", type=int, default=0, help="higher tiers go first and may preempt lower (default 0)")
+    p.add_argument("--tier", type=int, default=0,
+                   help=f"{contract.MIN_QUEUE_TIER}..{contract.MAX_QUEUE_TIER}: higher tiers go first and may "
+                        "preempt lower (default 0)")
     p.add_argument("--max-gpus", type=int, default=0,
                    help="most GPUs the queue's jobs hold at once (default 0: no cap)")
     p.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",

@@ -230,3 +230,26 @@ def test_job_details_show_infrastructure_restarts() -> None:
     assert "restarts" in text and "1 of 2" in text
     assert "infra restarts" in text and "not counted against max_restarts" in text
     assert "node node-2 lost contact" in text
+
+
+def _subcommand(name: str) -> Any:
+    sub = next(a for a in build_parser()._actions if a.dest == "command_name")
+    return sub.choices[name]  # type: ignore[index]
+
+
+def _choices(command: str, dest: str) -> list[str]:
+    """The choices of one option of a sub-command, as argparse holds them."""
+    return list(next(a for a in _subcommand(command)._actions if a.dest == dest).choices)
+
+
+def test_the_clis_vocabulary_is_the_contracts() -> None:
+    """What the CLI offers is what the gateway's schema and the scheduler take: one vocabulary
+    (trainyard_core.contract), so a choice here can never be refused there for its spelling."""
+    from trainyard_core import contract
+
+    assert _choices("jobs", "state") == list(contract.JOB_STATES)
+    assert _choices("submit", "topology_tier") == list(contract.TOPOLOGY_TIERS)
+    assert _choices("submit", "preempt_signal") == list(contract.PREEMPTION_SIGNALS)
+    text = " ".join(_subcommand("submit").format_help().split())
+    assert f"1-{contract.MAX_NODES}" in text and f"0-{contract.MAX_GPUS_PER_NODE}" in text
+    assert f"{contract.MIN_PRIORITY}..{contract.MAX_PRIORITY}" in text and f"0-{contract.MAX_RESTARTS}" in text

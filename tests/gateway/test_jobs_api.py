@@ -166,13 +166,13 @@ async def test_new_spec_fields_round_trip(gw: RunningGateway) -> None:
     [
         ({"topology": {"tier": "island"}}, "topology.tier"),
         ({"topology": {"tier": "leaf", "wait_s": -1}}, "topology.wait_s"),
-        ({"topology": {"required": True}}, "topology.required needs topology.tier"),
+        ({"topology": {"required": True}}, "topology: required needs tier"),
         ({"preemption": {"signal": "SIGKILL"}}, "preemption.signal"),
         ({"preemption": {"grace_s": 3601}}, "preemption.grace_s"),
         ({"time_limit_s": "1h"}, "time_limit_s"),
         ({"restart_backoff_s": 3601}, "restart_backoff_s"),
-        ({"priority_class": "vip"}, "priority_class 'vip' is not defined"),
-        ({"queue": "nope"}, "queue 'nope' does not exist"),
+        ({"priority_class": "vip!"}, "priority_class"),
+        ({"queue": "No_Such"}, "queue"),
         ({"resources": {"nodes": 1, "gpus_per_node": 1, "speed_hints": {"H100": 0}}}, "resources.speed_hints"),
         ({"resources": {"nodes": 1, "gpus_per_node": 1, "min_compute_capability": "9"}},
          "resources.min_compute_capability"),
@@ -188,5 +188,21 @@ async def test_bad_new_fields_are_400_naming_the_field(gw: RunningGateway, chang
     async with gw.client(gw.admin_token) as http:
         reply = await http.post("/v1/jobs", json={**SPEC, **change})
         assert reply.status_code == 400, reply.text
+        assert needle in reply.json()["error"]["message"], reply.text
+        assert (await http.get("/v1/jobs")).json()["jobs"] == []
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"priority_class": "vip"}, "priority_class 'vip' is not defined"),
+    ({"queue": "nope"}, "queue 'nope' does not exist"),
+])
+async def test_valid_names_of_what_does_not_exist_are_409(gw: RunningGateway, change: dict[str, Any],
+                                                           needle: str) -> None:
+    """Well formed (the schema allows the name), but this cluster has no such class or queue: 409
+    failed_precondition, never the 400 of a request that breaks the schema."""
+    async with gw.client(gw.admin_token) as http:
+        reply = await http.post("/v1/jobs", json={**SPEC, **change})
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["error"]["code"] == "failed_precondition"
         assert needle in reply.json()["error"]["message"], reply.text
         assert (await http.get("/v1/jobs")).json()["jobs"] == []

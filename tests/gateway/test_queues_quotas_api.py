@@ -48,10 +48,10 @@ async def test_queues_round_trip_and_only_admins_change_them(gw: RunningGateway)
         job = (await user.post("/v1/jobs", json={**SPEC, "queue": "batch"})).json()
         assert job["spec"]["queue"] == "batch", job
         busy = await admin.delete("/v1/queues/batch")
-        assert busy.status_code == 400 and busy.json()["error"]["code"] == "failed_precondition"
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "failed_precondition"
         assert "used by 1 unfinished job" in busy.json()["error"]["message"]
         default = await admin.delete("/v1/queues/default")
-        assert default.status_code == 400 and '"default" cannot be deleted' in default.json()["error"]["message"]
+        assert default.status_code == 409 and '"default" cannot be deleted' in default.json()["error"]["message"]
 
         assert (await user.post(f"/v1/jobs/{job['id']}:cancel")).json()["state"] == "cancelled"
         deleted = await admin.delete("/v1/queues/batch")
@@ -59,7 +59,7 @@ async def test_queues_round_trip_and_only_admins_change_them(gw: RunningGateway)
         gone = await admin.delete("/v1/queues/batch")
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
         refused = await user.post("/v1/jobs", json={**SPEC, "queue": "batch"})
-        assert refused.status_code == 400
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "failed_precondition"
         assert "queue 'batch' does not exist; queues: default" in refused.json()["error"]["message"]
 
 
@@ -102,10 +102,11 @@ BAD_QUEUES: list[tuple[str, dict[str, Any], str]] = [
     ("batch", {"max_gpus": 2**40}, "max_gpus"),
     ("batch", {"priority": 1}, "priority: unknown field"),
     ("batch", {"node_labels": {f"k{i}": "v" for i in range(17)}}, "node_labels"),
-    ("batch", {"node_labels": {"bad key!": "v"}}, "node label 'bad key!'"),  # the scheduler's rule
+    ("batch", {"node_labels": {"bad key!": "v"}}, "node_labels.bad key!"),  # the scheduler's rule, in the schema
+    ("batch", {"node_labels": {"k": "v" * 64}}, "node_labels.k"),
     ("batch", {"description": "d" * 513}, "description"),
-    ("Batch", {}, "queue name 'Batch' is not valid"),
-    ("b" * 64, {}, "is not valid"),
+    ("Batch", {}, "path parameter name: must be 1-63 lower-case letters"),
+    ("b" * 64, {}, "path parameter name: must be"),
 ]
 BAD_QUOTAS: list[tuple[str, dict[str, Any], str]] = [
     ("vision", {"weight": 0}, "weight"),
@@ -116,10 +117,11 @@ BAD_QUOTAS: list[tuple[str, dict[str, Any], str]] = [
     ("vision", {"limits": {"H100": {"nominal": 1, "borrow_limit": -1}}}, "borrow_limit"),
     ("vision", {"limits": {"H100": {"nominal": 1.5}}}, "nominal"),
     ("vision", {"limits": {"H100": 8}}, "limits.H100"),
-    ("vision", {"limits": {"": {"nominal": 1}}}, "limits: accelerator model names must be 1-64 characters"),
+    ("vision", {"limits": {"": {"nominal": 1}}}, "limits..[key]: must be 1-64 characters"),
     ("vision", {"limits": {"m" * 65: {"nominal": 1}}}, "limits"),
     ("vision", {"team": "nlp"}, "team: unknown field"),
-    ("Vision", VISION_QUOTA, "team 'Vision' is not valid"),
+    ("Vision", VISION_QUOTA, "path parameter team: must be 1-63 lower-case letters, digits or '-'"),
+    ("ml_team", VISION_QUOTA, "path parameter team"),  # the one team rule, tokens' too
 ]
 
 

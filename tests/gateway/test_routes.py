@@ -86,7 +86,9 @@ async def test_cancel_route_with_a_colon(cluster_gateway: RunningGateway, cluste
     assert ("cancel_requested", "wrong data") in [(e.kind, e.message) for e in stopped.events]
     assert again.status_code == 200 and again.json()["state"] == "cancelled"
     assert again.json()["cancel_requested"] is True
-    assert plain.status_code == 400  # GET on the cancel path is a (bad) job id, not a cancel
+    # GET on the cancel path is not a cancel: the path names the cancel operation, which takes POST only.
+    assert plain.status_code == 405 and plain.headers["allow"] == "POST, OPTIONS"
+    assert plain.json()["error"]["code"] == "method_not_allowed"
     cancels = cluster.calls.requests("CancelJob")
     assert [(c.job_id, c.team, c.reason) for c in cancels] == [(job.id, "vision", "wrong data"),
                                                                 (job.id, "vision", "")]
@@ -200,3 +202,37 @@ async def test_openapi_document(gateway: RunningGateway) -> None:
     assert doc["components"]["securitySchemes"]["bearerToken"]["scheme"].lower() == "bearer"
     assert "security" not in paths["/healthz"]["get"]
     assert paths["/v1/nodes"]["get"]["security"]
+    for item in paths.values():
+        for operation in item.values():
+            # Exactly the statuses each route answers: no FastAPI 422, no 4XX/5XX catch-alls.
+            assert "422" not in operation["responses"] and not {"4XX", "5XX"} & set(operation["responses"])
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")):
+                    assert set(response["content"]) == {"application/json"}, (status, operation["operationId"])
+    # Issue 11: the logs route's errors were documented as text/plain, which they are not.
+    logs = paths["/v1/jobs/{job_id}/logs"]["get"]["responses"]
+    assert set(logs["200"]["content"]) == {"text/plain"}
+    assert set(logs["404"]["content"]) == {"application/json"}
+
+
+async def test_options_and_405_carry_allow(gateway: RunningGateway) -> None:
+    """RFC 9110: a 405 carries `Allow`. OPTIONS answers 204 with it, without a token; both list the methods
+    the OpenAPI document gives the path (issue 11: 405 without `Allow`, or `Allow: GET` on the cancel path)."""
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        for path, allow in [("/v1/jobs", "GET, POST, OPTIONS"), ("/v1/jobs/job-abc", "GET, OPTIONS"),
+                            ("/v1/jobs/job-abc:cancel", "POST, OPTIONS"), ("/v1/jobs/job-abc/logs", "GET, OPTIONS"),
+                            ("/v1/nodes/node-1:cordon", "POST, OPTIONS"), ("/v1/queues/batch", "DELETE, PUT, OPTIONS"),
+                            ("/v1/quotas/vision", "DELETE, GET, PUT, OPTIONS"), ("/v1/tokens", "GET, POST, OPTIONS"),
+                            ("/healthz", "GET, OPTIONS")]:
+            reply = await http.options(path)
+            assert reply.status_code == 204 and reply.headers["allow"] == allow, (path, reply.headers)
+            assert reply.content == b""
+        for method, path, allow in [("PATCH", "/v1/jobs", "GET, POST, OPTIONS"),
+                                    ("DELETE", "/v1/jobs/job-abc:cancel", "POST, OPTIONS"),
+                                    ("PUT", "/v1/tokens/tok-abc", "DELETE, OPTIONS"),
+                                    ("POST", "/v1/queues", "GET, OPTIONS")]:
+            reply = await http.request(method, path, headers={"Authorization": f"Bearer {gateway.admin_token}"})
+            assert reply.status_code == 405 and reply.headers["allow"] == allow, (method, path, reply.headers)
+            assert reply.json()["error"]["code"] == "method_not_allowed"
+            assert method in reply.json()["error"]["message"]
+        assert (await http.options("/v1/no-such-route")).status_code == 404

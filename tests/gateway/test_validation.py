@@ -68,7 +68,13 @@ def _assert_error(reply: Any, field: str, status: int = 400) -> str:
 @pytest.mark.parametrize(("body", "field"), [
     (_with(resources__nodes=0), "resources.nodes"),
     (_with(resources__nodes=-2), "resources.nodes"),
-    (_with(resources__gpus_per_node=1025), "resources.gpus_per_node"),  # 0 is a CPU task
+    (_with(resources__gpus_per_node=65), "resources.gpus_per_node"),  # 0 is a CPU task
+    (_with(resources__nodes=4097), "resources.nodes"),
+    (_with(priority=1001), "priority"),
+    (_with(priority=-1001), "priority"),
+    (_with(max_restarts=101), "max_restarts"),
+    (_with(priority="1"), "priority"),  # strict: no string → int
+    (_with(resources__nodes=2.5), "resources.nodes"),
     (_with(resources__gpus_per_node=-1), "resources.gpus_per_node"),
     (_with(resources__gpus_per_node="2"), "resources.gpus_per_node"),  # strict: no string → int
     (_with(resources__nodes=True), "resources.nodes"),
@@ -87,6 +93,24 @@ def _assert_error(reply: Any, field: str, status: int = 400) -> str:
     (_with(command=["", "x"]), "command"),
     (_with(env={"1BAD": "x"}), "env"),
     (_with(env={"OK": 1}), "env.OK"),
+    (_with(env={"RANK": "3"}), "env"),
+    (_with(env={"TRAINYARD_JOB_ID": "x"}), "env"),
+    (_with(env={f"V{i}": "x" for i in range(257)}), "env"),
+    (_with(env={"K" * 129: "x"}), "env"),
+    (_with(command=[" python"]), "command"),
+    (_with(command=["python", "a\0b"]), "command[1]"),
+    (_with(command=["x" * 32769]), "command[0]"),
+    (_with(command=["python"] + ["x" * 32768] * 5), "command"),  # 131072 characters together at most
+    (_with(labels={"bad key!": "v"}), "labels"),
+    (_with(labels={"k": "v" * 254}), "labels.k"),
+    (_with(resources__accelerator="H100 80GB"), "resources.accelerator"),
+    (_with(resources__accelerator="H100", resources__accelerators=["A100"]), "resources"),
+    (_with(resources__accelerators=["A100", "A100"]), "resources.accelerators"),
+    (_with(resources__gpus_per_node=0, resources__vendor="nvidia"), "resources"),
+    (_with(topology={"required": True}), "topology"),
+    (_with(topology={"wait_s": 60}), "topology"),
+    (_with(topology={"tier": "leaf", "required": True, "wait_s": 60}), "topology"),
+    (_with(priority_class="no such!"), "priority_class"),
     (_with(working_dir="relative/dir"), "working_dir"),
     (_with(max_restarts=-1), "max_restarts"),
     (_with(queue="Not A Queue"), "queue"),
@@ -170,9 +194,11 @@ async def test_list_parameters(live_gateway: RunningGateway, calls: CallLog, que
 
 
 @pytest.mark.parametrize(("method", "path", "field"), [
-    ("GET", "/v1/jobs/NOT_AN_ID", "job id"),
-    ("GET", "/v1/jobs/ab", "job id"),
-    ("POST", "/v1/jobs/Job_X:cancel", "job id"),
+    ("GET", "/v1/jobs/NOT_AN_ID", "job_id"),
+    ("GET", "/v1/jobs/ab", "job_id"),
+    ("POST", "/v1/jobs/Job_X:cancel", "job_id"),
+    ("GET", "/v1/jobs?page_token=NOT_A_JOB", "page_token"),
+    ("GET", "/v1/jobs/job-abc/logs?attempt=2147483648", "attempt"),
     ("GET", "/v1/jobs/job-abc/logs?tail=-1", "tail"),
     ("GET", "/v1/jobs/job-abc/logs?attempt=-1", "attempt"),
 ])
@@ -184,8 +210,34 @@ async def test_path_and_query_checks(live_gateway: RunningGateway, calls: CallLo
     assert calls.calls == []
 
 
-async def test_idempotency_key_is_bounded(live_gateway: RunningGateway, calls: CallLog) -> None:
+@pytest.mark.parametrize("key", ["k" * 129, "with space", "semi;colon"])
+async def test_idempotency_key_follows_the_schedulers_rule(live_gateway: RunningGateway, calls: CallLog,
+                                                           key: str) -> None:
     async with live_gateway.client(live_gateway.admin_token) as http:
-        reply = await http.post("/v1/jobs", json=GOOD, headers={"Idempotency-Key": "k" * 200})
+        reply = await http.post("/v1/jobs", json=GOOD, headers={"Idempotency-Key": key})
     _assert_error(reply, "Idempotency-Key")
     assert calls.calls == []
+
+
+@pytest.mark.parametrize("body", [
+    # JSON Schema's integer is any number without a fraction: 2.0 is one, and so reaches the scheduler as 2.
+    _with(resources__nodes=2.0, max_restarts=3.0),
+    # The boundaries the schema states are the scheduler's own: both take them.
+    _with(resources__nodes=4096, resources__gpus_per_node=64, priority=1000, max_restarts=100),
+    _with(priority=-1000, env={f"V{i}": "x" * 32768 for i in range(4)}, labels={"k" * 63: "v" * 253}),
+    _with(command=["python"] + ["x" * 32768] * 3 + ["x" * (32768 - 6)]),  # exactly 131072 characters
+    _with(resources__gpus_per_node=0, resources__cpus_per_node=4096),
+    _with(topology={"tier": "leaf", "required": True}, queue="", priority_class=""),
+])
+async def test_what_the_schema_calls_valid_reaches_the_scheduler(live_gateway: RunningGateway, calls: CallLog,
+                                                                 body: dict[str, Any]) -> None:
+    async with live_gateway.client(live_gateway.admin_token) as http:
+        reply = await http.post("/v1/jobs", json=body)
+    # Never 400: the scheduler has no nodes, so what passed its validation waits (201), unless its settings
+    # cannot hold it (409 failed_precondition: 4096 nodes is more than one etcd transaction takes here).
+    assert calls.methods == ["SubmitJob"]
+    if reply.status_code == 409:
+        assert reply.json()["error"]["code"] == "failed_precondition", reply.text
+        return
+    assert reply.status_code == 201, reply.text
+    assert reply.json()["spec"]["max_restarts"] == body.get("max_restarts", 0)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from trainyard_core.errors import InvalidArgument
+from trainyard_core.errors import FailedPrecondition, InvalidArgument
 from trainyard_scheduler.domain.models import (
     CheckpointPolicy,
     Gpu,
@@ -61,11 +61,11 @@ def test_good_spec_passes() -> None:
 
 def test_more_gpus_than_any_node_is_refused() -> None:
     fleet = [make_node("n-a", gpus=4), make_node("n-b", gpus=8)]
-    with pytest.raises(InvalidArgument, match="more than any node has"):
+    with pytest.raises(FailedPrecondition, match="more than any node has"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=1, gpus_per_node=9)), fleet)
-    with pytest.raises(InvalidArgument, match=r"resources\.nodes=2"):
+    with pytest.raises(FailedPrecondition, match=r"resources\.nodes=2"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=2, gpus_per_node=8)), fleet)
-    with pytest.raises(InvalidArgument, match="matches no node"):
+    with pytest.raises(FailedPrecondition, match="matches no node"):
         check_fits_fleet(replace(GOOD, resources=Resources(nodes=1, gpus_per_node=1, accelerator="B200")), fleet)
     check_fits_fleet(replace(GOOD, resources=Resources(nodes=2, gpus_per_node=4)), fleet)
 
@@ -148,7 +148,7 @@ def test_priority_class_must_be_known() -> None:
     known = [c.name for c in DEFAULT_CLASSES]
     check_priority_class(GOOD, known)  # "" is the default class
     check_priority_class(replace(GOOD, priority_class="critical"), known)
-    with pytest.raises(InvalidArgument, match="priority_class 'urgent' is not defined; classes: critical, high, "
+    with pytest.raises(FailedPrecondition, match="priority_class 'urgent' is not defined; classes: critical, high, "
                                               "low, normal"):
         check_priority_class(replace(GOOD, priority_class="urgent"), known)
 
@@ -156,7 +156,7 @@ def test_priority_class_must_be_known() -> None:
 def test_queue_must_exist() -> None:
     check_queue(GOOD, [])  # "default" always exists
     check_queue(replace(GOOD, queue="batch"), ["default", "batch"])
-    with pytest.raises(InvalidArgument, match="queue 'nope' does not exist; queues: batch, default"):
+    with pytest.raises(FailedPrecondition, match="queue 'nope' does not exist; queues: batch, default"):
         check_queue(replace(GOOD, queue="nope"), ["batch"])
 
 
@@ -194,7 +194,7 @@ MIXED = [gpu_node("h-1", gpus=8, model="H100"), gpu_node("h-2", gpus=8, model="H
     ],
 )
 def test_fleet_check_for_new_request_forms(resources: Resources, fragment: str) -> None:
-    with pytest.raises(InvalidArgument) as info:
+    with pytest.raises(FailedPrecondition) as info:
         check_fits_fleet(replace(GOOD, resources=resources), MIXED)
     assert fragment in info.value.message
 
@@ -219,9 +219,9 @@ def test_cpu_tasks_need_cpu_only_nodes() -> None:
     fleet = [gpu_node("h-1", gpus=8, model="H100"), cpu_node("c-1", cpus=32), cpu_node("c-2", cpus=8)]
     check_fits_fleet(replace(GOOD, resources=res(nodes=2, gpus_per_node=0)), fleet)
     check_fits_fleet(replace(GOOD, resources=res(nodes=1, gpus_per_node=0, cpus_per_node=32)), fleet)
-    with pytest.raises(InvalidArgument, match=r"resources\.nodes=3 is more than the 2 CPU-only node"):
+    with pytest.raises(FailedPrecondition, match=r"resources\.nodes=3 is more than the 2 CPU-only node"):
         check_fits_fleet(replace(GOOD, resources=res(nodes=3, gpus_per_node=0)), fleet)
-    with pytest.raises(InvalidArgument, match=r"the 1 CPU-only node\(s\) with 16 or more CPUs"):
+    with pytest.raises(FailedPrecondition, match=r"the 1 CPU-only node\(s\) with 16 or more CPUs"):
         check_fits_fleet(replace(GOOD, resources=res(nodes=2, gpus_per_node=0, cpus_per_node=16)), fleet)
-    with pytest.raises(InvalidArgument, match=r"use resources\.gpus_per_node=0 for a CPU task"):
+    with pytest.raises(FailedPrecondition, match=r"use resources\.gpus_per_node=0 for a CPU task"):
         check_fits_fleet(GOOD, [cpu_node("c-1")])

@@ -26,7 +26,7 @@ from trainyard_core.rpc.server import GrpcServer, insecure_channel, start_grpc_s
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 
-from . import http_errors
+from . import http_errors, http_methods, openapi
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
 from .routers import health, jobs, nodes, queues, quotas, tokens
@@ -42,16 +42,20 @@ API_DESCRIPTION = """\
 Public API of Trainyard, the control plane of a GPU training cluster.
 
 Every route but `/healthz` needs `Authorization: Bearer <token>`. Non-admin tokens see and touch only
-their own team's jobs. Errors always answer `{"error": {"code": "...", "message": "..."}}`.
+their own team's jobs. Errors always answer `{"error": {"code": "...", "message": "..."}}`: 400 when the
+request breaks this schema, 409 `failed_precondition` when it is valid but the cluster cannot take it as it
+is. `OPTIONS` on any path answers 204 with `Allow`; a method a path does not have answers 405 with `Allow`.
 """
 
 
 def create_app(deps: GatewayDeps) -> FastAPI:
     app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None)
     app.state.deps = deps
+    http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
     for module in (health, jobs, nodes, queues, quotas, tokens):
         app.include_router(module.router)
+    openapi.install(app)
     return app
 
 

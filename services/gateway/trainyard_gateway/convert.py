@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard.gateway.v1 import gateway_pb2
+from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState
 
 from .schemas import jobs as js
 from .schemas import nodes as ns
@@ -20,12 +21,10 @@ from .schemas.logs import LogLine
 from .schemas.tokens import Token
 from .tokens import TokenRecord
 
-_JOB_STATES = frozenset(get_args(js.JobState))
+_JOB_STATES = frozenset(js.JOB_STATE_NAMES)
 _NODE_STATES = frozenset(get_args(ns.NodeState))
 _GPU_HEALTH = frozenset(get_args(ns.GpuHealth))
-TERMINAL_EXIT_STATES = frozenset({"succeeded", "failed"})
-# What the scheduler uses when a job leaves restart_backoff_s unset (only an older scheduler answers so).
-DEFAULT_RESTART_BACKOFF_S = 10.0
+TERMINAL_EXIT_STATES = frozenset({JobState.SUCCEEDED.value, JobState.FAILED.value})
 
 
 def _enum_name(value: int, enum: str, all_names: frozenset[str], descriptor: EnumDescriptor) -> str:
@@ -42,8 +41,8 @@ def _time(ts: Timestamp) -> datetime | None:
     return ts.ToDatetime(tzinfo=UTC)
 
 
-def job_state_name(value: int) -> js.JobState:
-    return cast(js.JobState, _enum_name(value, "JOB_STATE", _JOB_STATES, types_pb2.JobState.DESCRIPTOR))
+def job_state_name(value: int) -> str:
+    return _enum_name(value, "JOB_STATE", _JOB_STATES, types_pb2.JobState.DESCRIPTOR)
 
 
 def job_state_from_name(name: str) -> int:
@@ -87,6 +86,7 @@ def spec_from_pb(spec: types_pb2.JobSpec) -> js.JobSpec:
         topology=js.Topology(tier=spec.topology.tier, required=spec.topology.required,
                              wait_s=spec.topology.wait_s),
         preemption=js.Preemption(signal=spec.preemption.signal, grace_s=spec.preemption.grace_s),
+        # Only an older scheduler leaves it unset; it used the default.
         restart_backoff_s=spec.restart_backoff_s if spec.HasField("restart_backoff_s") else DEFAULT_RESTART_BACKOFF_S,
         time_limit_s=spec.time_limit_s,
         checkpoint=js.Checkpoint(every_steps=spec.checkpoint.every_steps, interval_s=spec.checkpoint.interval_s,

@@ -5,7 +5,7 @@
 | domain error (trainyard_core.errors)   | HTTP | code                |
 |----------------------------------------|------|---------------------|
 | InvalidArgument, request validation    | 400  | invalid_argument    |
-| FailedPrecondition                     | 400  | failed_precondition |
+| FailedPrecondition                     | 409  | failed_precondition |
 | Unauthenticated                        | 401  | unauthenticated     |
 | PermissionDenied                       | 403  | permission_denied   |
 | NotFound                               | 404  | not_found           |
@@ -15,11 +15,15 @@
 | Unavailable, NotLeader                 | 503  | unavailable         |
 | anything else                          | 500  | internal            |
 
-FailedPrecondition is 400, as in Google's canonical mapping: the request asks for something the system
-cannot do in its present state (e.g. more GPUs per node than any node has) and retrying it unchanged
-will not help, whereas 409 here always means "a concurrent change won, re-read and retry".
-Request validation (malformed JSON, unknown fields, wrong types, out-of-range numbers) is 400 too,
-never FastAPI's 422, and the message names each offending field. gRPC failures are turned into domain
+400 means one thing: the request breaks the published contract (the OpenAPI schema, whose bounds and
+rules are the scheduler's own, `trainyard_core.contract`), so no request the schema calls valid is ever
+answered 400. FailedPrecondition is a well-formed request the cluster cannot take as it is now (more GPUs
+per node than any node has, a queue or priority class that does not exist, a queue still in use): 409,
+"conflicts with the current state", like Conflict (a lost compare-and-swap: re-read and retry) and
+AlreadyExists; the code tells them apart. (Google's mapping sends FAILED_PRECONDITION to 400, which would
+make 400 mean "maybe valid after all".) Request validation (malformed JSON, unknown fields, wrong types,
+out-of-range numbers) is 400 too, never FastAPI's 422, and the message names each offending field and, for
+a name, the rule it breaks. gRPC failures are turned into domain
 errors by `from_rpc_error` (normally already in `clients`). Unexpected exceptions are logged with their
 traceback and answered with a generic 500 that leaks nothing.
 """
@@ -38,14 +42,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainyard_core import errors
+from trainyard_core import contract, errors
 from trainyard_core.rpc.errors import from_rpc_error
 
 log = logging.getLogger("trainyard_gateway.http")
 
 _STATUS: list[tuple[type[errors.TrainyardError], int, str]] = [
     (errors.InvalidArgument, 400, "invalid_argument"),
-    (errors.FailedPrecondition, 400, "failed_precondition"),
+    (errors.FailedPrecondition, 409, "failed_precondition"),
     (errors.Unauthenticated, 401, "unauthenticated"),
     (errors.PermissionDenied, 403, "permission_denied"),
     (errors.NotFound, 404, "not_found"),
@@ -132,6 +136,9 @@ def describe_validation_errors(problems: Sequence[Any]) -> str:
             parts.append(f"{where}: unknown field")
             continue
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if kind == "string_pattern_mismatch":
+            rule = contract.rule_for(str(err.get("ctx", {}).get("pattern", "")))
+            message = f"must be {rule}" if rule else message
         if kind != "value_error" and (value is None or isinstance(value, bool | int | float | str)):
             shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else repr(value[:80] + "…")
             message += f" (got {shown})"

@@ -22,6 +22,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
+from trainyard_core import contract
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 from trainyard_core.ids import new_id
@@ -29,11 +30,7 @@ from trainyard_core.store import Delete, Put, Store, absent
 
 SECRET_PREFIX = "ty_"
 _SECRET_RE = re.compile(r"^ty_[A-Za-z0-9_-]{20,200}$")
-_TEAM_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
-_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
 _CACHE_MAX = 10_000
-TEAM_RULE = "1-63 lower-case letters, digits, '-' or '_', starting and ending with a letter or digit"
-USER_RULE = "1-128 letters, digits, '.', '_', '@', '+' or '-', starting with a letter or digit"
 
 
 def new_secret() -> str:
@@ -50,14 +47,16 @@ def is_well_formed_secret(secret: str) -> bool:
 
 
 def validate_team(team: str) -> str:
-    if not _TEAM_RE.match(team):
-        raise InvalidArgument(f"team must be {TEAM_RULE} (got {team!r})")
+    """The one team rule, also the scheduler's for jobs and quotas: a token is never minted for a team
+    whose jobs would all be refused."""
+    if not contract.TEAM.matches(team):
+        raise InvalidArgument(f"team must be {contract.TEAM.rule} (got {team[:80]!r})")
     return team
 
 
 def validate_user(user: str) -> str:
-    if not _USER_RE.match(user):
-        raise InvalidArgument(f"user must be {USER_RULE} (got {user!r})")
+    if not contract.USER.matches(user):
+        raise InvalidArgument(f"user must be {contract.USER.rule} (got {user[:80]!r})")
     return user
 
 
@@ -101,8 +100,9 @@ class TokenStore:
         """A new token; returns its record and the secret, which is not retrievable afterwards."""
         validate_team(team)
         validate_user(user)
-        if len(description) > 256:
-            raise InvalidArgument(f"description must be at most 256 characters (got {len(description)})")
+        if len(description) > contract.MAX_TOKEN_DESCRIPTION:
+            raise InvalidArgument(f"description must be at most {contract.MAX_TOKEN_DESCRIPTION} characters (got "
+                                  f"{len(description)})")
         secret = new_secret()
         record = TokenRecord(token_id=new_id("tok", self._clock.now()), team=team, user=user, admin=admin,
                              created_at=self._clock.now(), description=description)

@@ -4,20 +4,18 @@ state (cordon, GPU health) takes an admin token and is logged with the operator'
 from __future__ import annotations
 
 import logging
-import re
 
 from fastapi import APIRouter
 
-from trainyard_core.errors import InvalidArgument, NotFound
+from trainyard_core.errors import NotFound
 
 from ..auth import AdminPrincipal, Deps, Principal
 from ..schemas.common import error_responses
 from ..schemas.nodes import CordonRequest, GpuHealthRequest, Node, NodeList
+from .params import GpuIndex, NodeId
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 log = logging.getLogger(__name__)
-
-_NODE_RE = re.compile(r"^[a-z][a-z0-9-]{2,62}$")
 
 
 @router.get("", response_model=NodeList, summary="List nodes with their GPUs",
@@ -26,21 +24,14 @@ async def list_nodes(_: Principal, deps: Deps) -> NodeList:
     return NodeList(nodes=await deps.scheduler.list_nodes())
 
 
-def _check_node_id(node_id: str) -> None:
-    if not _NODE_RE.match(node_id):
-        raise InvalidArgument(f"node id {node_id!r} is not valid (3-63 lower-case letters, digits, '-')")
-
-
 @router.get("/{node_id}", response_model=Node, summary="One node", responses=error_responses(400, 401, 404, 503))
-async def get_node(node_id: str, _: Principal, deps: Deps) -> Node:
-    _check_node_id(node_id)
+async def get_node(node_id: NodeId, _: Principal, deps: Deps) -> Node:
     return await deps.scheduler.get_node(node_id)
 
 
 @router.post("/{node_id}:cordon", response_model=Node, summary="Take a node out of placement (admin)",
              responses=error_responses(400, 401, 403, 404, 503))
-async def cordon(node_id: str, principal: AdminPrincipal, deps: Deps, body: CordonRequest | None = None) -> Node:
-    _check_node_id(node_id)
+async def cordon(node_id: NodeId, principal: AdminPrincipal, deps: Deps, body: CordonRequest | None = None) -> Node:
     reason = (body.reason if body else "") or f"cordoned by {principal.user}"
     node = await deps.scheduler.cordon_node(node_id, cordoned=True, reason=reason)
     log.info("node cordoned", extra={"node_id": node_id, "operator": principal.user, "reason": reason})
@@ -49,8 +40,7 @@ async def cordon(node_id: str, principal: AdminPrincipal, deps: Deps, body: Cord
 
 @router.post("/{node_id}:uncordon", response_model=Node, summary="Return a node to placement (admin)",
              responses=error_responses(400, 401, 403, 404, 503))
-async def uncordon(node_id: str, principal: AdminPrincipal, deps: Deps) -> Node:
-    _check_node_id(node_id)
+async def uncordon(node_id: NodeId, principal: AdminPrincipal, deps: Deps) -> Node:
     node = await deps.scheduler.cordon_node(node_id, cordoned=False, reason="")
     log.info("node uncordoned", extra={"node_id": node_id, "operator": principal.user})
     return node
@@ -59,9 +49,8 @@ async def uncordon(node_id: str, principal: AdminPrincipal, deps: Deps) -> Node:
 @router.post("/{node_id}/gpus/{gpu_index}:set-health", response_model=Node,
              summary="Mark a GPU healthy again after repair, or unhealthy (admin, audited on the node)",
              responses=error_responses(400, 401, 403, 404, 503))
-async def set_gpu_health(node_id: str, gpu_index: int, body: GpuHealthRequest, principal: AdminPrincipal,
+async def set_gpu_health(node_id: NodeId, gpu_index: GpuIndex, body: GpuHealthRequest, principal: AdminPrincipal,
                          deps: Deps) -> Node:
-    _check_node_id(node_id)
     node = await deps.scheduler.get_node(node_id)
     if not any(g.index == gpu_index for g in node.gpus):
         raise NotFound(f"node {node_id} has no GPU {gpu_index}")

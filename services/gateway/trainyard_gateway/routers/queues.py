@@ -7,20 +7,13 @@ import logging
 
 from fastapi import APIRouter, Response
 
-from trainyard_core.errors import InvalidArgument
-
 from ..auth import AdminPrincipal, Deps, Principal
 from ..schemas.common import error_responses
-from ..schemas.queues import QUEUE_NAME_RE, QUEUE_NAME_RULE, Queue, QueueList, QueuePut
+from ..schemas.queues import Queue, QueueList, QueuePut
+from .params import QueueName
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 log = logging.getLogger(__name__)
-
-
-def _checked_name(name: str) -> str:
-    if not QUEUE_NAME_RE.match(name):
-        raise InvalidArgument(f"queue name {name[:80]!r} is not valid ({QUEUE_NAME_RULE})")
-    return name
 
 
 @router.get("", response_model=QueueList, summary="List queues", responses=error_responses(401, 503))
@@ -30,19 +23,20 @@ async def list_queues(_: Principal, deps: Deps) -> QueueList:
 
 @router.put("/{name}", response_model=Queue, summary="Create or replace a queue (admin)",
             description="Answers 201 when the queue was created, 200 when an existing one was replaced.",
-            responses={201: {"model": Queue, "description": "Created"}, **error_responses(400, 401, 403, 503)})
-async def put_queue(name: str, body: QueuePut, principal: AdminPrincipal, deps: Deps, response: Response) -> Queue:
-    queue, created = await deps.scheduler.put_queue(_checked_name(name), body)
+            responses={201: {"model": Queue, "description": "Created"}, **error_responses(400, 401, 403, 409, 503)})
+async def put_queue(name: QueueName, body: QueuePut, principal: AdminPrincipal, deps: Deps,
+                    response: Response) -> Queue:
+    queue, created = await deps.scheduler.put_queue(name, body)
     response.status_code = 201 if created else 200
     log.info("queue stored", extra={"queue": name, "was_created": created, "operator": principal.user})
     return queue
 
 
 @router.delete("/{name}", response_model=Queue, summary="Delete a queue (admin)",
-               description='Refused (400 failed_precondition) for "default" and for a queue that unfinished jobs '
+               description='Refused (409 failed_precondition) for "default" and for a queue that unfinished jobs '
                            "name.",
-               responses=error_responses(400, 401, 403, 404, 503))
-async def delete_queue(name: str, principal: AdminPrincipal, deps: Deps) -> Queue:
-    queue = await deps.scheduler.delete_queue(_checked_name(name))
+               responses=error_responses(400, 401, 403, 404, 409, 503))
+async def delete_queue(name: QueueName, principal: AdminPrincipal, deps: Deps) -> Queue:
+    queue = await deps.scheduler.delete_queue(name)
     log.info("queue deleted", extra={"queue": name, "operator": principal.user})
     return queue

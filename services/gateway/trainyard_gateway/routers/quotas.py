@@ -7,21 +7,16 @@ import logging
 
 from fastapi import APIRouter, Response
 
-from trainyard_core.errors import InvalidArgument, PermissionDenied
+from trainyard_core.errors import PermissionDenied
 
 from ..auth import AdminPrincipal, Deps, Principal, team_scope
 from ..schemas.common import error_responses
-from ..schemas.quotas import TEAM_RE, TEAM_RULE, Quota, QuotaList, QuotaPut
+from ..schemas.quotas import Quota, QuotaList, QuotaPut
 from ..tokens import TokenRecord
+from .params import Team
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"])
 log = logging.getLogger(__name__)
-
-
-def _checked_team(team: str) -> str:
-    if not TEAM_RE.match(team):
-        raise InvalidArgument(f"team {team[:80]!r} is not valid ({TEAM_RULE})")
-    return team
 
 
 def _may_read(principal: TokenRecord, team: str) -> None:
@@ -37,25 +32,24 @@ async def list_quotas(principal: Principal, deps: Deps) -> QuotaList:
 
 @router.get("/{team}", response_model=Quota, summary="One team's quota (admin, or a token of that team)",
             responses=error_responses(400, 401, 403, 404, 503))
-async def get_quota(team: str, principal: Principal, deps: Deps) -> Quota:
-    _checked_team(team)
+async def get_quota(team: Team, principal: Principal, deps: Deps) -> Quota:
     _may_read(principal, team)
     return await deps.scheduler.get_quota(team)
 
 
 @router.put("/{team}", response_model=Quota, summary="Create or replace a team's quota (admin)",
             description="Answers 201 when the quota was created, 200 when an existing one was replaced.",
-            responses={201: {"model": Quota, "description": "Created"}, **error_responses(400, 401, 403, 503)})
-async def put_quota(team: str, body: QuotaPut, principal: AdminPrincipal, deps: Deps, response: Response) -> Quota:
-    quota, created = await deps.scheduler.put_quota(_checked_team(team), body)
+            responses={201: {"model": Quota, "description": "Created"}, **error_responses(400, 401, 403, 409, 503)})
+async def put_quota(team: Team, body: QuotaPut, principal: AdminPrincipal, deps: Deps, response: Response) -> Quota:
+    quota, created = await deps.scheduler.put_quota(team, body)
     response.status_code = 201 if created else 200
     log.info("quota stored", extra={"team": team, "was_created": created, "operator": principal.user})
     return quota
 
 
 @router.delete("/{team}", response_model=Quota, summary="Delete a team's quota (admin)",
-               responses=error_responses(400, 401, 403, 404, 503))
-async def delete_quota(team: str, principal: AdminPrincipal, deps: Deps) -> Quota:
-    quota = await deps.scheduler.delete_quota(_checked_team(team))
+               responses=error_responses(400, 401, 403, 404, 409, 503))
+async def delete_quota(team: Team, principal: AdminPrincipal, deps: Deps) -> Quota:
+    quota = await deps.scheduler.delete_quota(team)
     log.info("quota deleted", extra={"team": team, "operator": principal.user})
     return quota

@@ -1,40 +1,54 @@
 """Jobs: the submit request (validated strictly: unknown fields, wrong types and out-of-range numbers are
 refused with a message naming the field) and the job as the API returns it.
 
-Limits that depend on the fleet (more GPUs per node than any node has, an unknown accelerator) are the
-scheduler's to check; the bounds here only keep values sane and inside the proto's int32 fields.
+Every bound and name rule is `trainyard_core.contract`'s, the scheduler's own, so a spec this schema
+calls valid is not refused by the scheduler for its form. What it may still refuse, with 409
+failed_precondition, is what depends on the cluster: more GPUs per node than any node has, a queue or
+priority class that does not exist.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from .common import ApiModel
-from .queues import QUEUE_NAME_RE, QUEUE_NAME_RULE
+from trainyard_core import contract as c
 
-INT32_MAX = 2**31 - 1
-JOB_NAME_RULE = ("1-63 characters: lower-case letters, digits, '.', '_' or '-', starting and ending with a "
-                 "letter or digit")
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
-_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
+from .common import ApiModel, Bool, Number, OneOf, integer, keys_matching, matching, with_rules
 
-JobState = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "preempted",
-                   "restarting", "unknown"]
-
-
-_CC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,2}$")
-TOPOLOGY_TIERS = Literal["", "node", "leaf", "spine", "zone"]
-PREEMPTION_SIGNALS = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
-DAY_S = 86_400
+JOB_STATE_NAMES = (*c.JOB_STATES, "unknown")  # "unknown": a state this gateway does not know yet
+JobStateName = Annotated[str, OneOf(JOB_STATE_NAMES)]
+Model = Annotated[str, Field(pattern=c.MODEL_NAME.pattern)]
+Arg = Annotated[str, Field(max_length=c.MAX_ARG_LENGTH, pattern=c.NO_NUL.pattern)]
+EnvKey = Annotated[str, matching(c.ENV_KEY)]
+EnvValue = Annotated[str, Field(max_length=c.MAX_ENV_VALUE_LENGTH, pattern=c.NO_NUL.pattern)]
+LabelKey = Annotated[str, matching(c.LABEL_KEY)]
+ModelKey = Annotated[str, matching(c.MODEL_NAME)]
+SpeedHint = Annotated[Number, Field(gt=0, le=c.MAX_SPEED_HINT)]
 
 
 def _seconds(limit: float, description: str) -> Any:
-    return Field(strict=True, ge=0, le=limit, allow_inf_nan=False, description=description)
+    return Field(ge=0, le=limit, description=description)
+
+
+_EMPTY: dict[str, Any] = {"maxLength": 0}
+# JSON Schema of the rules between fields that ResourcesRequest._related checks.
+RESOURCES_RULES = (
+    {"not": {"required": ["accelerator", "accelerators"],
+             "properties": {"accelerator": {"minLength": 1}, "accelerators": {"minItems": 1}}}},
+    {"if": {"required": ["gpus_per_node"], "properties": {"gpus_per_node": {"const": 0}}},
+     "then": {"properties": {"accelerator": _EMPTY, "accelerators": {"maxItems": 0}, "min_memory_gb": {"const": 0},
+                             "min_compute_capability": _EMPTY, "vendor": _EMPTY}}},
+)
+# And the ones TopologyRequest._related checks.
+TOPOLOGY_RULES = (
+    {"if": {"required": ["required"], "properties": {"required": {"const": True}}},
+     "then": {"required": ["tier"], "properties": {"tier": {"minLength": 1}, "wait_s": {"const": 0}}}},
+    {"if": {"required": ["wait_s"], "properties": {"wait_s": {"exclusiveMinimum": 0}}},
+     "then": {"required": ["tier"], "properties": {"tier": {"minLength": 1}}}},
+)
 
 
 class ResourcesRequest(ApiModel):
@@ -42,170 +56,170 @@ class ResourcesRequest(ApiModel):
     (`accelerators`), or as a class (`vendor`, `min_memory_gb`, `min_compute_capability`); the scheduler
     runs the job on the fastest acceptable model that fits."""
 
-    nodes: Annotated[int, Field(strict=True, ge=1, le=10_000,
-                                description="nodes in the gang; all are placed or none")]
-    gpus_per_node: Annotated[int, Field(strict=True, ge=0, le=1024,
-                                        description="GPUs, and worker processes, on each node; 0 makes a CPU task: "
-                                                    "one worker per node, placed on CPU-only nodes")]
-    accelerator: str = Field("", max_length=128,
+    model_config = ApiModel.model_config | {"json_schema_extra": with_rules(*RESOURCES_RULES)}
+
+    nodes: int = integer(ge=1, le=c.MAX_NODES, description="nodes in the gang; all are placed or none")
+    gpus_per_node: int = integer(ge=0, le=c.MAX_GPUS_PER_NODE, description=(
+        "GPUs, and worker processes, on each node; 0 makes a CPU task: one worker per node, placed on CPU-only "
+        "nodes, naming no GPU (no accelerator, accelerators, min_memory_gb, min_compute_capability or vendor)"))
+    accelerator: str = Field("", pattern=c.MODEL_NAME.or_empty.pattern,
                              description="exact accelerator model, e.g. H100-80GB-HBM3; empty for any. Not "
                                          "together with `accelerators`")
-    accelerators: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=16,
-        description="any of these models (at most 16); the scheduler picks the fastest that fits",
+    accelerators: list[Model] = Field(
+        default_factory=list, max_length=c.MAX_ACCELERATORS, json_schema_extra={"uniqueItems": True},
+        description=f"any of these models (at most {c.MAX_ACCELERATORS}, each once); the scheduler picks the "
+                    "fastest that fits",
         examples=[["H100-80GB-HBM3", "A100-SXM4-80GB"]])
-    min_memory_gb: Annotated[int, Field(strict=True, ge=0, le=4096, description=(
-        "only GPUs with at least this much memory (memory_mb >= min_memory_gb * 1000); 0: any"))] = 0
-    min_compute_capability: str = Field("", max_length=8, description=(
+    min_memory_gb: int = integer(0, ge=0, le=c.MAX_MEMORY_GB, description=(
+        "only GPUs with at least this much memory (memory_mb >= min_memory_gb * 1000); 0: any"))
+    min_compute_capability: str = Field("", pattern=c.COMPUTE_CAPABILITY.or_empty.pattern, description=(
         'only GPUs of at least this compute capability, e.g. "8.0" (Ampere) or "9.0" (Hopper); empty: any'))
-    vendor: str = Field("", max_length=32, description='only GPUs of this vendor, e.g. "nvidia" or "amd"; '
-                                                       "case-insensitive; empty: any")
-    allow_mixed: Annotated[bool, Field(strict=True, description=(
+    vendor: str = Field("", max_length=c.MAX_VENDOR_LENGTH,
+                        description='only GPUs of this vendor, e.g. "nvidia" or "amd"; case-insensitive; empty: any')
+    allow_mixed: Annotated[Bool, Field(description=(
         "let the gang span several accepted models (each node's share is still one model); by default a "
         "gang runs on one model"))] = False
-    cpus_per_node: Annotated[int, Field(strict=True, ge=0, le=4096, description=(
-        "CPUs held on each node; 0: not accounted (a CPU task then holds 1)"))] = 0
-    speed_hints: dict[str, Annotated[float, Field(strict=True, gt=0, le=1000, allow_inf_nan=False)]] = Field(
-        default_factory=dict, max_length=32,
-        description="this job's relative throughput per GPU of each model (> 0, at most 1000), overriding the "
-                    "scheduler's speed factors when it picks the fastest model",
+    cpus_per_node: int = integer(0, ge=0, le=c.MAX_CPUS_PER_NODE, description=(
+        "CPUs held on each node; 0: not accounted (a CPU task then holds 1)"))
+    speed_hints: dict[ModelKey, SpeedHint] = Field(
+        default_factory=dict, max_length=c.MAX_SPEED_HINTS, json_schema_extra=keys_matching(c.MODEL_NAME),
+        description=f"this job's relative throughput per GPU of each model (> 0, at most {c.MAX_SPEED_HINT:g}), "
+                    "overriding the scheduler's speed factors when it picks the fastest model",
         examples=[{"H100-80GB-HBM3": 2.5, "A100-SXM4-80GB": 1.0}])
 
-    @field_validator("speed_hints")
+    @field_validator("accelerators")
     @classmethod
-    def _hint_models(cls, value: dict[str, float]) -> dict[str, float]:
-        for model in value:
-            if not 1 <= len(model) <= 64:
-                raise ValueError(f"accelerator model names must be 1-64 characters, got {model[:80]!r}")
+    def _once_each(cls, value: list[str]) -> list[str]:
+        twice = sorted({m for m in value if value.count(m) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} more than once")
         return value
 
-    @field_validator("min_compute_capability")
-    @classmethod
-    def _cc(cls, value: str) -> str:
-        if value and not _CC_RE.match(value):
-            raise ValueError(f'must look like "8.0" or "9.0" (major.minor), got {value!r}')
-        return value
+    @model_validator(mode="after")
+    def _related(self) -> ResourcesRequest:
+        if self.accelerator and self.accelerators:
+            raise ValueError("give either accelerator (one exact model) or accelerators (any of several), not both")
+        if self.gpus_per_node == 0:
+            asked = [name for name in ("accelerator", "accelerators", "min_memory_gb", "min_compute_capability",
+                                       "vendor") if getattr(self, name)]
+            if asked:
+                raise ValueError(f"gpus_per_node=0 is a CPU task, which gets no GPU: remove {', '.join(asked)}, or "
+                                 "ask for GPUs")
+        return self
 
 
 class TopologyRequest(ApiModel):
     """Where in the network the gang should fit. The scheduler always packs a gang as low as it can
     (node ⊂ leaf switch ⊂ spine ⊂ zone); this makes it wait for a placement within `tier`."""
 
-    tier: TOPOLOGY_TIERS = Field(default="", description='"node", "leaf", "spine" or "zone"; empty: no constraint')
-    required: Annotated[bool, Field(strict=True, description=(
-        "wait as long as it takes for a placement within `tier` (needs `tier`)"))] = False
-    wait_s: Annotated[float, _seconds(7 * DAY_S, (
+    model_config = ApiModel.model_config | {"json_schema_extra": with_rules(*TOPOLOGY_RULES)}
+
+    tier: Annotated[str, OneOf(("", *c.TOPOLOGY_TIERS))] = Field(
+        default="", description=f"{', '.join(c.TOPOLOGY_TIERS)}; empty: no constraint")
+    required: Annotated[Bool, Field(description=(
+        "wait as long as it takes for a placement within `tier` (needs `tier`; not with `wait_s`)"))] = False
+    wait_s: Annotated[Number, _seconds(c.MAX_TOPOLOGY_WAIT_S, (
         "otherwise wait up to this many seconds after queueing for a placement within `tier`, then take "
         "the best there is (at most 7 days; needs `tier`)"))] = 0.0
+
+    @model_validator(mode="after")
+    def _related(self) -> TopologyRequest:
+        if self.required and not self.tier:
+            raise ValueError("required needs tier (the domain the gang must fit in)")
+        if self.wait_s and not self.tier:
+            raise ValueError("wait_s needs tier (the domain to wait for)")
+        if self.wait_s and self.required:
+            raise ValueError("wait_s applies only when required is false (required waits without a limit); set "
+                             "one of them")
+        return self
 
 
 class PreemptionRequest(ApiModel):
     """How the job is stopped when a job of higher standing preempts it."""
 
-    signal: PREEMPTION_SIGNALS = Field(default="SIGTERM", description=(
+    signal: Annotated[str, OneOf(c.PREEMPTION_SIGNALS)] = Field(default=c.DEFAULT_PREEMPTION_SIGNAL, description=(
         "signal sent first (a job that checkpoints on it can save its state)"))
-    grace_s: Annotated[float, _seconds(3600, (
+    grace_s: Annotated[Number, _seconds(c.MAX_GRACE_S, (
         "seconds between the signal and SIGKILL; 0: the scheduler's default grace"))] = 0.0
 
 
 class CheckpointRequest(ApiModel):
     """The job's checkpoint policy, handed to its checkpoint library as TRAINYARD_CHECKPOINT_* variables."""
 
-    every_steps: Annotated[int, Field(strict=True, ge=0, le=10**9, description=(
-        "save every this many training steps; 0: the script decides"))] = 0
-    interval_s: Annotated[float, _seconds(7 * DAY_S, (
+    every_steps: int = integer(0, ge=0, le=c.MAX_CHECKPOINT_STEPS, description=(
+        "save every this many training steps; 0: the script decides"))
+    interval_s: Annotated[Number, _seconds(c.MAX_CHECKPOINT_INTERVAL_S, (
         "save at least this often, in seconds; 0: no time-based saves"))] = 0.0
-    keep_last: Annotated[int, Field(strict=True, ge=0, le=10_000, description=(
-        "committed checkpoints the store keeps for the job; 0: the store's default retention"))] = 0
+    keep_last: int = integer(0, ge=0, le=c.MAX_KEEP_LAST, description=(
+        "committed checkpoints the store keeps for the job; 0: the store's default retention"))
+
+
+_PROGRAM: dict[str, Any] = {"type": "string", "maxLength": c.MAX_ARG_LENGTH, "pattern": c.PROGRAM.pattern}
+_RESERVED_ENV = {"anyOf": [{"enum": list(c.RESERVED_ENV)}, {"pattern": f"^{c.RESERVED_ENV_PREFIX}"}]}
 
 
 class JobSubmit(ApiModel):
     """Body of POST /v1/jobs."""
 
-    name: str = Field(description=f"job name: {JOB_NAME_RULE}", examples=["llama-7b-pretrain"])
-    command: list[Annotated[str, Field(max_length=32_768)]] = Field(
-        min_length=1, max_length=4096, description="argv of every worker", examples=[["python", "train.py"]])
-    env: dict[str, Annotated[str, Field(max_length=32_768)]] = Field(
-        default_factory=dict, max_length=1024, description="environment added to every worker")
+    name: str = Field(pattern=c.JOB_NAME.pattern, description=f"job name: {c.JOB_NAME.rule}",
+                      examples=["llama-7b-pretrain"])
+    command: list[Arg] = Field(
+        min_length=1, max_length=c.MAX_COMMAND_ARGS, json_schema_extra={"prefixItems": [_PROGRAM]},
+        description=f"argv of every worker: the program, then its arguments; at most {c.MAX_COMMAND_ARGS} of "
+                    f"at most {c.MAX_ARG_LENGTH} characters each, and at most {c.MAX_COMMAND_LENGTH} characters "
+                    "together",
+        examples=[["python", "train.py"]])
+    env: dict[EnvKey, EnvValue] = Field(
+        default_factory=dict, max_length=c.MAX_ENV_VARS,
+        json_schema_extra=keys_matching(c.ENV_KEY, **{"not": _RESERVED_ENV}),
+        description="environment added to every worker; the variables Trainyard sets (MASTER_ADDR, RANK, ..., "
+                    f"{c.RESERVED_ENV_PREFIX}*) cannot be set")
     resources: ResourcesRequest
-    working_dir: str = Field("", max_length=4096,
+    working_dir: str = Field("", max_length=c.MAX_WORKING_DIR_LENGTH, pattern=c.WORKING_DIR.pattern,
                              description="absolute working directory of the workers; empty: a per-job one")
-    queue: str = Field("", max_length=63, description="queue name (see GET /v1/queues); empty for the default "
-                                                      "queue")
-    priority: Annotated[int, Field(strict=True, ge=-INT32_MAX, le=INT32_MAX)] = 0
-    max_restarts: Annotated[int, Field(strict=True, ge=0, le=1000, description=(
-        "restarts allowed after a failed rank, each after an exponential backoff"))] = 0
-    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict, max_length=64)
-    priority_class: str = Field("", max_length=63, description=(
+    queue: str = Field("", pattern=c.QUEUE_NAME.or_empty.pattern,
+                       description="queue name (see GET /v1/queues); empty for the default queue")
+    priority: int = integer(0, ge=c.MIN_PRIORITY, le=c.MAX_PRIORITY, description=(
+        "order within the same queue tier and priority class (higher first)"))
+    max_restarts: int = integer(0, ge=0, le=c.MAX_RESTARTS, description=(
+        "restarts allowed after a failed rank, each after an exponential backoff"))
+    labels: dict[LabelKey, Annotated[str, Field(max_length=c.MAX_LABEL_VALUE_LENGTH)]] = Field(
+        default_factory=dict, max_length=c.MAX_LABELS, json_schema_extra=keys_matching(c.LABEL_KEY))
+    priority_class: str = Field("", pattern=c.PRIORITY_CLASS.or_empty.pattern, description=(
         "priority class: low (-100, never preempts), normal (0), high (100) or critical (1000, never "
         "preempted), unless the operator configured others; empty: the default class (normal)"))
     topology: TopologyRequest = Field(default_factory=lambda: TopologyRequest())
     preemption: PreemptionRequest = Field(default_factory=lambda: PreemptionRequest())
     checkpoint: CheckpointRequest = Field(default_factory=lambda: CheckpointRequest())
-    restart_backoff_s: Annotated[float | None, _seconds(3600, (
+    restart_backoff_s: Annotated[Number | None, _seconds(c.MAX_RESTART_BACKOFF_S, (
         "delay before the first restart, doubling for each further one (capped at 600 s); null or absent: "
-        "10 s; 0: restart at once"))] = None
-    time_limit_s: Annotated[float, _seconds(365 * DAY_S, (
+        f"{c.DEFAULT_RESTART_BACKOFF_S:g} s; 0: restart at once"))] = None
+    time_limit_s: Annotated[Number, _seconds(c.MAX_TIME_LIMIT_S, (
         "wall-clock limit of one attempt in seconds, after which the job fails; 0: none. Jobs with a limit "
         "can backfill GPUs held for a blocked job"))] = 0.0
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError(f"must be {JOB_NAME_RULE} (got {value[:80]!r})")
-        return value
 
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str]) -> list[str]:
-        if not value[0]:
-            raise ValueError("the first element (the program) must not be empty")
-        if any("\0" in arg for arg in value):
-            raise ValueError("arguments must not contain NUL characters")
+        if not c.PROGRAM.matches(value[0]):
+            raise ValueError(f"the first element must be {c.PROGRAM.rule}")
+        if sum(len(arg) for arg in value) > c.MAX_COMMAND_LENGTH:
+            raise ValueError(f"at most {c.MAX_COMMAND_LENGTH} characters, every argument together")
         return value
 
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, val in value.items():
-            if not _ENV_KEY_RE.match(key):
-                raise ValueError(f"variable name {key[:80]!r} must be letters, digits and '_', not starting "
-                                 "with a digit")
-            if "\0" in val:
-                raise ValueError(f"value of {key} must not contain NUL characters")
-        return value
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _LABEL_KEY_RE.match(key):
-                raise ValueError(f"label key {key[:80]!r} must be 1-63 letters, digits, '.', '_', '/' or '-', "
-                                 "starting and ending with a letter or digit")
-        return value
-
-    @field_validator("working_dir")
-    @classmethod
-    def _working_dir(cls, value: str) -> str:
-        if value and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path (got {value[:80]!r})")
-        if "\0" in value:
-            raise ValueError("must not contain NUL characters")
-        return value
-
-    @field_validator("queue")
-    @classmethod
-    def _queue(cls, value: str) -> str:
-        if value and not QUEUE_NAME_RE.match(value):
-            raise ValueError(f"must be {QUEUE_NAME_RULE} (got {value!r})")
+            if key in c.RESERVED_ENV or key.startswith(c.RESERVED_ENV_PREFIX):
+                raise ValueError(f"{key} is set by Trainyard for every worker and cannot be overridden")
         return value
 
 
 class CancelRequest(ApiModel):
     """Optional body of POST /v1/jobs/{id}:cancel."""
 
-    reason: str = Field("", max_length=1024, description="recorded in the job's events")
+    reason: str = Field("", max_length=c.MAX_REASON_LENGTH, description="recorded in the job's events")
 
 
 class Resources(ApiModel):
@@ -282,7 +296,7 @@ class JobEvent(ApiModel):
 class Job(ApiModel):
     id: str
     name: str
-    state: JobState
+    state: JobStateName
     team: str
     user: str
     spec: JobSpec

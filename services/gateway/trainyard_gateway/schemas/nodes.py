@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .common import ApiModel
+from trainyard_core import contract as c
+
+from .common import ApiModel, Bool
 
 NodeState = Literal["ready", "not_ready", "cordoned", "unknown"]
 GpuHealth = Literal["healthy", "degraded", "unhealthy", "unknown"]
@@ -53,9 +55,13 @@ class NodeList(ApiModel):
 
 
 class CordonRequest(ApiModel):
-    reason: str = Field("", max_length=1024, description="why; shown on the node and in the scheduler's log")
+    reason: str = Field("", max_length=c.MAX_REASON_LENGTH,
+                        description="why; shown on the node and in the scheduler's log")
 
 
 class GpuHealthRequest(ApiModel):
-    healthy: bool = Field(description="true: back in service (after repair); false: take it out of service")
-    reason: str = Field(min_length=1, max_length=1024, description="why; written to the node's audit log")
+    healthy: Annotated[Bool, Field(description=(
+        "true: back in service (after repair); false: take it out of service. A JSON boolean: 0, 1 or "
+        '"false" are refused'))]
+    reason: str = Field(max_length=c.MAX_GPU_HEALTH_REASON_LENGTH, pattern=c.GPU_HEALTH_REASON.pattern,
+                        description=f"why; written to the node's audit log: {c.GPU_HEALTH_REASON.rule}")

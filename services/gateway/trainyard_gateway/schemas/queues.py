@@ -6,39 +6,30 @@ nodes that carry all of them (a partition), and `max_gpus` caps what its jobs ho
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from .common import ApiModel
+from trainyard_core import contract as c
 
-QUEUE_NAME_RULE = ("1-63 lower-case letters, digits, '-' or '_', starting and ending with a letter or digit")
-QUEUE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
-MAX_GPUS = 10_000_000
+from .common import ApiModel, integer, keys_matching, matching
+
+LabelKey = Annotated[str, matching(c.LABEL_KEY)]
 
 
 class QueuePut(ApiModel):
     """Body of PUT /v1/queues/{name}: the whole queue (a PUT replaces every field)."""
 
-    tier: Annotated[int, Field(strict=True, ge=-1000, le=1000, description=(
+    tier: int = integer(0, ge=c.MIN_QUEUE_TIER, le=c.MAX_QUEUE_TIER, description=(
         "orders queues: every pending job of a higher tier is considered before any of a lower one, and may "
-        "preempt it"))] = 0
-    max_gpus: Annotated[int, Field(strict=True, ge=0, le=MAX_GPUS, description=(
-        "most GPUs the queue's jobs hold at once; 0: no cap"))] = 0
-    node_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=16,
+        "preempt it"))
+    max_gpus: int = integer(0, ge=0, le=c.MAX_GPUS, description=(
+        "most GPUs the queue's jobs hold at once; 0: no cap"))
+    node_labels: dict[LabelKey, Annotated[str, Field(max_length=c.MAX_NODE_LABEL_VALUE_LENGTH)]] = Field(
+        default_factory=dict, max_length=c.MAX_NODE_LABELS, json_schema_extra=keys_matching(c.LABEL_KEY),
         description="the queue's jobs run only on nodes carrying all of these labels (a partition); empty: any node",
         examples=[{"pool": "reserved"}])
-    description: str = Field("", max_length=512)
-
-    @field_validator("node_labels")
-    @classmethod
-    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not 1 <= len(key) <= 63:
-                raise ValueError(f"label keys must be 1-63 characters, got {key[:80]!r}")
-        return value
+    description: str = Field("", max_length=c.MAX_QUEUE_DESCRIPTION)
 
 
 class Queue(ApiModel):

@@ -8,42 +8,30 @@ scales the team's fair share among jobs of equal standing.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from .common import ApiModel
-from .queues import MAX_GPUS
+from trainyard_core import contract as c
 
-TEAM_RULE = "1-63 lower-case letters, digits or '-', starting with a letter or digit"
-TEAM_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+from .common import ApiModel, Number, integer, keys_matching, matching
 
 
 class QuotaLimitRequest(ApiModel):
-    nominal: Annotated[int, Field(strict=True, ge=0, le=MAX_GPUS, description="GPUs guaranteed to the team")]
-    borrow_limit: Annotated[int | None, Field(strict=True, ge=0, le=MAX_GPUS, description=(
-        "idle GPUs the team may use above nominal (reclaimable by their owners); null or absent: no limit"))] = None
+    nominal: int = integer(ge=0, le=c.MAX_GPUS, description="GPUs guaranteed to the team")
+    borrow_limit: int | None = integer(None, ge=0, le=c.MAX_GPUS, description=(
+        "idle GPUs the team may use above nominal (reclaimable by their owners); null or absent: no limit"))
 
 
 class QuotaPut(ApiModel):
     """Body of PUT /v1/quotas/{team}: the whole quota (a PUT replaces every field)."""
 
-    weight: Annotated[float, Field(strict=True, gt=0, le=1000, allow_inf_nan=False, description=(
+    weight: Annotated[Number, Field(gt=0, le=c.MAX_QUOTA_WEIGHT, description=(
         "fair-share weight: a team of weight 2 is entitled to twice the share of a team of weight 1"))] = 1.0
-    limits: dict[str, QuotaLimitRequest] = Field(
-        default_factory=dict, max_length=64,
-        description='per accelerator model; "*" governs every model without an entry of its own',
+    limits: dict[Annotated[str, matching(c.MODEL_NAME)], QuotaLimitRequest] = Field(
+        default_factory=dict, max_length=c.MAX_QUOTA_MODELS, json_schema_extra=keys_matching(c.MODEL_NAME),
+        description=f'per accelerator model; "{c.ANY_MODEL}" governs every model without an entry of its own',
         examples=[{"H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8}}])
-
-    @field_validator("limits")
-    @classmethod
-    def _models(cls, value: dict[str, QuotaLimitRequest]) -> dict[str, QuotaLimitRequest]:
-        for model in value:
-            if not 1 <= len(model) <= 64:
-                raise ValueError(f"accelerator model names must be 1-64 characters ('*' for any model), got "
-                                 f"{model[:80]!r}")
-        return value
 
 
 class QuotaLimit(ApiModel):

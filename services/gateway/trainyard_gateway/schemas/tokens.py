@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import Field
 
-from .common import ApiModel
+from trainyard_core import contract as c
+
+from .common import ApiModel, Bool
 
 
 class TokenCreate(ApiModel):
-    team: str = Field(max_length=63, description="team the token acts for", examples=["vision"])
-    user: str = Field(max_length=128, description="user the token acts for", examples=["alice"])
-    admin: bool = Field(False, description="admin tokens see every team's jobs and manage tokens")
-    description: str = Field("", max_length=256)
+    team: str = Field(pattern=c.TEAM.pattern, description=f"team the token acts for: {c.TEAM.rule} (the rule "
+                                                          "every team name follows, in jobs and quotas too)",
+                      examples=["vision"])
+    user: str = Field(pattern=c.USER.pattern, description=f"user the token acts for: {c.USER.rule}",
+                      examples=["alice"])
+    admin: Annotated[Bool, Field(description="admin tokens see every team's jobs and manage tokens")] = False
+    description: str = Field("", max_length=c.MAX_TOKEN_DESCRIPTION)
 
 
 class Token(ApiModel):

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class JobState(StrEnum):
-    PENDING = "pending"
-    ADMITTED = "admitted"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    PREEMPTED = "preempted"
-    RESTARTING = "restarting"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+from trainyard_core.contract import (
+    DEFAULT_PREEMPTION_SIGNAL,
+    DEFAULT_QUEUE,
+    DEFAULT_RESTART_BACKOFF_S,
+    PLACEMENT_TIERS,
+)
+from trainyard_core.contract import JobState as JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +43,7 @@ class Resources:
 
 
 # Topology tiers, lowest (closest) first. A gang's tier is the lowest domain that contains all of it.
-TIERS: tuple[str, ...] = ("island", "node", "leaf", "spine", "zone", "cluster")
+TIERS: tuple[str, ...] = PLACEMENT_TIERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +74,7 @@ class PreemptionPolicy:
     """How the job is asked to stop when preempted: `signal` first (a job that checkpoints on it can
     save its state), then SIGKILL after `grace_s` (0: the scheduler's default stop grace)."""
 
-    signal: str = "SIGTERM"
+    signal: str = DEFAULT_PREEMPTION_SIGNAL
     grace_s: float = 0.0
 
 
@@ -93,7 +85,7 @@ class JobSpec:
     resources: Resources
     env: Mapping[str, str] = field(default_factory=dict)
     working_dir: str = ""
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     priority: int = 0
     max_restarts: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -102,7 +94,7 @@ class JobSpec:
     topology: TopologyRequest = TopologyRequest()
     preemption: PreemptionPolicy = PreemptionPolicy()
     # First restart waits this long; each further one twice as long (capped at 10 minutes).
-    restart_backoff_s: float = 10.0
+    restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
     # Wall-clock limit of one attempt (0: none). Also what backfill uses as the job's expected run time.
     time_limit_s: float = 0.0
     checkpoint: CheckpointPolicy = CheckpointPolicy()

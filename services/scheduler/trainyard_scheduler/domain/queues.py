@@ -20,11 +20,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from trainyard_core import contract
+from trainyard_core.contract import ANY_MODEL as ANY_MODEL
+from trainyard_core.contract import MAX_GPUS as MAX_GPUS
 from trainyard_core.errors import InvalidArgument
 
-ANY_MODEL = "*"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-MAX_GPUS = 10_000_000
+# Queue names, as the policy servicer checks them before a record is built.
+NAME_RE = re.compile(contract.QUEUE_NAME.pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class QueueConfig:
     description: str = ""
 
 
-DEFAULT_QUEUE = QueueConfig("default")
+DEFAULT_QUEUE = QueueConfig(contract.DEFAULT_QUEUE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,34 +182,39 @@ class PolicyConfig:
 
 def validate_queue(q: QueueConfig) -> None:
     problems: list[str] = []
-    if not NAME_RE.match(q.name):
-        problems.append(f"queue name {q.name!r} must be 1-63 letters, digits, '.', '_' or '-'")
-    if not -1000 <= q.tier <= 1000:
-        problems.append(f"tier must be between -1000 and 1000, got {q.tier}")
+    if not contract.QUEUE_NAME.matches(q.name):
+        problems.append(f"queue name {q.name[:80]!r} must be {contract.QUEUE_NAME.rule}")
+    lo, hi = contract.MIN_QUEUE_TIER, contract.MAX_QUEUE_TIER
+    if not lo <= q.tier <= hi:
+        problems.append(f"tier must be between {lo} and {hi}, got {q.tier}")
     if not 0 <= q.max_gpus <= MAX_GPUS:
         problems.append(f"max_gpus must be between 0 (no cap) and {MAX_GPUS}, got {q.max_gpus}")
-    if len(q.node_labels) > 16:
-        problems.append("node_labels: at most 16")
+    if len(q.node_labels) > contract.MAX_NODE_LABELS:
+        problems.append(f"node_labels: at most {contract.MAX_NODE_LABELS}")
     for k, v in q.node_labels.items():
-        if not NAME_RE.match(k.replace("/", "-")) or len(v) > 63:
-            problems.append(f"node label {k!r} must be a short name; values at most 63 characters")
-    if len(q.description) > 512:
-        problems.append("description: at most 512 characters")
+        if not contract.LABEL_KEY.matches(k):
+            problems.append(f"node label {k[:80]!r} must be {contract.LABEL_KEY.rule}")
+        if len(v) > contract.MAX_NODE_LABEL_VALUE_LENGTH:
+            problems.append(f"node label {k[:80]!r}: values are at most {contract.MAX_NODE_LABEL_VALUE_LENGTH} "
+                            "characters")
+    if len(q.description) > contract.MAX_QUEUE_DESCRIPTION:
+        problems.append(f"description: at most {contract.MAX_QUEUE_DESCRIPTION} characters")
     if problems:
         raise InvalidArgument("invalid queue: " + "; ".join(problems))
 
 
 def validate_quota(q: TeamQuota) -> None:
     problems: list[str] = []
-    if not re.match(r"^[a-z0-9][a-z0-9-]{0,62}$", q.team):
-        problems.append(f"team {q.team!r} must be 1-63 lower-case letters, digits or '-'")
-    if not (0 < q.weight <= 1000) or math.isnan(q.weight):
-        problems.append(f"weight must be > 0 and <= 1000, got {q.weight}")
-    if len(q.limits) > 64:
-        problems.append("at most 64 accelerator models per quota")
+    if not contract.TEAM.matches(q.team):
+        problems.append(f"team {q.team[:80]!r} must be {contract.TEAM.rule}")
+    if not (0 < q.weight <= contract.MAX_QUOTA_WEIGHT) or math.isnan(q.weight):
+        problems.append(f"weight must be > 0 and <= {contract.MAX_QUOTA_WEIGHT:g}, got {q.weight}")
+    if len(q.limits) > contract.MAX_QUOTA_MODELS:
+        problems.append(f"at most {contract.MAX_QUOTA_MODELS} accelerator models per quota")
     for model, lim in q.limits.items():
-        if model != ANY_MODEL and (not model or len(model) > 64):
-            problems.append(f"accelerator model {model!r} must be 1-64 characters, or '*' for any model")
+        if not contract.MODEL_NAME.matches(model):
+            problems.append(f"accelerator model {model[:80]!r} must be {contract.MODEL_NAME.rule}, or "
+                            f"'{ANY_MODEL}' for any model")
         if not 0 <= lim.nominal <= MAX_GPUS:
             problems.append(f"{model}: nominal must be between 0 and {MAX_GPUS}, got {lim.nominal}")
         if lim.borrow_limit is not None and not 0 <= lim.borrow_limit <= MAX_GPUS:
@@ -224,8 +231,8 @@ def validate_classes(classes: Iterable[PriorityClass], default: str) -> None:
     if default not in names:
         raise InvalidArgument(f"default priority class {default!r} is not one of {', '.join(names)}")
     for c in classes:
-        if not NAME_RE.match(c.name):
-            raise InvalidArgument(f"priority class name {c.name!r} must be 1-63 letters, digits, '.', '_' or '-'")
+        if not contract.PRIORITY_CLASS.matches(c.name):
+            raise InvalidArgument(f"priority class name {c.name!r} must be {contract.PRIORITY_CLASS.rule}")
 
 
 def standing(queue: str, priority_class: str, priority: int, config: PolicyConfig) -> tuple[int, int, int]:

@@ -1,4 +1,12 @@
-"""Validation of job specs from any caller. Every message names the field and what would be valid."""
+"""Validation of job specs from any caller. Every message names the field and what would be valid.
+
+Two kinds of refusal, with different codes:
+- `validate_spec` / `validate_team`: the request breaks the API's contract (`trainyard_core.contract`, the
+  same limits and rules the gateway's OpenAPI schema states), whatever the cluster: InvalidArgument.
+- `check_fits_fleet`, `check_queue`, `check_priority_class`: a well-formed request this cluster cannot
+  take as it is now (no node that large, a queue nobody created, a class the operator did not define):
+  FailedPrecondition. The request is not wrong, the cluster would have to change.
+"""
 
 from __future__ import annotations
 
@@ -6,50 +14,14 @@ import math
 import re
 from collections.abc import Collection, Iterable
 
-from trainyard_core.errors import InvalidArgument
+from trainyard_core import contract as c
+from trainyard_core.errors import FailedPrecondition, InvalidArgument
 
 from .models import Gpu, JobSpec, Node, Resources
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$")
-TEAM_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-
-# Set by the scheduler and the agent for every worker; a job may not override them.
-RESERVED_ENV = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-    "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-})
-RESERVED_ENV_PREFIX = "TRAINYARD_"
-
-MAX_NODES = 4096
-MAX_GPUS_PER_NODE = 64
-MAX_COMMAND_ARGS = 1024
-MAX_COMMAND_BYTES = 128 * 1024
-MAX_ENV_VARS = 256
-MAX_ENV_VALUE_BYTES = 32 * 1024
-MAX_LABELS = 64
-PRIORITY_RANGE = (-1000, 1000)
-MAX_RESTARTS = 100
-MAX_CHECKPOINT_STEPS = 10**9
-MAX_CHECKPOINT_INTERVAL_S = 7 * 86400.0
-MAX_KEEP_LAST = 10_000
-MAX_ACCELERATORS = 16
-MAX_MODEL_NAME = 64
-MAX_MEMORY_GB = 4096
-CC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,2}$")
-MAX_VENDOR = 32
-MAX_CPUS_PER_NODE = 4096
-MAX_SPEED_HINTS = 32
-MAX_SPEED_HINT = 1000.0
-# Topology tiers a job may ask for: the NVLink island is not a gang's to ask (placement packs a node's
-# share into one island anyway) and "cluster" is no constraint at all.
-TOPOLOGY_TIERS = ("", "node", "leaf", "spine", "zone")
-MAX_TOPOLOGY_WAIT_S = 7 * 86400
-PREEMPTION_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
-MAX_GRACE_S = 3600
-MAX_RESTART_BACKOFF_S = 3600
-MAX_TIME_LIMIT_S = 365 * 86400
+# What the policy servicer checks team names with before a record is built.
+TEAM_RE = re.compile(c.TEAM.pattern)
+RESERVED_ENV = frozenset(c.RESERVED_ENV)
 
 
 def validate_spec(spec: JobSpec) -> None:
@@ -59,47 +31,56 @@ def validate_spec(spec: JobSpec) -> None:
 
 
 def _problems(spec: JobSpec) -> Iterable[str]:
-    if not NAME_RE.match(spec.name):
-        yield (f"name {spec.name!r} must be 1-63 characters of letters, digits, '.', '_' or '-', "
-               "starting with a letter or digit")
-    if not spec.command:
-        yield "command must not be empty (e.g. [\"python\", \"train.py\"])"
-    elif not spec.command[0].strip():
-        yield "command[0] (the program) must not be empty"
-    if len(spec.command) > MAX_COMMAND_ARGS:
-        yield f"command has {len(spec.command)} arguments; at most {MAX_COMMAND_ARGS} are allowed"
-    if sum(len(a.encode()) for a in spec.command) > MAX_COMMAND_BYTES:
-        yield f"command is longer than {MAX_COMMAND_BYTES} bytes"
-    if any("\0" in a for a in spec.command):
-        yield "command arguments must not contain NUL characters"
+    if not c.JOB_NAME.matches(spec.name):
+        yield f"name {spec.name[:80]!r} must be {c.JOB_NAME.rule}"
+    yield from _command_problems(spec.command)
     yield from _resource_problems(spec.resources)
-    if len(spec.env) > MAX_ENV_VARS:
-        yield f"env has {len(spec.env)} variables; at most {MAX_ENV_VARS} are allowed"
+    if len(spec.env) > c.MAX_ENV_VARS:
+        yield f"env has {len(spec.env)} variables; at most {c.MAX_ENV_VARS} are allowed"
     for key, value in spec.env.items():
-        if not ENV_KEY_RE.match(key):
-            yield f"env key {key!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
-        elif key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
+        if not c.ENV_KEY.matches(key):
+            yield f"env key {key[:80]!r} is not a valid variable name ({c.ENV_KEY.rule})"
+        elif key in RESERVED_ENV or key.startswith(c.RESERVED_ENV_PREFIX):
             yield f"env key {key!r} is set by Trainyard for every worker and cannot be overridden"
-        if len(value.encode()) > MAX_ENV_VALUE_BYTES or "\0" in value:
-            yield f"env value of {key!r} must be under {MAX_ENV_VALUE_BYTES} bytes without NUL characters"
-    if spec.working_dir and (not spec.working_dir.startswith("/") or "\0" in spec.working_dir):
-        yield f"working_dir {spec.working_dir!r} must be an absolute path"
-    if not NAME_RE.match(spec.queue):
-        yield f"queue {spec.queue!r} must be 1-63 characters of letters, digits, '.', '_' or '-'"
-    lo, hi = PRIORITY_RANGE
-    if not lo <= spec.priority <= hi:
-        yield f"priority must be between {lo} and {hi}, got {spec.priority}"
-    if not 0 <= spec.max_restarts <= MAX_RESTARTS:
-        yield f"max_restarts must be between 0 and {MAX_RESTARTS}, got {spec.max_restarts}"
-    if len(spec.labels) > MAX_LABELS:
-        yield f"labels: at most {MAX_LABELS} are allowed"
+        if len(value) > c.MAX_ENV_VALUE_LENGTH or not c.NO_NUL.matches(value):
+            yield (f"env value of {key[:80]!r} must be at most {c.MAX_ENV_VALUE_LENGTH} characters without NUL "
+                   "characters")
+    if len(spec.working_dir) > c.MAX_WORKING_DIR_LENGTH or not c.WORKING_DIR.matches(spec.working_dir):
+        yield (f"working_dir {spec.working_dir[:80]!r} must be {c.WORKING_DIR.rule}, at most "
+               f"{c.MAX_WORKING_DIR_LENGTH} characters")
+    if not c.QUEUE_NAME.matches(spec.queue):
+        yield f"queue {spec.queue[:80]!r} must be {c.QUEUE_NAME.rule}"
+    if not c.MIN_PRIORITY <= spec.priority <= c.MAX_PRIORITY:
+        yield f"priority must be between {c.MIN_PRIORITY} and {c.MAX_PRIORITY}, got {spec.priority}"
+    if not 0 <= spec.max_restarts <= c.MAX_RESTARTS:
+        yield f"max_restarts must be between 0 and {c.MAX_RESTARTS}, got {spec.max_restarts}"
+    if len(spec.labels) > c.MAX_LABELS:
+        yield f"labels: at most {c.MAX_LABELS} are allowed"
     for key, value in spec.labels.items():
-        if not LABEL_KEY_RE.match(key) or len(value) > 253:
-            yield f"label {key!r} must be a short name of letters, digits, '.', '_', '/' or '-'"
-    if spec.priority_class and not NAME_RE.match(spec.priority_class):
-        yield (f"priority_class {spec.priority_class[:80]!r} must be 1-63 characters of letters, digits, '.', "
-               "'_' or '-' (or empty for the default class)")
+        if not c.LABEL_KEY.matches(key):
+            yield f"label key {key[:80]!r} must be {c.LABEL_KEY.rule}"
+        if len(value) > c.MAX_LABEL_VALUE_LENGTH:
+            yield f"label {key[:80]!r}: values are at most {c.MAX_LABEL_VALUE_LENGTH} characters"
+    if spec.priority_class and not c.PRIORITY_CLASS.matches(spec.priority_class):
+        yield (f"priority_class {spec.priority_class[:80]!r} must be {c.PRIORITY_CLASS.rule} (or empty for the "
+               "default class)")
     yield from _policy_problems(spec)
+
+
+def _command_problems(command: tuple[str, ...]) -> Iterable[str]:
+    if not command:
+        yield "command must not be empty (e.g. [\"python\", \"train.py\"])"
+        return
+    if not c.PROGRAM.matches(command[0]):
+        yield f"command[0] (the program) must be {c.PROGRAM.rule}"
+    if len(command) > c.MAX_COMMAND_ARGS:
+        yield f"command has {len(command)} arguments; at most {c.MAX_COMMAND_ARGS} are allowed"
+    if any(len(a) > c.MAX_ARG_LENGTH for a in command):
+        yield f"command: each argument is at most {c.MAX_ARG_LENGTH} characters"
+    elif sum(len(a) for a in command) > c.MAX_COMMAND_LENGTH:
+        yield f"command is longer than {c.MAX_COMMAND_LENGTH} characters (every argument together)"
+    if not all(c.NO_NUL.matches(a) for a in command[1:]):
+        yield "command arguments must not contain NUL characters"
 
 
 def _seconds_problem(field: str, value: float, limit: float, zero: str) -> str | None:
@@ -109,41 +90,42 @@ def _seconds_problem(field: str, value: float, limit: float, zero: str) -> str |
 
 
 def _resource_problems(r: Resources) -> Iterable[str]:
-    if not 1 <= r.nodes <= MAX_NODES:
-        yield f"resources.nodes must be between 1 and {MAX_NODES}, got {r.nodes}"
-    if not 0 <= r.gpus_per_node <= MAX_GPUS_PER_NODE:
+    if not 1 <= r.nodes <= c.MAX_NODES:
+        yield f"resources.nodes must be between 1 and {c.MAX_NODES}, got {r.nodes}"
+    if not 0 <= r.gpus_per_node <= c.MAX_GPUS_PER_NODE:
         yield (f"resources.gpus_per_node must be between 0 (a CPU task, on CPU-only nodes) and "
-               f"{MAX_GPUS_PER_NODE}, got {r.gpus_per_node}")
-    if len(r.accelerator) > MAX_MODEL_NAME:
-        yield f"resources.accelerator must be at most {MAX_MODEL_NAME} characters"
+               f"{c.MAX_GPUS_PER_NODE}, got {r.gpus_per_node}")
+    if r.accelerator and not c.MODEL_NAME.matches(r.accelerator):
+        yield f"resources.accelerator {r.accelerator[:80]!r} must be {c.MODEL_NAME.rule} (or empty for any)"
     if r.accelerator and r.accelerators:
         yield ("resources: give either accelerator (one exact model) or accelerators (any of several), "
                "not both")
-    if len(r.accelerators) > MAX_ACCELERATORS:
-        yield f"resources.accelerators lists {len(r.accelerators)} models; at most {MAX_ACCELERATORS} are allowed"
+    if len(r.accelerators) > c.MAX_ACCELERATORS:
+        yield (f"resources.accelerators lists {len(r.accelerators)} models; at most {c.MAX_ACCELERATORS} are "
+               "allowed")
     seen: set[str] = set()
     for name in r.accelerators:
-        if not name.strip() or len(name) > MAX_MODEL_NAME:
-            yield f"resources.accelerators: each model name must be 1-{MAX_MODEL_NAME} characters, got {name[:80]!r}"
+        if not c.MODEL_NAME.matches(name):
+            yield f"resources.accelerators: each model name must be {c.MODEL_NAME.rule}, got {name[:80]!r}"
         elif name in seen:
             yield f"resources.accelerators lists {name!r} twice"
         seen.add(name)
-    if not 0 <= r.min_memory_gb <= MAX_MEMORY_GB:
-        yield f"resources.min_memory_gb must be between 0 (any) and {MAX_MEMORY_GB}, got {r.min_memory_gb}"
-    if r.min_compute_capability and not CC_RE.match(r.min_compute_capability):
+    if not 0 <= r.min_memory_gb <= c.MAX_MEMORY_GB:
+        yield f"resources.min_memory_gb must be between 0 (any) and {c.MAX_MEMORY_GB}, got {r.min_memory_gb}"
+    if r.min_compute_capability and not c.COMPUTE_CAPABILITY.matches(r.min_compute_capability):
         yield (f"resources.min_compute_capability must look like \"8.0\" or \"9.0\" (major.minor), got "
                f"{r.min_compute_capability[:80]!r}")
-    if len(r.vendor) > MAX_VENDOR:
-        yield f"resources.vendor must be at most {MAX_VENDOR} characters (e.g. \"nvidia\", \"amd\")"
-    if not 0 <= r.cpus_per_node <= MAX_CPUS_PER_NODE:
-        yield f"resources.cpus_per_node must be between 0 and {MAX_CPUS_PER_NODE}, got {r.cpus_per_node}"
-    if len(r.speed_hints) > MAX_SPEED_HINTS:
-        yield f"resources.speed_hints has {len(r.speed_hints)} entries; at most {MAX_SPEED_HINTS} are allowed"
+    if len(r.vendor) > c.MAX_VENDOR_LENGTH:
+        yield f"resources.vendor must be at most {c.MAX_VENDOR_LENGTH} characters (e.g. \"nvidia\", \"amd\")"
+    if not 0 <= r.cpus_per_node <= c.MAX_CPUS_PER_NODE:
+        yield f"resources.cpus_per_node must be between 0 and {c.MAX_CPUS_PER_NODE}, got {r.cpus_per_node}"
+    if len(r.speed_hints) > c.MAX_SPEED_HINTS:
+        yield f"resources.speed_hints has {len(r.speed_hints)} entries; at most {c.MAX_SPEED_HINTS} are allowed"
     for model, factor in r.speed_hints.items():
-        if not model.strip() or len(model) > MAX_MODEL_NAME:
-            yield f"resources.speed_hints: model names must be 1-{MAX_MODEL_NAME} characters, got {model[:80]!r}"
-        if not math.isfinite(factor) or not 0 < factor <= MAX_SPEED_HINT:
-            yield (f"resources.speed_hints[{model[:80]!r}] must be > 0 and <= {MAX_SPEED_HINT:g} (relative "
+        if not c.MODEL_NAME.matches(model):
+            yield f"resources.speed_hints: model names must be {c.MODEL_NAME.rule}, got {model[:80]!r}"
+        if not math.isfinite(factor) or not 0 < factor <= c.MAX_SPEED_HINT:
+            yield (f"resources.speed_hints[{model[:80]!r}] must be > 0 and <= {c.MAX_SPEED_HINT:g} (relative "
                    f"throughput per GPU), got {factor:g}")
     if r.cpu_only:
         asked = [name for name, value in (("accelerator", r.accelerator), ("accelerators", r.accelerators),
@@ -157,12 +139,12 @@ def _resource_problems(r: Resources) -> Iterable[str]:
 
 def _policy_problems(spec: JobSpec) -> Iterable[str]:
     t = spec.topology
-    if t.tier not in TOPOLOGY_TIERS:
-        yield (f"topology.tier {t.tier[:80]!r} must be one of node, leaf, spine, zone (or empty for no "
+    if t.tier and t.tier not in c.TOPOLOGY_TIERS:
+        yield (f"topology.tier {t.tier[:80]!r} must be one of {', '.join(c.TOPOLOGY_TIERS)} (or empty for no "
                "constraint)")
     if t.required and not t.tier:
         yield "topology.required needs topology.tier (the domain the gang must fit in)"
-    problem = _seconds_problem("topology.wait_s", t.wait_s, MAX_TOPOLOGY_WAIT_S, "no wait")
+    problem = _seconds_problem("topology.wait_s", t.wait_s, c.MAX_TOPOLOGY_WAIT_S, "no wait")
     if problem:
         yield problem
     elif t.wait_s and not t.tier:
@@ -171,42 +153,43 @@ def _policy_problems(spec: JobSpec) -> Iterable[str]:
         yield ("topology.wait_s applies only when topology.required is false (required waits without a "
                "limit); set one of them")
     p = spec.preemption
-    if p.signal not in PREEMPTION_SIGNALS:
-        yield f"preemption.signal {p.signal[:80]!r} must be one of {', '.join(PREEMPTION_SIGNALS)}"
+    if p.signal not in c.PREEMPTION_SIGNALS:
+        yield f"preemption.signal {p.signal[:80]!r} must be one of {', '.join(c.PREEMPTION_SIGNALS)}"
     for problem_or_none in (
-        _seconds_problem("preemption.grace_s", p.grace_s, MAX_GRACE_S, "the scheduler's default grace"),
-        _seconds_problem("restart_backoff_s", spec.restart_backoff_s, MAX_RESTART_BACKOFF_S, "restart at once"),
-        _seconds_problem("time_limit_s", spec.time_limit_s, MAX_TIME_LIMIT_S, "no limit"),
-        _seconds_problem("checkpoint.interval_s", spec.checkpoint.interval_s, MAX_CHECKPOINT_INTERVAL_S,
+        _seconds_problem("preemption.grace_s", p.grace_s, c.MAX_GRACE_S, "the scheduler's default grace"),
+        _seconds_problem("restart_backoff_s", spec.restart_backoff_s, c.MAX_RESTART_BACKOFF_S, "restart at once"),
+        _seconds_problem("time_limit_s", spec.time_limit_s, c.MAX_TIME_LIMIT_S, "no limit"),
+        _seconds_problem("checkpoint.interval_s", spec.checkpoint.interval_s, c.MAX_CHECKPOINT_INTERVAL_S,
                          "no time-based saves"),
     ):
         if problem_or_none:
             yield problem_or_none
-    c = spec.checkpoint
-    if not 0 <= c.every_steps <= MAX_CHECKPOINT_STEPS:
-        yield f"checkpoint.every_steps must be between 0 (the script decides) and {MAX_CHECKPOINT_STEPS}, got " \
-              f"{c.every_steps}"
-    if not 0 <= c.keep_last <= MAX_KEEP_LAST:
-        yield f"checkpoint.keep_last must be between 0 (the store's default) and {MAX_KEEP_LAST}, got {c.keep_last}"
+    ck = spec.checkpoint
+    if not 0 <= ck.every_steps <= c.MAX_CHECKPOINT_STEPS:
+        yield (f"checkpoint.every_steps must be between 0 (the script decides) and {c.MAX_CHECKPOINT_STEPS}, "
+               f"got {ck.every_steps}")
+    if not 0 <= ck.keep_last <= c.MAX_KEEP_LAST:
+        yield (f"checkpoint.keep_last must be between 0 (the store's default) and {c.MAX_KEEP_LAST}, got "
+               f"{ck.keep_last}")
 
 
 def validate_team(team: str) -> None:
-    if not TEAM_RE.match(team):
-        raise InvalidArgument(f"team {team!r} must be 1-63 lower-case letters, digits or '-'")
+    if not c.TEAM.matches(team):
+        raise InvalidArgument(f"team {team[:80]!r} must be {c.TEAM.rule}")
 
 
 def check_priority_class(spec: JobSpec, known: Collection[str]) -> None:
     """Refuse a priority class the scheduler does not define ("" is the default class)."""
     if spec.priority_class and spec.priority_class not in known:
-        raise InvalidArgument(f"priority_class {spec.priority_class!r} is not defined; classes: "
-                              f"{', '.join(sorted(known)) or 'none'} (or empty for the default)")
+        raise FailedPrecondition(f"priority_class {spec.priority_class!r} is not defined; classes: "
+                                 f"{', '.join(sorted(known)) or 'none'} (or empty for the default)")
 
 
 def check_queue(spec: JobSpec, known: Collection[str]) -> None:
     """Refuse a queue no operator created ("default" always exists)."""
-    if spec.queue != "default" and spec.queue not in known:
-        names = sorted({"default", *known})
-        raise InvalidArgument(f"queue {spec.queue!r} does not exist; queues: {', '.join(names)}")
+    if spec.queue != c.DEFAULT_QUEUE and spec.queue not in known:
+        names = sorted({c.DEFAULT_QUEUE, *known})
+        raise FailedPrecondition(f"queue {spec.queue!r} does not exist; queues: {', '.join(names)}")
 
 
 def _parse_cc(cc: str) -> tuple[int, ...]:
@@ -256,9 +239,10 @@ def _describe_models(fleet: Iterable[Node]) -> str:
 
 
 def check_fits_fleet(spec: JobSpec, nodes: Iterable[Node]) -> None:
-    """Refuse a job that no amount of waiting could place on the registered fleet: no accepted model, more
-    GPUs (of one accepted model) per node than any node has, fewer such nodes than the gang needs, too few
-    CPUs, or a CPU task on a fleet without CPU-only nodes. Health and current use are ignored: they change."""
+    """FailedPrecondition for a job no amount of waiting could place on the registered fleet: no accepted
+    model, more GPUs (of one accepted model) per node than any node has, fewer such nodes than the gang
+    needs, too few CPUs, or a CPU task on a fleet without CPU-only nodes. Health and current use are
+    ignored: they change."""
     fleet = list(nodes)
     if not fleet:
         return  # nothing registered yet (a fresh cluster): the job waits for nodes
@@ -268,28 +252,28 @@ def check_fits_fleet(spec: JobSpec, nodes: Iterable[Node]) -> None:
         return
     if r.accelerator and not any(g.model == r.accelerator for n in fleet for g in n.gpus):
         models = sorted({g.model for n in fleet for g in n.gpus})
-        raise InvalidArgument(f"resources.accelerator {r.accelerator!r} matches no node; "
-                              f"models in the fleet: {', '.join(models) or 'none'}")
+        raise FailedPrecondition(f"resources.accelerator {r.accelerator!r} matches no node; "
+                                 f"models in the fleet: {', '.join(models) or 'none'}")
     # Per node: GPUs of each accepted model (a node's share of a gang is always of one model).
     counts = [(n, _count_by_model(r, n)) for n in fleet]
     if not any(n.gpus for n in fleet):
-        raise InvalidArgument(f"resources.gpus_per_node={r.gpus_per_node} asks for GPUs, and the fleet's "
-                              f"{len(fleet)} node(s) have none; use resources.gpus_per_node=0 for a CPU task")
-    if not any(c for _, c in counts):
-        raise InvalidArgument(f"resources: no GPU in the fleet matches {_describe_request(r)}; models in the "
-                              f"fleet: {_describe_models(fleet)}")
-    largest = max((max(c.values(), default=0) for _, c in counts), default=0)
+        raise FailedPrecondition(f"resources.gpus_per_node={r.gpus_per_node} asks for GPUs, and the fleet's "
+                                 f"{len(fleet)} node(s) have none; use resources.gpus_per_node=0 for a CPU task")
+    if not any(by_model for _, by_model in counts):
+        raise FailedPrecondition(f"resources: no GPU in the fleet matches {_describe_request(r)}; models in the "
+                                 f"fleet: {_describe_models(fleet)}")
+    largest = max((max(by_model.values(), default=0) for _, by_model in counts), default=0)
     if r.gpus_per_node > largest:
         of = f" of an accepted model ({_describe_request(r)})" if _describe_request(r) else ""
-        raise InvalidArgument(f"resources.gpus_per_node={r.gpus_per_node} is more than any node has "
-                              f"(the largest has {largest} GPUs{of})")
-    big = [(n, {m for m, k in c.items() if k >= r.gpus_per_node}) for n, c in counts]
+        raise FailedPrecondition(f"resources.gpus_per_node={r.gpus_per_node} is more than any node has "
+                                 f"(the largest has {largest} GPUs{of})")
+    big = [(n, {m for m, k in by_model.items() if k >= r.gpus_per_node}) for n, by_model in counts]
     big = [(n, ms) for n, ms in big if ms]
     enough_cpus = [(n, ms) for n, ms in big if n.cpus >= r.cpus_per_node]
     if r.cpus_per_node and not enough_cpus:
         most = max((n.cpus for n, _ in big), default=0)
-        raise InvalidArgument(f"resources.cpus_per_node={r.cpus_per_node} is more than any node with "
-                              f"{r.gpus_per_node} GPUs has (the most is {most} CPUs)")
+        raise FailedPrecondition(f"resources.cpus_per_node={r.cpus_per_node} is more than any node with "
+                                 f"{r.gpus_per_node} GPUs has (the most is {most} CPUs)")
     if r.allow_mixed:
         available = len(enough_cpus)
         what = f"{r.gpus_per_node} or more accepted GPUs"
@@ -305,8 +289,8 @@ def check_fits_fleet(spec: JobSpec, nodes: Iterable[Node]) -> None:
     if r.cpus_per_node:
         what += f" and {r.cpus_per_node} or more CPUs"
     if r.nodes > available:
-        raise InvalidArgument(f"resources.nodes={r.nodes} is more than the {available} node(s) with {what} "
-                              "in the fleet")
+        raise FailedPrecondition(f"resources.nodes={r.nodes} is more than the {available} node(s) with {what} "
+                                 "in the fleet")
 
 
 def _count_by_model(r: Resources, node: Node) -> dict[str, int]:
@@ -320,11 +304,11 @@ def _count_by_model(r: Resources, node: Node) -> dict[str, int]:
 def _check_cpu_task(r: Resources, fleet: list[Node]) -> None:
     cpu_nodes = [n for n in fleet if not n.gpus]
     if not cpu_nodes:
-        raise InvalidArgument("resources.gpus_per_node=0 asks for a CPU task, which runs only on CPU-only nodes "
-                              f"(nodes without GPUs), and none of the fleet's {len(fleet)} node(s) is one; ask "
-                              "for GPUs, or register CPU-only nodes first")
+        raise FailedPrecondition("resources.gpus_per_node=0 asks for a CPU task, which runs only on CPU-only nodes "
+                                 f"(nodes without GPUs), and none of the fleet's {len(fleet)} node(s) is one; ask "
+                                 "for GPUs, or register CPU-only nodes first")
     need = max(1, r.cpus_per_node)
     fit = sum(1 for n in cpu_nodes if n.cpus >= need)
     if r.nodes > fit:
-        raise InvalidArgument(f"resources.nodes={r.nodes} is more than the {fit} CPU-only node(s) with {need} or "
-                              f"more CPUs in the fleet ({len(cpu_nodes)} CPU-only node(s) in all)")
+        raise FailedPrecondition(f"resources.nodes={r.nodes} is more than the {fit} CPU-only node(s) with {need} or "
+                                 f"more CPUs in the fleet ({len(cpu_nodes)} CPU-only node(s) in all)")
