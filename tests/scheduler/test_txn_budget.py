@@ -1,6 +1,6 @@
-"""A gang's placement is one etcd transaction of `placement_txn_ops(nodes)` operations: the largest gang
-the scheduler admits (`max_gang_nodes` of etcd's default --max-txn-ops) commits on a real etcd, holdings
-included, and the submit of a larger one is refused with what to change."""
+"""A gang's placement is one etcd transaction of `placement_txn_ops(nodes)` operations. The scheduler
+probes etcd's --max-txn-ops at start; the largest gang it then admits commits on a real etcd, holdings
+included, one node more is refused by etcd, and the submit of a larger gang is refused with what to change."""
 
 from __future__ import annotations
 
@@ -9,15 +9,23 @@ import asyncio
 import pytest
 
 from trainyard.scheduler.v1 import scheduler_pb2
+from trainyard_core import contract
 from trainyard_core.clock import SystemClock
 from trainyard_core.errors import FailedPrecondition
 from trainyard_core.store import Compare
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.limits import txn_ops_limit
+from trainyard_core.testing import etcd as etcd_proc
 from trainyard_scheduler.domain.models import Allocation, NodeAssignment
 from trainyard_scheduler.grpc import convert
 from trainyard_scheduler.grpc.servicer import JobServicer
 from trainyard_scheduler.state.keys import Keys
-from trainyard_scheduler.state.repository import ETCD_DEFAULT_MAX_TXN_OPS, Repository, max_gang_nodes
+from trainyard_scheduler.state.repository import (
+    ETCD_DEFAULT_MAX_TXN_OPS,
+    Repository,
+    max_gang_nodes,
+    placement_txn_ops,
+)
 
 from .builders import make_job, make_node
 
@@ -34,8 +42,14 @@ async def test_the_largest_admitted_gang_commits_in_one_etcd_transaction(etcd_st
                                                                        key_prefix: str) -> None:
     keys = Keys(key_prefix.rstrip("/"))
     # The leader's fence is one compare of every write (here: no leader key, create revision 0).
-    repo = Repository(etcd_store, keys, fence=lambda: Compare(keys.leader, "create", "==", 0))
-    largest = max_gang_nodes(ETCD_DEFAULT_MAX_TXN_OPS)
+    async def nothing_held(key: str) -> None:  # as the leader's mirror would say (read per node otherwise)
+        return None
+    repo = Repository(etcd_store, keys, fence=lambda: Compare(keys.leader, "create", "==", 0),
+                      holdings_source=nothing_held)
+    limit = await txn_ops_limit(etcd_store, keys.leader, 100_000)
+    assert limit == etcd_proc.MAX_TXN_OPS  # what the test etcd was started with, found by bisection
+    assert limit >= placement_txn_ops(contract.MAX_NODES)  # the API's largest gang fits
+    largest = max_gang_nodes(limit)
     for job_id in ("job-fits", "job-over"):
         await repo.create_job(make_job(job_id, nodes=largest, gpus=8))
     fits = await repo.get_job("job-fits")

@@ -7,11 +7,13 @@ import logging
 import socket
 
 from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core import contract
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
-from trainyard_core.store.api import Store
+from trainyard_core.store.api import KeyValue, Store
 from trainyard_core.store.election import LeaderElection
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
@@ -25,7 +27,7 @@ from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
 from .state.policy_repository import PolicyRepository
-from .state.repository import Repository
+from .state.repository import Repository, max_gang_nodes, placement_txn_ops
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +59,22 @@ class SchedulerApp:
     async def start(self) -> None:
         s = self.settings
         await self._mirror.start()
+        txn_ops = await txn_ops_limit(self.store, self.keys.leader, placement_txn_ops(contract.MAX_NODES))
+        if txn_ops < placement_txn_ops(contract.MAX_NODES):
+            log.warning("etcd takes at most %d operations per transaction, so gangs are limited to %d nodes (the "
+                        "API allows %d); start etcd with --max-txn-ops %d to lift that", txn_ops,
+                        max_gang_nodes(txn_ops), contract.MAX_NODES, placement_txn_ops(contract.MAX_NODES))
         election_holder: list[LeaderElection] = []
-        repo = Repository(self.store, self.keys,
-                          fence=lambda: election_holder[0].fence())
+        mirror = self._mirror
+
+        async def from_mirror(key: str) -> KeyValue | None:
+            return mirror.items.get(key)
+        repo = Repository(self.store, self.keys, fence=lambda: election_holder[0].fence(),
+                          holdings_source=from_mirror)
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
-                                   priority_classes=list(s.priority_classes))
+                                   priority_classes=list(s.priority_classes), max_txn_ops=txn_ops)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
 
         def register(server: object) -> None:

@@ -57,10 +57,6 @@ class SchedulerSettings(EtcdSettings):
     master_port_range: str = Field("29500-29999", description="MASTER_PORT range for rank-0 rendezvous")
     leader_ttl_s: int = Field(3, ge=1, le=60, description="leader lease TTL; bounds failover time")
     agent_call_timeout_s: float = Field(10.0, gt=0)
-    etcd_max_txn_ops: int = Field(128, ge=8, le=1_000_000,
-                                  description="etcd's --max-txn-ops (etcd's default is 128): a gang is placed in one "
-                                              "transaction of nodes + 3 operations, so larger gangs are refused at "
-                                              "submit; raise both together")
     checkpoint_store_address: str = Field("", description="host:port of the checkpoint-store, given to every "
                                           "worker as TRAINYARD_CHECKPOINT_STORE; empty: none")
     # --- placement policy (queues and team quotas live in etcd, set through the gateway's admin API) ---

@@ -54,8 +54,8 @@ def _check_job_id(job_id: str) -> None:
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
     """`priority_classes`: the class names a job may ask for (default: the built-in classes). `policy`:
-    where the queues are (default: the same store and keys as `repo`). `max_txn_ops`: etcd's
-    --max-txn-ops, which bounds the nodes of a gang (placed in one transaction)."""
+    where the queues are (default: the same store and keys as `repo`). `max_txn_ops`: the operations one
+    store transaction may carry (etcd's --max-txn-ops, probed at start), which bounds the nodes of a gang."""
 
     def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event,
                  priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
@@ -101,8 +101,8 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         if spec.resources.nodes > self._max_gang_nodes:
             raise FailedPrecondition(
                 f"resources.nodes={spec.resources.nodes}: a gang is placed in one etcd transaction, which holds "
-                f"at most {self._max_gang_nodes} nodes with this store's limit; the operator can raise etcd's "
-                "--max-txn-ops and the scheduler's etcd_max_txn_ops together")
+                f"at most {self._max_gang_nodes} nodes with this etcd's limit; an operator can raise it with "
+                "etcd's --max-txn-ops (then restart the scheduler)")
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=request.user or "unknown", created_at=now, updated_at=now, queued_at=now,
