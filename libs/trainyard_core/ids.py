@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 
+from . import contract
+
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
-_ID_RE = re.compile(r"^[a-z][a-z0-9-]{2,62}$")
 
 
 def _b32(value: int, width: int) -> str:
@@ -25,5 +25,5 @@ def new_id(prefix: str, now: float | None = None) -> str:
 
 
 def is_valid_id(value: str) -> bool:
-    """Ids used as etcd key parts: lower-case letters, digits and dashes, 3-63 chars."""
-    return bool(_ID_RE.match(value))
+    """Ids used as etcd key parts (the contract's ID rule: lower-case letters, digits and dashes, 3-63)."""
+    return contract.ID.matches(value)

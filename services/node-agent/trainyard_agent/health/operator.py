@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from trainyard_core import contract
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import FailedPrecondition, InvalidArgument, NotFound
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 AUDIT_FILE = "gpu-health-audit.jsonl"
 MAX_OPERATOR = 128
-MAX_REASON = 500
+MAX_REASON = contract.MAX_GPU_HEALTH_REASON_LENGTH
 
 
 def _text_field(name: str, value: str, limit: int, why: str) -> str:

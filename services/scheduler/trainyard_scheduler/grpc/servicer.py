@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator, Collection, Iterable
 from dataclasses import replace
 
@@ -13,6 +12,7 @@ import grpc.aio
 
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core import contract
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from trainyard_core.ids import is_valid_id, new_id
@@ -38,9 +38,8 @@ from . import convert
 
 log = logging.getLogger(__name__)
 
-IDEMPOTENCY_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-DEFAULT_PAGE = 50
-MAX_PAGE = 500
+DEFAULT_PAGE = contract.DEFAULT_PAGE_SIZE
+MAX_PAGE = contract.MAX_PAGE_SIZE
 
 
 def _running(running: Iterable[scheduler_pb2.RunningAllocation]) -> frozenset[tuple[str, int]]:
@@ -92,8 +91,8 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         validate_spec(spec)
         team = request.team or "default"
         validate_team(team)
-        if request.idempotency_key and not IDEMPOTENCY_RE.match(request.idempotency_key):
-            raise InvalidArgument("idempotency_key must be 1-128 characters of letters, digits, '.', '_', '-'")
+        if request.idempotency_key and not contract.IDEMPOTENCY_KEY.matches(request.idempotency_key):
+            raise InvalidArgument(f"idempotency_key must be {contract.IDEMPOTENCY_KEY.rule}")
         check_priority_class(spec, self._classes)
         if spec.queue != "default":  # "default" always exists: no read for the common case
             check_queue(spec, await self._policy.queue_names())
@@ -134,8 +133,8 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.CancelJobResponse:
-        if len(request.reason) > 1024:
-            raise InvalidArgument("reason must be at most 1024 characters")
+        if len(request.reason) > contract.MAX_REASON_LENGTH:
+            raise InvalidArgument(f"reason must be at most {contract.MAX_REASON_LENGTH} characters")
         for _ in range(10):
             job, rev = await self._visible(request.job_id, request.team)
             cancelled = request_cancel(job, self._clock.now(), request.reason)
@@ -293,8 +292,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     async def CordonNode(self, request: scheduler_pb2.CordonNodeRequest,
                          context: grpc.aio.ServicerContext) -> scheduler_pb2.CordonNodeResponse:
         self._leadership.require()
-        if len(request.reason) > 1024:
-            raise InvalidArgument("reason must be at most 1024 characters")
+        if len(request.reason) > contract.MAX_REASON_LENGTH:
+            raise InvalidArgument(f"reason must be at most {contract.MAX_REASON_LENGTH} characters")
         def cordon(stored: Node | None) -> Node:
             if stored is None:
                 raise NotFound(f"node {request.node_id} is not registered")
