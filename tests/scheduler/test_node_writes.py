@@ -21,6 +21,7 @@ from trainyard_core.clock import SystemClock
 from trainyard_core.store import KeyValue
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.memory import MemoryStore
+from trainyard_scheduler.domain.models import Node
 from trainyard_scheduler.grpc.servicer import NodeServicer
 from trainyard_scheduler.leadership import Leadership
 from trainyard_scheduler.liveness import NodeLiveness
@@ -69,19 +70,24 @@ async def _inner(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any
         await store.close()
 
 
+async def _leader_with_a_node(store: Any, keys: Keys) -> tuple[Repository, Node, NodeServicer]:
+    """A registered 8-GPU node and the node servicer of a replica that leads (epoch 1)."""
+    repo = Repository(store, keys)
+    node = make_node("node-1", gpus=8)
+    await repo.modify_node(node.node_id, lambda _: node)
+    leadership = Leadership("me")
+    leadership.epoch = 1
+    clock = SystemClock()
+    return repo, node, NodeServicer(repo, leadership, NodeLiveness(clock, 60.0), clock, 500)
+
+
 @pytest.mark.parametrize("kind", ["memory", "etcd"])
 async def test_a_cordon_is_never_lost_to_a_concurrent_health_update(kind: str, key_prefix: str,
                                                                      request: pytest.FixtureRequest) -> None:
     keys = Keys(key_prefix.rstrip("/"))
     async with _inner(kind, request) as inner:
         store = PausingReads(inner)
-        repo = Repository(store, keys)
-        node = make_node("node-1", gpus=8)
-        await repo.modify_node(node.node_id, lambda _: node)
-        leadership = Leadership("me")
-        leadership.epoch = 1
-        clock = SystemClock()
-        servicer = NodeServicer(repo, leadership, NodeLiveness(clock, 60.0), clock, 500)
+        repo, node, servicer = await _leader_with_a_node(store, keys)
 
         store.arm(keys.node(node.node_id))
         xid = replace(node.gpus[3], healthy=False, health_reason="XID 79", health_action="restart_job")
@@ -104,13 +110,7 @@ async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_endpoi
     keys = Keys(key_prefix.rstrip("/"))
     store = EtcdStore(etcd_endpoint)
     try:
-        repo = Repository(store, keys)
-        node = make_node("node-1", gpus=8)
-        await repo.modify_node(node.node_id, lambda _: node)
-        leadership = Leadership("me")
-        leadership.epoch = 1
-        clock = SystemClock()
-        servicer = NodeServicer(repo, leadership, NodeLiveness(clock, 60.0), clock, 500)
+        repo, node, servicer = await _leader_with_a_node(store, keys)
         bad = {i: replace(node.gpus[i], healthy=False, health_reason=f"XID 79 on {i}") for i in range(8)}
         await asyncio.gather(
             servicer.CordonNode(scheduler_pb2.CordonNodeRequest(node_id=node.node_id, cordoned=True,
