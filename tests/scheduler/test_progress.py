@@ -143,3 +143,15 @@ def test_a_lost_nodes_gang_is_released_only_once_its_worker_fence_has_run_out() 
     exited = progress(job, _alloc(stop_reason=LOST_B, infra_failure=True, stopped=ONLY_A, exits=(ex(1, sig=9),)),
                       ONLY_A, NOW, silence={"n-b": 0.5}, fence_s=9.0)
     assert exited.release
+
+
+def test_ranks_failing_together_restart_whichever_report_came_first() -> None:
+    """Both ranks crash at once on different nodes. Rank 1's report arrived first, so the gang was stopped
+    for it; rank 0's came after, with an earlier exit time. That is still a failure the job restarts from
+    (seen in the e2e suite: the job went FAILED instead, its restart budget untouched)."""
+    stopped = _alloc(stop_reason="rank 1 on n-b exited with code 3", stopped=BOTH,
+                     exits=(ex(1, code=3, at=NOW + 0.006), ex(0, code=3, at=NOW)))
+    step = progress(make_job(state=JobState.RUNNING, max_restarts=1), stopped, BOTH, NOW + 1)
+    assert step.release and step.job is not None
+    assert step.job.state is JobState.RESTARTING and step.job.restarts == 1
+    assert "rank 1 on n-b exited with code 3; restart 1 of 1" in step.job.message

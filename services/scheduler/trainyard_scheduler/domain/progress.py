@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .jobs import describe_exit, first_failure, requeue, restart_delay, transition
-from .models import EXIT_UNKNOWN, Allocation, Job, JobState, Node
+from .models import EXIT_UNKNOWN, Allocation, Job, JobState, Node, WorkerExit
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,8 @@ def _infra_cause(alloc: Allocation, alive: frozenset[str], nodes: Mapping[str, N
     died). A time limit is never an infrastructure failure."""
     if alloc.infra_failure:
         return alloc.stop_reason
-    failure = first_failure(alloc.exits)
-    if failure is None or alloc.stop_reason != describe_exit(failure):
+    failure = stopping_failure(alloc)
+    if failure is None:
         return ""
     lost = [n for n in alloc.node_ids if n not in alive]
     cause = f"node {lost[0]} lost contact" if lost else _unhealthy_gpu(alloc, nodes)
@@ -125,9 +125,16 @@ def _infra_cause(alloc: Allocation, alive: frozenset[str], nodes: Mapping[str, N
     return f"{cause} ({alloc.stop_reason})" if cause else ""
 
 
+def stopping_failure(alloc: Allocation) -> WorkerExit | None:
+    """The failed rank the gang was stopped for (None: stopped for something else, or not stopped).
+    Not simply the earliest failure: ranks that fail together are reported in any order, and one whose
+    report arrives after the stop may carry an earlier exit time than the one the stop names."""
+    return next((e for e in alloc.exits if not e.ok and describe_exit(e) == alloc.stop_reason), None)
+
+
 def _finish(job: Job, alloc: Allocation, now: float, *, infra: str = "", infra_restart_limit: int = 20) -> Job:
     exits = tuple(sorted(alloc.exits, key=lambda e: e.rank))
-    failure = first_failure(alloc.exits)
+    failure = stopping_failure(alloc) or first_failure(alloc.exits)
     if job.cancel_requested:
         done = transition(job, JobState.CANCELLED, now, "cancelled; workers stopped")
     elif alloc.preempted_by:
@@ -144,8 +151,7 @@ def _finish(job: Job, alloc: Allocation, now: float, *, infra: str = "", infra_r
     elif infra:
         done = transition(job, JobState.FAILED, now, f"{infra} (infrastructure restart limit of "
                                                      f"{infra_restart_limit} reached)")
-    elif (failure is not None and alloc.stop_reason == describe_exit(failure)
-          and job.restarts < job.spec.max_restarts):
+    elif stopping_failure(alloc) is not None and job.restarts < job.spec.max_restarts:
         counted = replace(job, restarts=job.restarts + 1, exits=exits)
         delay = restart_delay(counted)
         restarting = transition(counted, JobState.RESTARTING, now,
