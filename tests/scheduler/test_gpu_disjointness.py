@@ -35,8 +35,9 @@ from trainyard_scheduler.launch import NodeLaunch
 from trainyard_scheduler.liveness import NodeLiveness
 from trainyard_scheduler.policy.registry import build_profile
 from trainyard_scheduler.reconcile import Reconciler, ReconcileSettings
+from trainyard_scheduler.state import holdings
 from trainyard_scheduler.state.codec import decode_allocation
-from trainyard_scheduler.state.holdings import HeldElsewhere, HoldingsChange, HoldingsLedger
+from trainyard_scheduler.state.holdings import HeldElsewhere
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
 
@@ -105,8 +106,8 @@ class Agents:
         return None
 
 
-async def _no_holdings(self: HoldingsLedger, alloc: Allocation) -> HoldingsChange:
-    return HoldingsChange((), (), ())
+def _no_holdings(alloc: Allocation) -> dict[str, holdings.Edit]:
+    return {}
 
 
 async def _always_caught_up(self: Reconciler, stop: asyncio.Event) -> bool:
@@ -144,7 +145,7 @@ async def test_a_lagging_mirror_never_puts_a_gpu_into_two_gangs(kind: str, guard
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     removed = GUARDS[guards]
     if "holdings" in removed:
-        monkeypatch.setattr(HoldingsLedger, "take", _no_holdings)
+        monkeypatch.setattr(holdings, "take", _no_holdings)
     if "read-your-writes" in removed:
         monkeypatch.setattr(Reconciler, "_caught_up", _always_caught_up)
     keys = Keys(key_prefix.rstrip("/"))
@@ -295,3 +296,61 @@ async def test_gangs_sharing_a_node_in_one_cycle_both_commit(key_prefix: str, et
     held = await etcd_store.get(keys.holdings("node-1"))
     assert held is not None
     assert json.loads(held.value) == {"jobs": {"job-a": [0, 1, 2, 3], "job-b": [4, 5, 6, 7]}}
+
+
+class HoldNextTxn:
+    """Once armed, the next transaction waits for `release` before it reaches the store."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.armed = False
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
+        self.txns = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete],
+                  failure: Sequence[Put | Delete] = ()) -> TxnResult:
+        self.txns += 1
+        if self.armed:
+            self.armed = False
+            self.sent.set()
+            await self.release.wait()
+        res: TxnResult = await self.inner.txn(compares, success, failure)
+        return res
+
+
+async def test_gangs_waiting_on_a_busy_node_share_one_transaction_and_one_lost_race_fails_only_its_own(
+        key_prefix: str) -> None:
+    """While gang A's transaction is in flight on node-1, B and C (other GPUs of node-1) wait, then go in
+    one transaction planned on A's holdings. C's job changed meanwhile, so that transaction fails; each is
+    sent again alone: B lands, C alone is refused, and the holdings list exactly A and B."""
+    keys = Keys(key_prefix.rstrip("/"))
+    store = HoldNextTxn(MemoryStore())
+    repo = Repository(store, keys)
+    node = make_node("node-1", gpus=8)
+    await repo.modify_node(node.node_id, lambda _: node)
+    for job_id in ("job-a", "job-b", "job-c"):
+        await repo.create_job(make_job(job_id, gpus=2))
+    a, b, c = [await repo.get_job(j) for j in ("job-a", "job-b", "job-c")]
+    assert a is not None and b is not None and c is not None
+    store.armed = True
+    first = asyncio.create_task(repo.commit_placement(a[0], a[1], _alloc("job-a", gpus=(0, 1))))
+    await store.sent.wait()
+    second = asyncio.create_task(repo.commit_placement(b[0], b[1], _alloc("job-b", gpus=(4, 5))))
+    third = asyncio.create_task(repo.commit_placement(c[0], c[1] - 1, _alloc("job-c", gpus=(6, 7))))
+    await eventually(lambda: _true(len(repo.holdings_writes._waiting) == 2), what="B and C waiting on node-1")
+    sent_before = store.txns
+    store.release.set()
+    await first
+    await second
+    with pytest.raises(Conflict):
+        await third
+    assert repo.holdings_writes.merged == 1  # B and C went together first ...
+    assert store.txns == sent_before + 3  # ... then each alone
+    held = await store.get(keys.holdings("node-1"))
+    assert held is not None and json.loads(held.value) == {"jobs": {"job-a": [0, 1], "job-b": [4, 5]}}
+    assert await repo.get_allocation("job-c") is None
+

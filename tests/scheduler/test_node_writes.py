@@ -122,3 +122,4 @@ async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_endpoi
     finally:
         await store.close()
 
+

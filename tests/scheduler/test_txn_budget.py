@@ -41,12 +41,13 @@ def _gang(job_id: str, nodes: int) -> Allocation:
 async def test_the_largest_admitted_gang_commits_in_one_etcd_transaction(etcd_store: EtcdStore,
                                                                        key_prefix: str) -> None:
     keys = Keys(key_prefix.rstrip("/"))
-    # The leader's fence is one compare of every write (here: no leader key, create revision 0).
+    limit = await txn_ops_limit(etcd_store, keys.leader, 100_000)
+
     async def nothing_held(key: str) -> None:  # as the leader's mirror would say (read per node otherwise)
         return None
+    # The leader's fence is one compare of every write (here: no leader key, create revision 0).
     repo = Repository(etcd_store, keys, fence=lambda: Compare(keys.leader, "create", "==", 0),
-                      holdings_source=nothing_held)
-    limit = await txn_ops_limit(etcd_store, keys.leader, 100_000)
+                      holdings_source=nothing_held, max_txn_ops=limit)
     assert limit == etcd_proc.MAX_TXN_OPS  # what the test etcd was started with, found by bisection
     assert limit >= placement_txn_ops(contract.MAX_NODES)  # the API's largest gang fits
     largest = max_gang_nodes(limit)

@@ -70,7 +70,7 @@ class SchedulerApp:
         async def from_mirror(key: str) -> KeyValue | None:
             return mirror.items.get(key)
         repo = Repository(self.store, self.keys, fence=lambda: election_holder[0].fence(),
-                          holdings_source=from_mirror)
+                          holdings_source=from_mirror, max_txn_ops=txn_ops)
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,

@@ -15,11 +15,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainyard_core.errors import Conflict, NotFound, Unavailable
+from trainyard_core.errors import Conflict, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 
 from ..domain.models import Allocation, Job, JobState, Node, WorkerExit
 from ..domain.queues import FairShareUsage
+from . import holdings
 from .codec import (
     decode_allocation,
     decode_job,
@@ -29,7 +30,8 @@ from .codec import (
     encode_node,
     encode_usage,
 )
-from .holdings import HoldingsChange, HoldingsLedger, NodeHolding, Source, encode_holding
+from .group_commit import HoldingsCommitter
+from .holdings import HoldingsLedger, Source
 from .keys import Keys
 
 log = logging.getLogger(__name__)
@@ -51,13 +53,14 @@ def max_gang_nodes(max_txn_ops: int) -> int:
 
 class Repository:
     def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None, *,
-                 holdings_source: Source | None = None) -> None:
+                 holdings_source: Source | None = None, max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> None:
         """`holdings_source` reads a holdings key for the GPU ledger (the leader passes its mirror; the
-        default reads the store)."""
+        default reads the store); `max_txn_ops` bounds the transactions that merge waiting writes."""
         self.store = store
         self.keys = keys
         self._fence = fence
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
+        self.holdings_writes = HoldingsCommitter(self.holdings, self._txn, lambda: self._fenced([]), max_txn_ops)
         self.written_revision = 0
 
     def _fenced(self, compares: Sequence[Compare]) -> list[Compare]:
@@ -67,20 +70,6 @@ class Repository:
         res = await self.store.txn(compares, ops)
         if res.succeeded:
             self.written_revision = max(self.written_revision, res.revision)
-        return res
-
-    async def _txn_with_holdings(self, compares: Sequence[Compare], ops: Sequence[Put | Delete],
-                                 change: HoldingsChange) -> TxnResult:
-        """One transaction that also moves GPU holdings; the caller holds the nodes' locks."""
-        try:
-            res = await self._txn([*compares, *change.compares], [*ops, *change.ops])
-        except Unavailable:
-            self.holdings.forget(change.node_ids)
-            raise
-        if res.succeeded:
-            self.holdings.settle(change, res.revision)
-        else:
-            self.holdings.forget(change.node_ids)
         return res
 
     # -- jobs ----------------------------------------------------------------------------------------
@@ -145,11 +134,10 @@ class Repository:
         """The gang's one transaction: the job becomes ADMITTED, its allocation appears and its GPUs join
         the holdings of its nodes (each compared with the revision last seen), or nothing happens."""
         akey = self.keys.allocation(job.id)
-        async with self.holdings.locked(a.node_id for a in alloc.assignments):
-            change = await self.holdings.take(alloc)
-            res = await self._txn_with_holdings(
-                self._fenced([mod_revision_is(self.keys.job(job.id), job_rev), absent(akey)]),
-                [Put(self.keys.job(job.id), encode_job(job)), Put(akey, encode_allocation(alloc))], change)
+        res = await self.holdings_writes.submit(
+            [mod_revision_is(self.keys.job(job.id), job_rev), absent(akey)],
+            [Put(self.keys.job(job.id), encode_job(job)), Put(akey, encode_allocation(alloc))],
+            holdings.take(alloc))
         if not res.succeeded:
             raise Conflict(f"placement of {job.id} lost a race (job changed, a GPU of its nodes was taken or "
                            "given back meanwhile, or leadership lost)")
@@ -172,9 +160,7 @@ class Repository:
         else:
             compares.append(mod_revision_is(self.keys.allocation(release.job_id), alloc_rev))
             ops.append(Delete(self.keys.allocation(release.job_id)))
-            async with self.holdings.locked(a.node_id for a in release.assignments):
-                change = await self.holdings.give_back(release)
-                res = await self._txn_with_holdings(self._fenced(compares), ops, change)
+            res = await self.holdings_writes.submit(compares, ops, holdings.give_back(release))
         if not res.succeeded:
             raise Conflict("record changed concurrently or leadership lost")
         return res.revision
@@ -182,35 +168,24 @@ class Repository:
     async def drop_orphan_holdings(self, node_id: str, job_ids: Sequence[str]) -> bool:
         """Remove from a node's holdings the jobs that have no allocation (only a write that bypassed this
         repository leaves them). Guarded by each allocation's absence; returns whether anything changed."""
-        async with self.holdings.locked([node_id]):
-            cur = await self.holdings.current(node_id)
-            gone = [j for j in job_ids if j in cur.jobs]
-            if not gone:
-                return False
-            jobs = {j: g for j, g in cur.jobs.items() if j not in gone}
-            key = self.keys.holdings(node_id)
-            change = HoldingsChange((mod_revision_is(key, cur.revision),),
-                                    (Put(key, encode_holding(jobs)) if jobs else Delete(key),),
-                                    (NodeHolding(node_id, 0, jobs),))
-            res = await self._txn_with_holdings(
-                self._fenced([absent(self.keys.allocation(j)) for j in gone]), [], change)
+        if not set(job_ids) & set((await self.holdings.current(node_id)).jobs):
+            return False
+        res = await self.holdings_writes.submit([absent(self.keys.allocation(j)) for j in job_ids], [],
+                                                holdings.drop([node_id], job_ids))
         if not res.succeeded:
             raise Conflict(f"holdings of {node_id} or an allocation changed concurrently")
         return True
 
     async def restore_holdings(self, alloc: Allocation, alloc_rev: int) -> bool:
         """Write the holdings an existing allocation implies where they are missing (allocations made
-        before holdings existed). Guarded by the allocation's revision; returns whether anything changed."""
-        async with self.holdings.locked(a.node_id for a in alloc.assignments):
-            change = await self.holdings.take(alloc)
-            missing = [i for i, h in enumerate(change.after)
-                       if (await self.holdings.current(h.node_id)).jobs.get(alloc.job_id) != h.jobs[alloc.job_id]]
-            if not missing:
-                return False
-            partial = HoldingsChange(tuple(change.compares[i] for i in missing),
-                                     tuple(change.ops[i] for i in missing), tuple(change.after[i] for i in missing))
-            res = await self._txn_with_holdings(
-                self._fenced([mod_revision_is(self.keys.allocation(alloc.job_id), alloc_rev)]), [], partial)
+        before holdings existed). Guarded by the allocation's revision; returns whether anything changed.
+        HeldElsewhere when another job holds one of its GPUs."""
+        missing = [n for n, g in holdings.gpus_by_node(alloc).items()
+                   if (await self.holdings.current(n)).jobs.get(alloc.job_id) != g]
+        if not missing:
+            return False
+        res = await self.holdings_writes.submit(
+            [mod_revision_is(self.keys.allocation(alloc.job_id), alloc_rev)], [], holdings.take(alloc))
         if not res.succeeded:
             raise Conflict(f"allocation of {alloc.job_id} or its nodes' holdings changed concurrently")
         return True
