@@ -27,15 +27,12 @@ once, with the transaction's result (or its exception: Unavailable means unknown
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainyard_core.store import Compare, Delete, Put, TxnResult, mod_revision_is
 
 from .holdings import Edit, HeldElsewhere, HoldingsLedger, Jobs, NodeHolding, encode_holding
-
-log = logging.getLogger(__name__)
 
 Txn = Callable[[Sequence[Compare], Sequence[Put | Delete]], Awaitable[TxnResult]]
 
