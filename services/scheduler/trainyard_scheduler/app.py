@@ -59,11 +59,12 @@ class SchedulerApp:
     async def start(self) -> None:
         s = self.settings
         await self._mirror.start()
-        txn_ops = await txn_ops_limit(self.store, self.keys.leader, placement_txn_ops(contract.MAX_NODES))
-        if txn_ops < placement_txn_ops(contract.MAX_NODES):
+        largest_gang_ops = placement_txn_ops(contract.MAX_NODES)
+        txn_ops = await txn_ops_limit(self.store, self.keys.leader, largest_gang_ops)
+        if txn_ops < largest_gang_ops:
             log.warning("etcd takes at most %d operations per transaction, so gangs are limited to %d nodes (the "
                         "API allows %d); start etcd with --max-txn-ops %d to lift that", txn_ops,
-                        max_gang_nodes(txn_ops), contract.MAX_NODES, placement_txn_ops(contract.MAX_NODES))
+                        max_gang_nodes(txn_ops), contract.MAX_NODES, largest_gang_ops)
         election_holder: list[LeaderElection] = []
         mirror = self._mirror
 

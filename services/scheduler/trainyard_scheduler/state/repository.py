@@ -120,7 +120,7 @@ class Repository:
 
     async def update_job(self, job: Job, revision: int) -> int:
         res = await self._txn([mod_revision_is(self.keys.job(job.id), revision)],
-                                   [Put(self.keys.job(job.id), encode_job(job))])
+                              [Put(self.keys.job(job.id), encode_job(job))])
         if not res.succeeded:
             raise Conflict(f"job {job.id} changed concurrently; retry")
         return res.revision
@@ -260,10 +260,6 @@ class Repository:
         if kv is None:
             raise NotFound(f"node {node_id} is not registered")
         return decode_node(kv.value)
-
-    async def get_node_at(self, node_id: str) -> tuple[Node, int] | None:
-        kv = await self.store.get(self.keys.node(node_id))
-        return (decode_node(kv.value), kv.mod_revision) if kv else None
 
     async def modify_node(self, node_id: str, change: Callable[[Node | None], Node | None],
                           tries: int = 10) -> tuple[Node | None, Node | None]:
