@@ -209,19 +209,29 @@ class EtcdStore:
             raise await self._fail(exc, generation) from exc
         return bool(resp.deleted)
 
+    # The request is filled in place (`.add()` on its repeated fields): a gang's transaction carries one
+    # compare and one write per node, and building each message separately cost the leader about twice
+    # as much CPU per operation (measured with the scheduler benchmark's commit arm).
     @staticmethod
-    def _request_op(op: Op) -> rpc.RequestOp:
+    def _add_op(ops: Any, op: Op) -> None:
         if isinstance(op, Put):
-            return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key.encode(), value=op.value,
-                                                            lease=op.lease))
+            put = ops.add().request_put
+            put.key = op.key.encode()
+            put.value = op.value
+            if op.lease:
+                put.lease = op.lease
+            return
+        delete = ops.add().request_delete_range
+        delete.key = op.key.encode()
         if op.prefix:
-            return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
-                key=op.key.encode(), range_end=prefix_end(op.key).encode(errors="surrogateescape")))
-        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode()))
+            delete.range_end = prefix_end(op.key).encode(errors="surrogateescape")
 
     @staticmethod
-    def _compare(c: Compare) -> rpc.Compare:
-        msg = rpc.Compare(key=c.key.encode(), target=_TARGETS[c.target], result=_OPS[c.op])
+    def _add_compare(compares: Any, c: Compare) -> None:
+        msg = compares.add()
+        msg.key = c.key.encode()
+        msg.target = _TARGETS[c.target]
+        msg.result = _OPS[c.op]
         if c.target == "value":
             msg.value = c.value if isinstance(c.value, bytes) else str(c.value).encode()
         elif c.target == "version":
@@ -230,13 +240,22 @@ class EtcdStore:
             msg.mod_revision = int(c.value)
         else:
             msg.create_revision = int(c.value)
-        return msg
+
+    @classmethod
+    def _txn_request(cls, compares: Sequence[Compare], success: Sequence[Op],
+                     failure: Sequence[Op] = ()) -> rpc.TxnRequest:
+        request = rpc.TxnRequest()
+        for c in compares:
+            cls._add_compare(request.compare, c)
+        for o in success:
+            cls._add_op(request.success, o)
+        for o in failure:
+            cls._add_op(request.failure, o)
+        return request
 
     async def _txn_impl(self, compares: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = ()) -> TxnResult:
-        request = rpc.TxnRequest(compare=[self._compare(c) for c in compares],
-                                 success=[self._request_op(o) for o in success],
-                                 failure=[self._request_op(o) for o in failure])
+        request = self._txn_request(compares, success, failure)
         generation = self._generation
         try:
             client = await self._get_client()
