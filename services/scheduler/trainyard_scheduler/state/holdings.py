@@ -26,9 +26,10 @@ GPU-less assignments (CPU tasks) are not held here: the invariant guarded is GPU
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+import orjson
 
 from trainyard_core.errors import Conflict
 from trainyard_core.store import KeyValue
@@ -60,13 +61,14 @@ class NodeHolding:
 
 
 def encode_holding(jobs: Jobs) -> bytes:
-    return json.dumps({"jobs": {j: sorted(g) for j, g in sorted(jobs.items())}}, separators=(",", ":")).encode()
+    """Canonical bytes (jobs sorted, each job's GPUs sorted): equal holdings encode equal."""
+    return orjson.dumps({"jobs": {j: sorted(g) for j, g in jobs.items()}}, option=orjson.OPT_SORT_KEYS)
 
 
 def decode_holding(node_id: str, kv: KeyValue | None) -> NodeHolding:
     if kv is None:
         return NodeHolding(node_id, 0, {})
-    raw = json.loads(kv.value)
+    raw = orjson.loads(kv.value)
     return NodeHolding(node_id, kv.mod_revision, {str(j): tuple(int(g) for g in gpus)
                                                     for j, gpus in raw.get("jobs", {}).items()}, kv.mod_revision)
 
@@ -120,12 +122,12 @@ class HoldingsLedger:
 
     async def current(self, node_id: str) -> NodeHolding:
         """The newest holdings known for a node: what this ledger wrote, or the source's, whichever is newer."""
-        seen = decode_holding(node_id, await self._source(self.keys.holdings(node_id)))
+        kv = await self._source(self.keys.holdings(node_id))
         kept = self._kept.get(node_id)
-        if kept is not None and kept.as_of >= seen.as_of:
-            return kept
+        if kept is not None and kept.as_of >= (kv.mod_revision if kv is not None else 0):
+            return kept  # what this ledger wrote is at least as new: no need to decode the source's
         self._kept.pop(node_id, None)
-        return seen
+        return decode_holding(node_id, kv)
 
     def settle(self, written: Mapping[str, Jobs], revision: int) -> None:
         """A transaction that wrote these nodes' holdings succeeded at `revision`: keep what it wrote."""
