@@ -281,8 +281,8 @@ def _alloc(job_id: str, node_id: str = "node-1", gpus: tuple[int, ...] = tuple(r
 
 async def test_gangs_sharing_a_node_in_one_cycle_both_commit(key_prefix: str, etcd_store: EtcdStore) -> None:
     """Two gangs on disjoint GPUs of one node, committed concurrently (as one cycle's decisions are): the
-    second waits for the first's transaction and compares the holdings it left, so both land, and the
-    node's holdings list both."""
+    second is planned on the holdings the first leaves (in the same transaction, or compared after it),
+    so both land, and the node's holdings list both."""
     keys = Keys(key_prefix.rstrip("/"))
     repo = Repository(etcd_store, keys)
     node = make_node("node-1", gpus=8)
