@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import math
 import statistics
 import time
@@ -40,6 +41,7 @@ from trainyard_core.store import Compare, KeyValue, Put, absent, mod_revision_is
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.testing import etcd as etcd_proc
+from trainyard_scheduler import gc_tuning
 from trainyard_scheduler.domain.jobs import admit
 from trainyard_scheduler.domain.models import Allocation, Job, JobSpec, JobState, Node, Resources, TopologyRequest
 from trainyard_scheduler.domain.queues import PolicyConfig, standing
@@ -226,8 +228,11 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
     holdings come from what the repository's ledger wrote; a node it never wrote is absent on this fresh
     prefix, as the leader's mirror would say (the mirror's own watch processing, which the leader pays for
     every key anyway, is not in the timed part of any arm). The raw arms keep the shape without holdings,
-    so `commit_vs_etcd_txn` prices them in; the `guarded` arm sends the holdings shape raw."""
+    so `commit_vs_etcd_txn` prices them in; the `guarded` arm sends the holdings shape raw. The process's
+    garbage collector is tuned as the scheduler's main tunes it (`gc_tuning`), for every arm."""
     store = EtcdStore(endpoint)
+    thresholds = gc.get_threshold()
+    gc_tuning.tune()
     try:
         run_id = uuid.uuid4().hex[:8]
         keys = {arm: Keys(f"/bench-{run_id}/{arm}") for arm in ("raw", "guarded", "encode", "repo")}
@@ -309,6 +314,7 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
                 "commit_payload_bytes_mean": statistics.mean(sizes),
                 "commit_payload_bytes_max": float(max(sizes))}
     finally:
+        gc.set_threshold(*thresholds)
         await store.close()
 
 

@@ -7,11 +7,13 @@ import asyncio
 from trainyard_core import service
 from trainyard_core.settings import write_ready_file
 
+from . import gc_tuning
 from .app import SchedulerApp
 from .settings import SchedulerSettings
 
 
 async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
+    gc_tuning.tune()
     app = SchedulerApp(settings)
     await app.start()
     write_ready_file(settings.ready_file, grpc_port=app.grpc_port)
