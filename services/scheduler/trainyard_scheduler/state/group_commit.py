@@ -21,7 +21,8 @@ other's results:
 
 Measured with the scheduler benchmark (docs/scheduler-benchmark.md): a lock per node across the round
 trip ran the commit path at 0.46 of the same transactions sent raw, one transaction per gang with only
-node-sharing writes merged at 0.52-0.96, this at more than raw.
+node-sharing writes merged at 0.52-0.96 (0.50-0.64 of the 2-key transaction without holdings), this at
+1.00-1.09 of that 2-key rate in full benchmark runs.
 
 Order: writes are taken in arrival order; a write that waits for a busy node keeps later writes that share
 a node with it waiting too, so a large gang is never starved by a stream of small ones on its nodes.
