@@ -1,8 +1,10 @@
-"""Reading operator-provided YAML/JSON files (settings, policies, topology) with errors that name the file."""
+"""Files: reading operator-provided YAML/JSON (settings, policies, topology) with errors that name the file, and
+replacing a file atomically."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +24,17 @@ def read_structured(path: str, what: str) -> Any:
         return json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
         raise InvalidArgument(f"{what} {path} is not valid YAML/JSON: {e}") from e
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace `path` with `data` in one rename: a reader (a server reloading its certificate) sees the old
+    file or the new one, never a part. Created with `mode` from the start (a key is never world-readable)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -14,6 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from ..security.authz import AuthorizationInterceptor
+from ..security.identity import Principal
+from ..security.pki import CertFiles
+from ..security.tls import ClientTls, server_credentials, target_name_option
 from .errors import ErrorMappingInterceptor
 
 log = logging.getLogger(__name__)
@@ -60,20 +64,27 @@ async def start_grpc_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Sequence[str],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls: CertFiles | None = None,
 ) -> GrpcServer:
     """Start a server with the error-mapping interceptor, health and reflection; port 0 picks a free one.
 
     `register` adds the service's servicers; `service_names` are their full names (for health and
-    reflection).
+    reflection). With `tls`, the port requires mTLS (certificates reloaded when rotated) and every call is
+    authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized.
     """
-    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor(), *interceptors], options=SERVER_OPTIONS)
+    chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    if tls is not None:
+        chain.append(AuthorizationInterceptor())
+    server = grpc.aio.server(interceptors=[*chain, *interceptors], options=SERVER_OPTIONS)
     register(server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = (server.add_secure_port(address, server_credentials(tls)) if tls is not None
+             else server.add_insecure_port(address))
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port} (address in use or not available)")
     await server.start()
@@ -84,6 +95,12 @@ async def start_grpc_server(
 
 def insecure_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def secure_channel(target: str, tls: ClientTls, expected: Principal) -> grpc.aio.Channel:
+    """An mTLS channel presenting `tls`'s certificate, that accepts only a server whose certificate names
+    `expected` (whatever address `target` resolves to)."""
+    return grpc.aio.secure_channel(target, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)])
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -1,0 +1,1 @@
+"""Trust between Trainyard's processes: identities in certificates, mTLS, and who may call what."""

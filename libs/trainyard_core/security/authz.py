@@ -1,0 +1,186 @@
+"""Who may call which RPC: the one authorization table, and the interceptor every server installs.
+
+A call is authorized on the principal of the caller's verified certificate (`identity.py`), never on what
+the request says about its sender. Methods absent from the table are refused (default deny); a test holds
+the table to every method of every service in proto/.
+
+Some rules bind the request to the caller: a node principal may register, heartbeat or report exits only
+for the node its certificate names (`as_node`: the request's node id, checked on every message of a
+stream). Team binding (the gateway's users, a tool's teams) is the callee's: the interceptor puts the
+principal in `current_principal` for the servicer.
+
+The refusals: UNAUTHENTICATED when the call came without a usable certificate, PERMISSION_DENIED naming
+the principal and the method otherwise.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from ..errors import PermissionDenied, Unauthenticated
+from .identity import Kind, Principal
+from .tls import peer_principal
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    allow: frozenset[Kind]
+    # For node principals: the node id a request speaks for; it must be the certificate's node.
+    as_node: Callable[[Any], str] | None = None
+
+
+def rule(*kinds: Kind, as_node: Callable[[Any], str] | None = None) -> Rule:
+    return Rule(frozenset(kinds), as_node)
+
+
+def _methods(service: str, names: Iterable[str], r: Rule) -> dict[str, Rule]:
+    return {f"/{service}/{name}": r for name in names}
+
+
+AGENT = "trainyard.agent.v1.AgentService"
+JOBS = "trainyard.scheduler.v1.JobService"
+NODES = "trainyard.scheduler.v1.NodeService"
+POLICY = "trainyard.scheduler.v1.PolicyService"
+CHECKPOINTS = "trainyard.checkpoint.v1.CheckpointService"
+TOKENS = "trainyard.gateway.v1.TokenService"
+HEALTH = "grpc.health.v1.Health"
+REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+
+ANY: tuple[Kind, ...] = ("scheduler", "gateway", "checkpoint-store", "node", "tool")
+
+# The table. Read it as: method ← the principals that may call it.
+RULES: Mapping[str, Rule] = {
+    # Agents run what the scheduler says, and nothing else: launch, stop, fence (an epoch travels only here).
+    **_methods(AGENT, ("LaunchWorkers", "StopWorkers"), rule("scheduler")),
+    **_methods(AGENT, ("ListWorkers",), rule("scheduler", "tool")),
+    # Logs go to users through the gateway (which checks the user's team); operators' tools read them too.
+    **_methods(AGENT, ("GetWorkerLogs", "StreamWorkerLogs"), rule("gateway", "scheduler", "tool")),
+    # Operator actions on a GPU arrive through the gateway (the operator's user is recorded there).
+    **_methods(AGENT, ("SetGpuHealth",), rule("gateway", "tool")),
+    # Fault injection is a test and drill facility: tools only.
+    **_methods(AGENT, ("InjectFault",), rule("tool")),
+    # A node speaks only for itself.
+    f"/{NODES}/RegisterNode": rule("node", as_node=lambda r: str(r.node.node_id)),
+    f"/{NODES}/Heartbeat": rule("node", as_node=lambda r: str(r.node_id)),
+    f"/{NODES}/ReportWorkerExit": rule("node", as_node=lambda r: str(r.node_id)),
+    **_methods(NODES, ("ListNodes", "GetNode", "CordonNode"), rule("gateway", "tool")),
+    # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
+    **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob"), rule("gateway", "tool")),
+    **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",
+                        "DeleteQuota"), rule("gateway", "tool")),
+    # Checkpoints: the gateway (users), the scheduler (resume points), tools.
+    **_methods(CHECKPOINTS, ("BeginCheckpoint", "CommitCheckpoint", "AbortCheckpoint", "GetCheckpoint",
+                             "ListCheckpoints", "GetLatestCheckpoint", "DeleteCheckpoint", "ReportDamaged",
+                             "TagCheckpoint", "UntagCheckpoint", "SetRetention", "GetRetention",
+                             "AcquireRestoreLease", "RenewRestoreLease", "ReleaseRestoreLease", "RunGc"),
+                rule("gateway", "scheduler", "tool")),
+    **_methods(TOKENS, ("CreateToken", "ListTokens", "RevokeToken"), rule("tool")),
+    # Probes: any principal of this deployment.
+    **_methods(HEALTH, ("Check", "Watch"), rule(*ANY)),
+    **_methods(REFLECTION, ("ServerReflectionInfo",), rule("tool")),
+}
+
+# The caller of the RPC being served (None on a plaintext server), for servicers that bind it further.
+current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("principal", default=None)
+
+
+def check(principal: Principal | None, method: str, table: Mapping[str, Rule] = RULES) -> Rule:
+    """The rule that admits `principal` to `method`; raises Unauthenticated or PermissionDenied."""
+    if principal is None:
+        raise Unauthenticated(f"{method} needs a client certificate naming a trainyard:// principal, signed "
+                              "by this deployment's CA")
+    r = table.get(method)
+    if r is None:
+        raise PermissionDenied(f"{principal} may not call {method}: it is in no rule of the authorization table")
+    if principal.kind not in r.allow:
+        raise PermissionDenied(f"{principal} may not call {method} (allowed: "
+                               f"{', '.join(sorted(r.allow))})")
+    return r
+
+
+def check_node(principal: Principal, method: str, r: Rule, request: Any) -> None:
+    if r.as_node is None or principal.kind != "node":
+        return
+    claimed = r.as_node(request)
+    if claimed != principal.name:
+        raise PermissionDenied(f"{principal} may not call {method} for node {claimed!r}: a node speaks only "
+                               "for itself")
+
+
+Behavior = Callable[..., Any]
+
+
+class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Checks every call against `table` before the servicer sees it. Install it inside the error-mapping
+    interceptor (which turns its refusals into status codes)."""
+
+    def __init__(self, table: Mapping[str, Rule] = RULES) -> None:
+        self._table = table
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        table = self._table
+
+        def admit(context: grpc.aio.ServicerContext) -> tuple[Principal, Rule]:
+            principal = peer_principal(context)
+            r = check(principal, method, table)
+            assert principal is not None
+            current_principal.set(principal)
+            return principal, r
+
+        def checked_requests(requests: AsyncIterator[Any], principal: Principal, r: Rule) -> AsyncIterator[Any]:
+            async def gen() -> AsyncIterator[Any]:
+                async for req in requests:
+                    check_node(principal, method, r, req)
+                    yield req
+            return gen()
+
+        def unary_in(behavior: Behavior) -> Behavior:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                principal, r = admit(context)
+                check_node(principal, method, r, request)
+                return await behavior(request, context)
+            return call
+
+        def unary_in_stream_out(behavior: Behavior) -> Behavior:
+            async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                principal, r = admit(context)
+                check_node(principal, method, r, request)
+                async for item in behavior(request, context):
+                    yield item
+            return call
+
+        def stream_in(behavior: Behavior) -> Behavior:
+            async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+                principal, r = admit(context)
+                return await behavior(checked_requests(requests, principal, r), context)
+            return call
+
+        def stream_in_stream_out(behavior: Behavior) -> Behavior:
+            async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                principal, r = admit(context)
+                async for item in behavior(checked_requests(requests, principal, r), context):
+                    yield item
+            return call
+
+        ser, de = handler.response_serializer, handler.request_deserializer
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(unary_in(handler.unary_unary), de, ser)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(unary_in_stream_out(handler.unary_stream), de, ser)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(stream_in(handler.stream_unary), de, ser)
+        return grpc.stream_stream_rpc_method_handler(stream_in_stream_out(handler.stream_stream), de, ser)

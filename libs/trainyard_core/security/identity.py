@@ -1,0 +1,86 @@
+"""Principals: who is calling, as named by the URI SAN of its certificate.
+
+Every certificate Trainyard trusts names exactly one principal, `trainyard://<kind>[/<name>]`:
+
+    trainyard://scheduler            the scheduler replicas
+    trainyard://gateway              the gateway replicas
+    trainyard://checkpoint-store     the checkpoint-store replicas
+    trainyard://node/<node_id>       the agent of one node
+    trainyard://tool/<name>          an internal tool (its teams are bound in the callee's settings)
+
+The form mirrors SPIFFE IDs (`spiffe://<trust domain>/<path>`): a site running SPIRE or cert-manager
+issues these URIs as the workloads' SVID/certificate SANs (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+SCHEME = "trainyard://"
+Kind = Literal["scheduler", "gateway", "checkpoint-store", "node", "tool"]
+SINGLETONS: tuple[Kind, ...] = ("scheduler", "gateway", "checkpoint-store")
+NAMED: tuple[Kind, ...] = ("node", "tool")
+# A node's or tool's name: one DNS label (node ids are already of that form), so each principal also has a
+# DNS name in its certificate, which is what a client verifies a server's certificate against.
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+DNS_SUFFIX = "trainyard.internal"
+
+
+class InvalidPrincipal(ValueError):
+    """A URI that does not name a Trainyard principal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    kind: Kind
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind in SINGLETONS and self.name:
+            raise InvalidPrincipal(f"{self.kind} principals have no name (got {self.name!r})")
+        if self.kind in NAMED and not _NAME.match(self.name):
+            raise InvalidPrincipal(f"{self.kind} principal needs a name of 1-63 lower-case letters, digits and "
+                                   f"'-', starting and ending with a letter or digit (got {self.name!r})")
+        if self.kind not in SINGLETONS + NAMED:
+            raise InvalidPrincipal(f"unknown principal kind {self.kind!r}")
+
+    @property
+    def uri(self) -> str:
+        return f"{SCHEME}{self.kind}/{self.name}" if self.name else f"{SCHEME}{self.kind}"
+
+    @property
+    def dns_name(self) -> str:
+        """`<name>.<kind>.trainyard.internal`, or `<kind>.trainyard.internal`: in the certificate's DNS SANs,
+        and the name a client expects of the server it calls (gRPC's target name override)."""
+        return f"{self.name}.{self.kind}.{DNS_SUFFIX}" if self.name else f"{self.kind}.{DNS_SUFFIX}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @classmethod
+    def parse(cls, uri: str) -> Principal:
+        if not uri.startswith(SCHEME):
+            raise InvalidPrincipal(f"{uri!r} is not a {SCHEME} URI")
+        parts = uri[len(SCHEME):].split("/")
+        kind = parts[0]
+        if kind in SINGLETONS and len(parts) == 1:
+            return cls(kind)
+        if kind in NAMED and len(parts) == 2:
+            return cls(kind, parts[1])
+        raise InvalidPrincipal(f"{uri!r} names no principal: expected {SCHEME}<scheduler|gateway|"
+                               "checkpoint-store> or {SCHEME}<node|tool>/<name>")
+
+
+def node(node_id: str) -> Principal:
+    return Principal("node", node_id)
+
+
+def tool(name: str) -> Principal:
+    return Principal("tool", name)
+
+
+SCHEDULER = Principal("scheduler")
+GATEWAY = Principal("gateway")
+CHECKPOINT_STORE = Principal("checkpoint-store")
