@@ -14,10 +14,36 @@ from typing import TypeVar
 from . import telemetry
 from .errors import TrainyardError
 from .logs import setup_logging
+from .security.tls import TlsConfigError
+from .security.tls import load as load_tls
 from .settings import BaseSettings, SettingsError, load_settings, redacted
 
 S = TypeVar("S", bound=BaseSettings)
 log = logging.getLogger(__name__)
+
+
+def check_transport(settings: BaseSettings) -> str:
+    """Why the service must not start with these TLS settings ("" when it may): plaintext only when asked
+    for explicitly, and a certificate that loads and names this service's principal."""
+    files = settings.tls
+    if files is None:
+        if not settings.insecure_plaintext:
+            return ("no mTLS certificate: set tls_cert_file, tls_key_file and tls_ca_file (`make run` keeps a "
+                    "development PKI in .trainyard/pki/, `make certs` writes one for deploy/), or set "
+                    "insecure_plaintext=true for a development setup without TLS")
+        log.warning("PLAINTEXT gRPC: insecure_plaintext is set, so this service serves and calls without TLS "
+                    "and without authorization; anyone who reaches its port may call every RPC")
+        return ""
+    try:
+        material = load_tls(files)
+    except TlsConfigError as exc:
+        return f"tls_cert_file/tls_key_file/tls_ca_file: {exc}"
+    expected = settings.principal()
+    if expected is not None and material.principal != expected:
+        return (f"tls_cert_file {files.cert} names {material.principal}, but this service is {expected}: give it "
+                "its own certificate")
+    log.info("mTLS on", extra={"principal": str(material.principal), "cert_file": str(files.cert)})
+    return ""
 
 
 def run(
@@ -37,6 +63,11 @@ def run(
         return 2
     setup_logging(service, settings.log_level, settings.log_format)
     log.info("starting", extra={"settings": redacted(settings)})
+    problem = check_transport(settings)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        log.error("cannot start: %s", problem)
+        return 2
     telemetry.setup(service, settings)
 
     async def main() -> None:

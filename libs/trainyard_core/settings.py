@@ -26,12 +26,15 @@ import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from .errors import InvalidArgument
 from .files import read_structured
+from .security.identity import Principal
+from .security.pki import CertFiles
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,33 @@ class BaseSettings(BaseModel):
                                 "file path to append them to")
     ready_file: str = Field("", description="once serving, write the bound ports here as JSON (launchers, "
                             "tests)")
+    tls_cert_file: str = Field("", description="this service's certificate (PEM) for mTLS on its gRPC server "
+                               "and clients; its URI SAN names the service's trainyard:// principal")
+    tls_key_file: str = Field("", description="the certificate's private key (PEM, unencrypted; keep it 0600)")
+    tls_ca_file: str = Field("", description="the CA bundle (PEM) that signs every certificate of this deployment")
+    insecure_plaintext: bool = Field(False, description="serve and call gRPC without TLS or authorization: "
+                                     "development only, refused unless set explicitly, logged as a warning")
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> BaseSettings:
+        given = [n for n in ("tls_cert_file", "tls_key_file", "tls_ca_file") if getattr(self, n)]
+        if given and len(given) != 3:
+            missing = sorted({"tls_cert_file", "tls_key_file", "tls_ca_file"} - set(given))
+            raise ValueError(f"mTLS needs tls_cert_file, tls_key_file and tls_ca_file together; missing {missing}")
+        if given and self.insecure_plaintext:
+            raise ValueError("insecure_plaintext and the tls_* files exclude each other: set one or the other")
+        return self
+
+    @property
+    def tls(self) -> CertFiles | None:
+        """The mTLS files, or None (plaintext)."""
+        if not self.tls_cert_file:
+            return None
+        return CertFiles(cert=Path(self.tls_cert_file), key=Path(self.tls_key_file), ca=Path(self.tls_ca_file))
+
+    def principal(self) -> Principal | None:
+        """The principal this service's certificate must name (None: any)."""
+        return None
 
 
 class EtcdSettings(BaseSettings):
