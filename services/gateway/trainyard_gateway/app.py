@@ -1,10 +1,16 @@
 """The gateway process: the FastAPI application (`create_app`) and its lifecycle (`GatewayApp`).
 
 `GatewayApp.start()` opens the etcd store, stores the bootstrap admin token (hashed) when one is
-configured, opens the scheduler channel, then serves HTTP with uvicorn inside the running event loop
-(on a socket bound here, so port 0 works and a busy port fails with a clear OSError) and the internal
-TokenService over grpc.aio. `stop()` undoes it in reverse order. Signals are the caller's business
-(trainyard_core.service.run), so uvicorn's own signal capture is turned off.
+configured, opens the channel pool to the scheduler and the agents, then serves HTTP with uvicorn inside
+the running event loop (on a socket bound here, so port 0 works and a busy port fails with a clear OSError)
+and the internal TokenService over grpc.aio. `stop()` undoes it in reverse order. Signals are the caller's
+business (trainyard_core.service.run), so uvicorn's own signal capture is turned off.
+
+Transport: with the tls_* settings, the TokenService requires mTLS and the authorization table, and every
+channel (from one `Channels` pool) presents the gateway's certificate and accepts only the principal it
+means to reach: `trainyard://scheduler` for every scheduler replica, `trainyard://node/<id>` for the agent
+of that node. HTTP is HTTPS when http_tls_cert_file/http_tls_key_file are set (a certificate for users,
+not the mTLS one), plain HTTP otherwise.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import socket
 import time
 from collections.abc import Iterator
 
-import grpc.aio
 import uvicorn
 from fastapi import FastAPI
 
 from trainyard.gateway.v1 import gateway_pb2_grpc
 from trainyard_core.clock import Clock
-from trainyard_core.rpc.server import GrpcServer, insecure_channel, start_grpc_server
+from trainyard_core.rpc.channels import Channels
+from trainyard_core.rpc.server import GrpcServer, start_grpc_server
+from trainyard_core.security import identity
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 
@@ -98,9 +105,9 @@ class GatewayApp:
         self._store = store
         self._owns_store = store is None
         self._clock = clock
-        self._channel: grpc.aio.Channel | None = None
-        # Channels to scheduler leaders named by standbys (NodeService calls), by address.
-        self._leader_channels: dict[str, grpc.aio.Channel] = {}
+        # Every gRPC channel of the gateway: to the scheduler replicas (the configured target and the leaders
+        # named by standbys) and to the node agents.
+        self._channels: Channels | None = None
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
         self._http: _EmbeddedServer | None = None
@@ -114,12 +121,6 @@ class GatewayApp:
             await self.stop()
             raise
 
-    def _leader_channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._leader_channels.get(address)
-        if channel is None:
-            channel = self._leader_channels[address] = insecure_channel(address)
-        return channel
-
     async def _start(self) -> None:
         s = self.settings
         if self._store is None:
@@ -130,17 +131,19 @@ class GatewayApp:
                                               user="admin", admin=True,
                                               description="bootstrap admin token (gateway setting)")
             log.info("bootstrap admin token present", extra={"token_id": record.token_id})
-        self._channel = insecure_channel(s.scheduler_target)
-        self._agents = AgentClients(timeout_s=s.request_timeout_s)
+        channels = self._channels = Channels(s.tls)
+        target = s.scheduler_target
+        self._agents = AgentClients(channels, timeout_s=s.request_timeout_s)
+        scheduler = SchedulerClient(lambda: channels.get(target, identity.SCHEDULER), timeout_s=s.request_timeout_s,
+                                    leader_channel=lambda address: channels.get(address, identity.SCHEDULER),
+                                    replicas=s.scheduler_address.split(","))
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
-                           scheduler=SchedulerClient(self._channel, timeout_s=s.request_timeout_s,
-                                                     leader_channel=self._leader_channel,
-                                                     replicas=s.scheduler_address.split(",")))
+                           scheduler=scheduler)
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)
         self._grpc = await start_grpc_server(
-            host=s.grpc_host, port=s.grpc_port, service_names=[SERVICE_NAME],
+            host=s.grpc_host, port=s.grpc_port, service_names=[SERVICE_NAME], tls=s.tls,
             register=lambda server: gateway_pb2_grpc.add_TokenServiceServicer_to_server(servicer, server))
         self.grpc_port = self._grpc.port
 
@@ -149,7 +152,16 @@ class GatewayApp:
         # access_log off: requests are logged by http_errors.AccessLogAndCatchAll, which never logs
         # headers (so never the Authorization token). log_config None: keep the service's logging.
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
-                                server_header=False, timeout_graceful_shutdown=5)
+                                server_header=False, timeout_graceful_shutdown=5,
+                                ssl_certfile=s.http_tls_cert_file or None, ssl_keyfile=s.http_tls_key_file or None)
+        try:
+            config.load()  # here rather than in serve(), so unusable HTTPS files fail the start with their names
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            sock.close()
+            if not s.http_tls:
+                raise
+            raise OSError(f"http_tls_cert_file {s.http_tls_cert_file} / http_tls_key_file {s.http_tls_key_file}: "
+                          f"cannot serve HTTPS with them: {err}") from err
         self._http = _EmbeddedServer(config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]), name="gateway-http")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -160,8 +172,9 @@ class GatewayApp:
             if time.monotonic() > deadline:
                 raise OSError(f"HTTP server did not start within {STARTUP_TIMEOUT_S}s")
             await asyncio.sleep(0.01)
-        log.info("gateway serving", extra={"http_url": f"http://{s.http_host}:{self.http_port}",
-                                           "grpc_port": self.grpc_port,
+        scheme = "https" if s.http_tls else "http"
+        log.info("gateway serving", extra={"http_url": f"{scheme}://{s.http_host}:{self.http_port}",
+                                           "grpc_port": self.grpc_port, "grpc_mtls": s.tls is not None,
                                            "scheduler_address": s.scheduler_address})
 
     async def stop(self) -> None:
@@ -181,14 +194,11 @@ class GatewayApp:
             await self._grpc.stop(grace=2.0)
             self._grpc = None
         if self._agents is not None:
-            await self._agents.close()
+            self._agents.forget()
             self._agents = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-        for channel in self._leader_channels.values():
-            await channel.close()
-        self._leader_channels.clear()
+        if self._channels is not None:
+            await self._channels.close()
+            self._channels = None
         if self._store is not None and self._owns_store:
             await self._store.close()
             self._store = None

@@ -2,15 +2,17 @@
 
 They take and return API models (conversion in `convert`), so routers never see protobuf. Every failed
 call is turned into the domain error it stands for (`from_rpc_error`), which the gateway's one error
-handler maps to an HTTP status. Channels are created here but owned by whoever built the client
-(GatewayApp), which closes them.
+handler maps to an HTTP status. Channels come from a `Channels` pool owned by whoever built the clients
+(GatewayApp), which closes it. The clients ask the pool for their channel at each call (a dictionary
+look-up), so a rotated certificate is taken up by the next call, and each names the principal it must
+reach: the scheduler, or the agent of the one node the call is meant for (mTLS refuses any other).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -18,9 +20,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from trainyard_core.errors import Unavailable
+from trainyard_core.errors import FailedPrecondition, Unavailable
+from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
-from trainyard_core.rpc.server import insecure_channel
+from trainyard_core.security import identity
+from trainyard_core.security.identity import InvalidPrincipal, Principal
 
 from . import convert
 from .schemas.jobs import Job, JobList, JobSubmit
@@ -30,6 +34,7 @@ from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
 
 T = TypeVar("T")
+S = TypeVar("S")
 # A NodeService call, given the stub to send it on and the seconds it may take.
 NodeCall = Callable[[scheduler_pb2_grpc.NodeServiceStub, float], Awaitable[T]]
 LEADER_METADATA = "trainyard-leader"
@@ -42,32 +47,70 @@ async def _call(what: str, call: Awaitable[T]) -> T:
         raise from_rpc_error(exc, what) from exc
 
 
+class _Stubs(Generic[S]):
+    """The stub(s) of one channel, made again when the pool hands out another channel (after a certificate
+    rotation) for the same peer."""
+
+    def __init__(self, make: Callable[[grpc.aio.Channel], S]) -> None:
+        self._make = make
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: S | None = None
+
+    def on(self, channel: grpc.aio.Channel) -> S:
+        if self._stub is None or channel is not self._channel:
+            self._channel, self._stub = channel, self._make(channel)
+        return self._stub
+
+
+class _SchedulerStubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        self.nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
+        self.policy = policy_pb2_grpc.PolicyServiceStub(channel)
+        self.health = health_pb2_grpc.HealthStub(channel)
+
+
 class SchedulerClient:
     """JobService, NodeService and PolicyService of the scheduler. `team` empty means: every team (admin
     callers)."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float,
+    def __init__(self, channel: Callable[[], grpc.aio.Channel], *, timeout_s: float,
                  leader_channel: Callable[[str], grpc.aio.Channel] | None = None,
                  replicas: Sequence[str] = ()) -> None:
-        self._jobs = scheduler_pb2_grpc.JobServiceStub(channel)
-        self._nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
-        self._policy = policy_pb2_grpc.PolicyServiceStub(channel)
-        self._health = health_pb2_grpc.HealthStub(channel)
+        # The channel to the configured replicas, asked for at each call (the pool may have replaced it).
+        self._channel = channel
+        self._main: _Stubs[_SchedulerStubs] = _Stubs(_SchedulerStubs)
         self._timeout = timeout_s
         # Channels to one replica by address (cached by their owner); without it, only `channel` is used.
         self._leader_channel = leader_channel
         # Every configured replica, asked in turn when a refusal does not say who leads.
         self._replicas = list(replicas) if leader_channel is not None else []
-        self._stubs: dict[str, scheduler_pb2_grpc.NodeServiceStub] = {}
+        self._stubs: dict[str, _Stubs[scheduler_pb2_grpc.NodeServiceStub]] = {}
         # The leader's address, once a replica named it and it answered; '': use the main channel.
         self._leader = ""
 
+    @property
+    def _jobs(self) -> scheduler_pb2_grpc.JobServiceStub:
+        return self._main.on(self._channel()).jobs
+
+    @property
+    def _nodes(self) -> scheduler_pb2_grpc.NodeServiceStub:
+        return self._main.on(self._channel()).nodes
+
+    @property
+    def _policy(self) -> policy_pb2_grpc.PolicyServiceStub:
+        return self._main.on(self._channel()).policy
+
+    @property
+    def _health(self) -> health_pb2_grpc.HealthStub:
+        return self._main.on(self._channel()).health
+
     def _stub(self, address: str) -> scheduler_pb2_grpc.NodeServiceStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            assert self._leader_channel is not None
-            stub = self._stubs[address] = scheduler_pb2_grpc.NodeServiceStub(self._leader_channel(address))
-        return stub
+        assert self._leader_channel is not None
+        stubs = self._stubs.get(address)
+        if stubs is None:
+            stubs = self._stubs[address] = _Stubs(scheduler_pb2_grpc.NodeServiceStub)
+        return stubs.on(self._leader_channel(address))
 
     async def _on_leader(self, call: NodeCall[T]) -> T:
         """NodeService calls must reach the leader (only it hears the agents' heartbeats). Any replica
@@ -205,34 +248,42 @@ class SchedulerClient:
 
 
 class AgentClients:
-    """AgentService clients, one channel per agent address, created on first use."""
+    """AgentService clients, one channel per (agent address, node), from the gateway's channel pool.
 
-    def __init__(self, *, timeout_s: float) -> None:
+    Every call names the node it is meant for as well as its address: with mTLS the agent must present the
+    certificate of that node (`trainyard://node/<node_id>`), so an address that a node record still holds
+    after another node took it over is refused rather than asked for the wrong node's logs or GPUs."""
+
+    def __init__(self, channels: Channels, *, timeout_s: float) -> None:
+        self._channels = channels
         self._timeout = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, agent_pb2_grpc.AgentServiceAsyncStub] = {}
+        self._stubs: dict[tuple[str, str], _Stubs[agent_pb2_grpc.AgentServiceAsyncStub]] = {}
 
-    def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            channel = self._channels[address] = insecure_channel(address)
-            stub = self._stubs[address] = cast("agent_pb2_grpc.AgentServiceAsyncStub",
-                                               agent_pb2_grpc.AgentServiceStub(channel))
-        return stub
+    def _stub(self, address: str, node_id: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
+        try:
+            expected: Principal = identity.node(node_id)
+        except InvalidPrincipal as exc:
+            raise FailedPrecondition(f"node {node_id!r}: its agent cannot be verified: {exc}") from exc
+        stubs = self._stubs.get((address, node_id))
+        if stubs is None:
+            stubs = self._stubs[(address, node_id)] = _Stubs(
+                lambda channel: cast("agent_pb2_grpc.AgentServiceAsyncStub", agent_pb2_grpc.AgentServiceStub(channel)))
+        return stubs.on(self._channels.get(address, expected))
 
-    async def worker_logs(self, address: str, *, job_id: str, attempt: int, tail_lines: int) -> list[LogLine]:
+    async def worker_logs(self, address: str, *, node_id: str, job_id: str, attempt: int,
+                          tail_lines: int) -> list[LogLine]:
         request = agent_pb2.GetWorkerLogsRequest(job_id=job_id, attempt=attempt, tail_lines=tail_lines)
-        reply = await _call(f"node agent at {address}",
-                            self._stub(address).GetWorkerLogs(request, timeout=self._timeout))
+        reply = await _call(f"node agent of {node_id} at {address}",
+                            self._stub(address, node_id).GetWorkerLogs(request, timeout=self._timeout))
         return [convert.log_line_from_pb(line) for line in reply.lines]
 
-    async def set_gpu_health(self, address: str, *, gpu_index: int, healthy: bool, operator: str,
+    async def set_gpu_health(self, address: str, *, node_id: str, gpu_index: int, healthy: bool, operator: str,
                              reason: str) -> None:
         request = agent_pb2.SetGpuHealthRequest(gpu_index=gpu_index, healthy=healthy, operator=operator,
                                                 reason=reason)
-        await _call(f"node agent at {address}", self._stub(address).SetGpuHealth(request, timeout=self._timeout))
+        await _call(f"node agent of {node_id} at {address}",
+                    self._stub(address, node_id).SetGpuHealth(request, timeout=self._timeout))
 
-    async def close(self) -> None:
-        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-        for channel in channels:
-            await channel.close()
+    def forget(self) -> None:
+        """Drop the stubs (the channels are the pool's, closed by its owner)."""
+        self._stubs.clear()

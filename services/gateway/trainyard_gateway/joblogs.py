@@ -63,7 +63,8 @@ async def job_logs(scheduler: SchedulerClient, agents: AgentClients, *, job_id: 
         if not address:
             return NodeLogs(assignment, [], "the node is not registered with the scheduler any more")
         try:
-            lines = await agents.worker_logs(address, job_id=job_id, attempt=wanted, tail_lines=tail_lines)
+            lines = await agents.worker_logs(address, node_id=assignment.node_id, job_id=job_id,
+                                             attempt=wanted, tail_lines=tail_lines)
         except NotFound:
             return NodeLogs(assignment, [])  # placed, but the agent has not started these workers yet
         except TrainyardError as exc:

@@ -7,9 +7,11 @@ import logging
 import socket
 from typing import ClassVar
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from trainyard_core.addresses import address_list, host_port
+from trainyard_core.security import identity
+from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
 
 from .tokens import SECRET_PREFIX, is_well_formed_secret
@@ -59,6 +61,28 @@ class GatewaySettings(EtcdSettings):
     # gateway replica keeps working here for at most this long; revocation through this one is immediate.
     token_cache_ttl_s: float = Field(5.0, ge=0, description="seconds a verified token is cached in memory")
     max_log_lines: int = Field(100_000, ge=1, description="most log lines one /logs answer returns")
+    # HTTPS of the public API. Not the mTLS certificate (tls_*): browsers and the CLI verify this one, so it
+    # is usually a public certificate. Left empty, HTTP stays plain (a load balancer terminating TLS).
+    http_tls_cert_file: str = Field("", description="server certificate (PEM, chain after the leaf) of the HTTP "
+                                    "API; with http_tls_key_file the API is served over HTTPS, without both it "
+                                    "is plain HTTP")
+    http_tls_key_file: str = Field("", description="the private key (PEM, unencrypted) of http_tls_cert_file")
+
+    def principal(self) -> Principal:
+        return identity.GATEWAY
+
+    @property
+    def http_tls(self) -> bool:
+        return bool(self.http_tls_cert_file)
+
+    @model_validator(mode="after")
+    def _http_tls_complete(self) -> GatewaySettings:
+        if bool(self.http_tls_cert_file) != bool(self.http_tls_key_file):
+            given, missing = (("http_tls_cert_file", "http_tls_key_file") if self.http_tls_cert_file
+                              else ("http_tls_key_file", "http_tls_cert_file"))
+            raise ValueError(f"HTTPS needs http_tls_cert_file and http_tls_key_file together: {given} is set, "
+                             f"{missing} is not (set both for HTTPS, or neither for plain HTTP)")
+        return self
 
     @field_validator("scheduler_address")
     @classmethod

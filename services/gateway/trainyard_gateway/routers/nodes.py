@@ -54,8 +54,9 @@ async def set_gpu_health(node_id: NodeId, gpu_index: GpuIndex, body: GpuHealthRe
     node = await deps.scheduler.get_node(node_id)
     if not any(g.index == gpu_index for g in node.gpus):
         raise NotFound(f"node {node_id} has no GPU {gpu_index}")
-    await deps.agents.set_gpu_health(node.agent_address, gpu_index=gpu_index, healthy=body.healthy,
-                                     operator=f"{principal.team}/{principal.user}", reason=body.reason)
+    await deps.agents.set_gpu_health(node.agent_address, node_id=node.node_id, gpu_index=gpu_index,
+                                     healthy=body.healthy, operator=f"{principal.team}/{principal.user}",
+                                     reason=body.reason)
     log.info("GPU health set by operator", extra={"node_id": node_id, "gpu": gpu_index, "healthy": body.healthy,
                                                   "operator": principal.user, "reason": body.reason})
     return await deps.scheduler.get_node(node_id)
