@@ -28,7 +28,9 @@ def _store(root: Path, endpoint: str) -> tuple[Proc, str]:
     env.update({"TRAINYARD_CHECKPOINT_STORE_ETCD_ENDPOINTS": endpoint,
                 "TRAINYARD_CHECKPOINT_STORE_LISTEN_PORT": str(port),
                 "TRAINYARD_CHECKPOINT_STORE_STORAGE_URL": (root / "store").as_uri(),
-                "TRAINYARD_CHECKPOINT_STORE_READY_FILE": str(root / "store.ready"), "PYTHONUNBUFFERED": "1"})
+                "TRAINYARD_CHECKPOINT_STORE_READY_FILE": str(root / "store.ready"), "PYTHONUNBUFFERED": "1",
+                # Workers reach the store without a certificate until per-job worker credentials exist.
+                "TRAINYARD_CHECKPOINT_STORE_INSECURE_PLAINTEXT": "true"})
     (root / "store").mkdir(parents=True, exist_ok=True)
     proc = Proc(name="checkpoint-store", args=[sys.executable, "-m", "trainyard_checkpoint.main"], env=env,
                 log_path=root / "store.log", ready_path=root / "store.ready")

@@ -248,6 +248,7 @@ def test_a_client_certificate_rotated_on_disk_gives_new_credentials(pki_dir: Pat
     for name in ("node-node-1.pem", "node-node-1.key", "ca.pem"):
         (mine / name).write_bytes((pki_dir / name).read_bytes())
     tls = ClientTls(pki.files_for(mine, identity.node("node-1")))
+    tls.CHECK_EVERY_S = 0.0  # look at the files on every call (a pool looks once a second)
     first, gen = tls.credentials(), tls.generation
     assert tls.credentials() is first
     reissued_cert, reissued_key = pki.issue(*pki._load_ca(pki_dir), identity.node("node-1"))

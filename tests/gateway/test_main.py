@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trainyard_core.security import identity, pki
 from trainyard_core.testing.etcd import free_port
 from trainyard_gateway.main import main
 from trainyard_gateway.tokens import new_secret
@@ -43,6 +44,31 @@ def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 3
     raise AssertionError(f"no ready file at {path} after {timeout}s")
 
 
+def _tls(tmp_path: Path) -> list[str]:
+    """The gateway's own certificate, as production runs it (mTLS on its gRPC server and clients)."""
+    files = pki.ensure(tmp_path / "pki", [identity.GATEWAY])[identity.GATEWAY]
+    return ["--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key), "--tls-ca-file", str(files.ca)]
+
+
+def test_a_process_without_certificates_or_insecure_plaintext_refuses_to_start(etcd_endpoint: str) -> None:
+    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", etcd_endpoint],
+                          env={**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()},
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert "tls_cert_file" in proc.stderr.decode() and "insecure_plaintext" in proc.stderr.decode()
+
+
+def test_a_certificate_of_another_principal_is_refused_at_start(tmp_path: Path, etcd_endpoint: str) -> None:
+    files = pki.ensure(tmp_path / "pki", [identity.SCHEDULER])[identity.SCHEDULER]
+    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", etcd_endpoint,
+                           "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
+                           "--tls-ca-file", str(files.ca)],
+                          env={**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()},
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert "names trainyard://scheduler, but this service is trainyard://gateway" in proc.stderr.decode()
+
+
 def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_endpoint: str, key_prefix: str) -> None:
     secret = new_secret()
     ready = tmp_path / "ready.json"
@@ -50,7 +76,7 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_endpoint: str,
     proc = subprocess.Popen(
         [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--ready-file", str(ready),
          "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", key_prefix.rstrip("/"),
-         "--scheduler-address", f"127.0.0.1:{free_port()}"],
+         "--scheduler-address", f"127.0.0.1:{free_port()}", *_tls(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         ports = _wait_for_file(ready, proc)
@@ -76,7 +102,8 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_endpoint: str,
 def test_unreachable_etcd_is_a_clean_start_failure(tmp_path: Path) -> None:
     env = {**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()}
     proc = subprocess.run(
-        [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", f"127.0.0.1:{free_port()}"],
+        [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", f"127.0.0.1:{free_port()}",
+         *_tls(tmp_path)],
         env=env, capture_output=True, timeout=60)
     assert proc.returncode == 1
     err = proc.stderr.decode()

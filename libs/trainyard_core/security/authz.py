@@ -9,8 +9,9 @@ for the node its certificate names (`as_node`: the request's node id, checked on
 stream). Team binding (the gateway's users, a tool's teams) is the callee's: the interceptor puts the
 principal in `current_principal` for the servicer.
 
-The refusals: UNAUTHENTICATED when the call came without a usable certificate, PERMISSION_DENIED naming
-the principal and the method otherwise.
+The refusals: a client without a certificate of this deployment's CA does not get past the TLS handshake
+(it sees UNAVAILABLE); UNAUTHENTICATED when its certificate names no trainyard:// principal (or on a
+plaintext channel to this interceptor); PERMISSION_DENIED naming the principal and the method otherwise.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,9 +148,13 @@ def server_credentials(files: CertFiles) -> grpc.ServerCredentials:
 class ClientTls:
     """A client's certificate for mTLS, re-read when rotated (see `generation`)."""
 
+    # Channel pools ask for the generation on every call; the files are looked at once a second at most.
+    CHECK_EVERY_S = 1.0
+
     def __init__(self, files: CertFiles) -> None:
         self._source = _Reloading(files)
         self._creds: tuple[int, grpc.ChannelCredentials] | None = None
+        self._checked = time.monotonic()
 
     @property
     def principal(self) -> Principal:
@@ -157,7 +162,10 @@ class ClientTls:
 
     @property
     def generation(self) -> int:
-        self._source.refresh()
+        now = time.monotonic()
+        if now - self._checked >= self.CHECK_EVERY_S:
+            self._checked = now
+            self._source.refresh()
         return self._source.generation
 
     def credentials(self) -> grpc.ChannelCredentials:

@@ -77,7 +77,7 @@ class CheckpointApp:
 
         try:
             self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
-                                                   service_names=[SERVICE_NAME])
+                                                   service_names=[SERVICE_NAME], tls=s.tls)
         except BaseException:
             await self._close_store()
             raise

@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from trainyard_core.security import identity
+from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
 
 # S3 bucket names: 3-63 characters, lower-case letters, digits, '.', '-'.
@@ -72,6 +74,9 @@ class CheckpointSettings(EtcdSettings):
 
     env_prefix: ClassVar[str] = "TRAINYARD_CHECKPOINT_STORE_"
     legacy_env_prefixes: ClassVar[tuple[str, ...]] = ("TRAINYARD_CHECKPOINT_",)
+
+    def principal(self) -> Principal | None:
+        return identity.CHECKPOINT_STORE
 
     listen_host: str = Field("127.0.0.1", description="address the gRPC server binds")
     listen_port: int = Field(50053, ge=0, le=65535, description="gRPC port; 0 picks a free one")
