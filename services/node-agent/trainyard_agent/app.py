@@ -21,6 +21,8 @@ from trainyard.agent.v1 import agent_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
+from trainyard_core.security import identity
+from trainyard_core.security.tls import ClientTls, target_name_option
 
 from .grpc.servicer import SERVICE_NAME, AgentServicer
 from .health.book import HealthBook, read_boot_id
@@ -47,11 +49,19 @@ _SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff
                               ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
-def scheduler_channel(address: str) -> ChannelFactory:
+def scheduler_channel(address: str, tls: ClientTls | None = None) -> ChannelFactory:
     """Channels to the scheduler replicas in `address` (comma-separated), a different one per call: a
-    session that failed (a replica down, or one that is not the leader) reconnects to the next replica."""
+    session that failed (a replica down, or one that is not the leader) reconnects to the next replica.
+
+    With `tls` each channel presents this node's certificate and accepts only a server whose certificate
+    names the scheduler: the leader epochs its answers carry raise this agent's fence, so they must come
+    from the scheduler and nobody else. Credentials are taken at each new channel, so a rotated certificate
+    is used from the next session on."""
     targets = itertools.cycle([t.strip() for t in address.split(",") if t.strip()])
-    return lambda: grpc.aio.insecure_channel(next(targets), options=_SCHEDULER_CHANNEL_OPTIONS)
+    if tls is None:
+        return lambda: grpc.aio.insecure_channel(next(targets), options=_SCHEDULER_CHANNEL_OPTIONS)
+    options = [*_SCHEDULER_CHANNEL_OPTIONS, target_name_option(identity.SCHEDULER)]
+    return lambda: grpc.aio.secure_channel(next(targets), tls.credentials(), options=options)
 
 
 def _host_memory_mb() -> int:
@@ -73,8 +83,8 @@ class AgentApp:
 
     `nvml_module`: a pynvml-compatible module (tests pass `FakeNvml`); by default the real pynvml, or a
     `FakeNvml` of `settings.gpu_profile` when one is set. `connect`: how to reach the scheduler (default:
-    an insecure channel to `settings.scheduler_address`). `base_env`: the environment workers inherit
-    (default: the agent's own).
+    a channel to `settings.scheduler_address`, mTLS when the settings name certificate files). `base_env`:
+    the environment workers inherit (default: the agent's own).
     """
 
     def __init__(self, settings: AgentSettings, nvml_module: NvmlModule | None = None, *,
@@ -83,9 +93,11 @@ class AgentApp:
         self.settings = settings
         self.node_id = settings.node_id
         self._nvml_module = nvml_module
-        self._connect = connect or scheduler_channel(settings.scheduler_address)
+        # One certificate source for both: a rotation is seen by whichever opens its next channel first.
+        tls = ClientTls(settings.tls) if settings.tls is not None and connect is None else None
+        self._connect = connect or scheduler_channel(settings.scheduler_address, tls)
         # The exit reporter rotates through the replicas on its own, independent of the heartbeat session.
-        self._connect_exits = connect or scheduler_channel(settings.scheduler_address)
+        self._connect_exits = connect or scheduler_channel(settings.scheduler_address, tls)
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._clock = clock or SystemClock()
         self.grpc_port = 0
@@ -147,7 +159,7 @@ class AgentApp:
 
         servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)
         self.server = await start_grpc_server(
-            host=s.listen_host, port=s.listen_port, service_names=[SERVICE_NAME],
+            host=s.listen_host, port=s.listen_port, service_names=[SERVICE_NAME], tls=s.tls,
             register=lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server))
         self.grpc_port = self.server.port
         log.info("agent listening", extra={"address": s.agent_address(self.grpc_port)})

@@ -23,6 +23,8 @@ from pydantic import Field, field_validator, model_validator
 
 from trainyard_core.addresses import address_list, host_port
 from trainyard_core.ids import is_valid_id
+from trainyard_core.security import identity
+from trainyard_core.security.identity import InvalidPrincipal, Principal
 from trainyard_core.settings import BaseSettings
 
 from .health.policy import PolicyError, load_policy
@@ -192,6 +194,20 @@ class AgentSettings(BaseSettings):
             raise ValueError(f"reconnect_max_s ({self.reconnect_max_s}) must be at least reconnect_initial_s "
                              f"({self.reconnect_initial_s})")
         return self
+
+    @model_validator(mode="after")
+    def _check_tls_name(self) -> AgentSettings:
+        if self.tls is not None:
+            try:
+                identity.node(self.node_id)
+            except InvalidPrincipal as exc:
+                raise ValueError(f"node_id {self.node_id!r} cannot be named by a certificate: {exc}") from None
+        return self
+
+    def principal(self) -> Principal:
+        """The agent's certificate names its own node: the scheduler reaches this node only through it, and
+        this node registers and heartbeats only as itself."""
+        return identity.node(self.node_id)
 
     @property
     def simulated(self) -> bool:

@@ -45,7 +45,7 @@ class SchedulerApp:
                                                          timeout=max(0.5, settings.leader_ttl_s / 2))
         self.clock = clock or SystemClock()
         self.keys = Keys(settings.etcd_prefix.rstrip("/"))
-        self._agents = agents or GrpcAgents(settings.agent_call_timeout_s)
+        self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s)
         self.grpc_port = 0
         self.leadership = Leadership("")
         self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s)
@@ -86,7 +86,7 @@ class SchedulerApp:
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
-                                               service_names=names)
+                                               service_names=names, tls=s.tls)
         self.grpc_port = self._server.port
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"

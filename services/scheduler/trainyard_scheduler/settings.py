@@ -7,6 +7,8 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
+from trainyard_core.security import identity
+from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
 
 from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
@@ -132,3 +134,7 @@ class SchedulerSettings(EtcdSettings):
     def port_range(self) -> tuple[int, int]:
         lo, _, hi = self.master_port_range.partition("-")
         return int(lo), int(hi)
+
+    def principal(self) -> Principal:
+        """Every replica holds a scheduler certificate: agents accept launches and epochs only from it."""
+        return identity.SCHEDULER
