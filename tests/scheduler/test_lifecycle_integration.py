@@ -180,7 +180,8 @@ def _scheduler_proc(endpoint: str, prefix: str, port: int, workdir: Path, name: 
                 "TRAINYARD_SCHEDULER_LISTEN_PORT": str(port), "TRAINYARD_SCHEDULER_LEADER_TTL_S": "2",
                 "TRAINYARD_SCHEDULER_RECONCILE_INTERVAL_S": "0.2", "TRAINYARD_SCHEDULER_HEARTBEAT_INTERVAL_MS": "200",
                 "TRAINYARD_SCHEDULER_NODE_TIMEOUT_S": "3", "TRAINYARD_SCHEDULER_STOP_GRACE_S": "1",
-                "TRAINYARD_SCHEDULER_READY_FILE": str(workdir / f"{name}.ready")})
+                "TRAINYARD_SCHEDULER_READY_FILE": str(workdir / f"{name}.ready"),
+                "TRAINYARD_SCHEDULER_INSECURE_PLAINTEXT": "true"})
     log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen([PY, "-m", "trainyard_scheduler.main"], env=env, stdout=log,
