@@ -17,6 +17,7 @@ help:
 	@echo "make bench  run every benchmark in bench/ (BENCH=name runs one)"
 	@echo "make chaos  the long chaos run: random faults against a local cluster (CHAOS_DURATION_S=900, CHAOS_SEED=n replays)"
 	@echo "make proto  regenerate gen/ from proto/"
+	@echo "make certs  a development CA and certificates for deploy/ under deploy/pki/ (NODES=\"gpu-01 gpu-02\")"
 
 deps: $(STAMP) sysdeps-run
 
@@ -63,6 +64,14 @@ CHAOS_DURATION_S ?= 900
 .PHONY: chaos
 chaos: deps proto
 	CHAOS_DURATION_S=$(CHAOS_DURATION_S) $(PY) -m pytest tests/chaos
+
+# A development PKI for deploy/ (docs/security.md says how to bring your own CA instead): the services, a
+# tool certificate for operators' scripts, and one certificate per node named in NODES. Idempotent.
+NODES ?=
+.PHONY: certs
+certs: deps
+	$(PY) -m trainyard_core.security.pki --dir deploy/pki scheduler gateway checkpoint-store tool/admin \
+	  $(foreach n,$(NODES),node/$(n))
 
 clean:
 	rm -rf gen .trainyard .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -37,6 +37,9 @@ from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import Proc
+from trainyard_core.security import identity, pki
+from trainyard_core.security.identity import Principal
+from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
 from trainyard_core.testing.wait import until
 
@@ -122,11 +125,19 @@ def run(config: Config = Config()) -> dict[str, float]:
         try:
             etcd.wait_ready()
             port = free_port()
+            # mTLS on, as in production.
+            certs = pki.ensure(work / "pki", [identity.SCHEDULER, identity.node(NODE), identity.tool("bench")])
+
+            def tls(p: Principal) -> dict[str, str]:
+                return {"tls_cert_file": str(certs[p].cert), "tls_key_file": str(certs[p].key),
+                        "tls_ca_file": str(certs[p].ca)}
             scheduler = _proc(work, "scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
-                "etcd_endpoints": etcd.endpoint, "listen_port": str(port), **config.scheduler_settings()})
+                "etcd_endpoints": etcd.endpoint, "listen_port": str(port), **config.scheduler_settings(),
+                **tls(identity.SCHEDULER)})
             agent = _proc(work, "agent", "trainyard_agent.main", "TRAINYARD_AGENT_", {
                 "node_id": NODE, "gpu_profile": "h100x8", "scheduler_address": f"127.0.0.1:{port}",
-                "listen_port": "0", "state_dir": str(work / "agent-state"), "heartbeat_interval_s": "1"})
+                "listen_port": "0", "state_dir": str(work / "agent-state"), "heartbeat_interval_s": "1",
+                **tls(identity.node(NODE))})
             procs = [scheduler, agent]
             scheduler.start()
             scheduler.wait_ready()
@@ -134,8 +145,11 @@ def run(config: Config = Config()) -> dict[str, float]:
             agent_port = agent.wait_ready()["grpc_port"]
             assert agent.popen is not None
             pid = agent.popen.pid
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as sched_channel, \
-                    grpc.insecure_channel(f"127.0.0.1:{agent_port}") as agent_channel:
+            creds = ClientTls(certs[identity.tool("bench")]).credentials()
+            with grpc.secure_channel(f"127.0.0.1:{port}", creds, options=[target_name_option(identity.SCHEDULER)]) \
+                    as sched_channel, \
+                    grpc.secure_channel(f"127.0.0.1:{agent_port}", creds,
+                                        options=[target_name_option(identity.node(NODE))]) as agent_channel:
                 nodes = scheduler_pb2_grpc.NodeServiceStub(sched_channel)
                 agents = agent_pb2_grpc.AgentServiceStub(agent_channel)
                 until(functools.partial(_gpu_is_healthy, nodes, GPUS - 1), 30.0, "the node to register")

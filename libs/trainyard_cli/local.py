@@ -3,6 +3,11 @@ checkpoint-store, the gateway and simulated GPU nodes — each as its own proces
 .trainyard/logs/. Serves until Ctrl-C, then stops everything it started.
 
 `LocalCluster` is also what the end-to-end tests and benchmarks start.
+
+mTLS is on, as in production: a development CA and one certificate per principal (each service, each
+simulated node, and `trainyard://tool/local` for tests and drills) are kept under <workdir>/pki/ (created
+once, renewed when near expiry). The checkpoint-store alone still serves plaintext: workers reach it
+without a certificate until per-job worker credentials exist (issue 12); it says so in its log.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+import grpc.aio
+
+from trainyard_core.rpc.server import CHANNEL_OPTIONS, secure_channel
+from trainyard_core.security import identity, pki
+from trainyard_core.security.identity import Principal
+from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
 
 # Two nodes of one model, so a newcomer's first multi-node job (the minimal spec, one model per gang) runs,
@@ -124,6 +136,30 @@ class LocalCluster:
         self.url = ""
         self.scheduler_address = ""
         self.checkpoint_store_address = ""
+        self.pki_dir = self.workdir / "pki"
+        self.tool = identity.tool("local")
+
+    def _principals(self) -> list[Principal]:
+        return [identity.SCHEDULER, identity.GATEWAY, identity.CHECKPOINT_STORE, self.tool,
+                *(identity.node(n) for n, _ in self.nodes)]
+
+    def _tls(self, principal: Principal) -> dict[str, str]:
+        files = pki.files_for(self.pki_dir, principal)
+        return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
+
+    @property
+    def tool_files(self) -> pki.CertFiles:
+        """The certificate of `trainyard://tool/local`, for tests and drills that call services directly."""
+        return pki.files_for(self.pki_dir, self.tool)
+
+    def channel(self, address: str, expected: Principal) -> grpc.aio.Channel:
+        """An mTLS channel as the local tool principal to the service at `address` that must be `expected`."""
+        return secure_channel(address, ClientTls(self.tool_files), expected)
+
+    def sync_channel(self, address: str, expected: Principal) -> grpc.Channel:
+        """The same for synchronous gRPC code."""
+        tls = ClientTls(self.tool_files)
+        return grpc.secure_channel(address, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)])
 
     def _proc(self, name: str, module: str, env_prefix: str, settings: dict[str, str]) -> Proc:
         logs = self.workdir / "logs"
@@ -148,6 +184,8 @@ class LocalCluster:
         find_etcd()
         for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        pki.ensure(self.pki_dir, self._principals())
+        self.pki_dir.chmod(0o700)
         if self.etcd_members == 1:
             self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
                                     data_dir=self.workdir / "etcd" / "data",
@@ -170,16 +208,18 @@ class LocalCluster:
                 **common, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
                 "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
-                "checkpoint_store_address": self.checkpoint_store_address})
+                "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER)})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",
-            {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri()})
+            {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri(),
+             "insecure_plaintext": "true"})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
             print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)
             gw_port = 0
         gw = self._proc("gateway", "trainyard_gateway.main", "TRAINYARD_GATEWAY_", {
-            **common, "http_port": str(gw_port), "grpc_port": "0", "scheduler_address": self.scheduler_address})
+            **common, "http_port": str(gw_port), "grpc_port": "0", "scheduler_address": self.scheduler_address,
+            **self._tls(identity.GATEWAY)})
         gw.env["TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN"] = self.token
         self.procs["gateway"] = gw
         for node_id, profile in self.nodes:
@@ -204,7 +244,8 @@ class LocalCluster:
             "node_id": node_id, "gpu_profile": profile, "scheduler_address": self.scheduler_address,
             "listen_port": "0", "state_dir": str(self.workdir / "agents" / node_id),
             "worker_env": "GLOO_SOCKET_IFNAME=lo", "stop_grace_s": str(self.stop_grace_s),
-            "kill_workers_on_stop": "true", "labels": "rack=local,switch=leaf-1,spine=spine-1"})
+            "kill_workers_on_stop": "true", "labels": "rack=local,switch=leaf-1,spine=spine-1",
+            **self._tls(identity.node(node_id))})
         # Workers find `python` (with torch) in the environment Trainyard runs from, as on a real host
         # whose image carries the training environment.
         proc.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), proc.env.get("PATH", "")])

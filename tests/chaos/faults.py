@@ -18,11 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-import grpc.aio
-
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import etcd as etcd_testing
 from trainyard_scheduler.state.keys import Keys
@@ -179,7 +177,7 @@ class Faults:
                 return
             node, gpu = picked, int(fault.gpu_pick * _gpu_count(self.cluster, picked))
         port = self.cluster.procs[node].ports["grpc_port"]
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with self.cluster.channel(f"127.0.0.1:{port}", identity.node(node)) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             answer = await stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=gpu, kind="xid", xid=fault.xid),
                                             timeout=10)

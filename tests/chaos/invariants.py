@@ -44,6 +44,7 @@ from trainyard_checkpoint.domain.checkpoint import MANIFEST_NAME, Checkpoint, Ch
 from trainyard_checkpoint.repository import decode as decode_checkpoint
 from trainyard_cli.local import LocalCluster
 from trainyard_core.errors import Unavailable
+from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_scheduler.domain.models import Allocation, Job
 from trainyard_scheduler.state.codec import decode_allocation, decode_job
@@ -342,7 +343,7 @@ class Checker:
                 continue
             channel = self._channels.get((node, port))
             if channel is None:
-                channel = self._channels[(node, port)] = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+                channel = self._channels[(node, port)] = self.cluster.channel(f"127.0.0.1:{port}", identity.node(node))
             try:
                 resp = await agent_pb2_grpc.AgentServiceStub(channel).ListWorkers(agent_pb2.ListWorkersRequest(),
                                                                                   timeout=2.0)

@@ -22,6 +22,8 @@ from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.security import identity
+from trainyard_core.security.identity import Principal
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_scheduler.state.keys import Keys
 
@@ -48,9 +50,9 @@ class Operator:
     findings: Counter[str] = field(default_factory=Counter)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    def _channel(self, address: str, expected: Principal) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._channels[address] = self.cluster.channel(address, expected)
         return self._channels[address]
 
     async def close(self) -> None:
@@ -81,7 +83,7 @@ class Operator:
         if not port:
             return False
         try:
-            await agent_pb2_grpc.AgentServiceStub(self._channel(f"127.0.0.1:{port}")).SetGpuHealth(
+            await agent_pb2_grpc.AgentServiceStub(self._channel(f"127.0.0.1:{port}", identity.node(node))).SetGpuHealth(
                 agent_pb2.SetGpuHealthRequest(gpu_index=gpu, healthy=True, operator="chaos", reason=REASON), timeout=5)
             return True
         except grpc.aio.AioRpcError:
@@ -97,7 +99,7 @@ class Operator:
         if not leader:
             return False
         try:
-            await scheduler_pb2_grpc.NodeServiceStub(self._channel(leader)).CordonNode(
+            await scheduler_pb2_grpc.NodeServiceStub(self._channel(leader, identity.SCHEDULER)).CordonNode(
                 scheduler_pb2.CordonNodeRequest(node_id=node, cordoned=False), timeout=5)
             return True
         except grpc.aio.AioRpcError:
@@ -117,7 +119,7 @@ class Operator:
         if not leader:
             return []
         try:
-            resp = await scheduler_pb2_grpc.NodeServiceStub(self._channel(leader)).ListNodes(
+            resp = await scheduler_pb2_grpc.NodeServiceStub(self._channel(leader, identity.SCHEDULER)).ListNodes(
                 scheduler_pb2.ListNodesRequest(), timeout=5)
         except grpc.aio.AioRpcError:
             return []

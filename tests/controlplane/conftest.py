@@ -71,7 +71,7 @@ def healthy(cluster: LocalCluster, gateway: Gateway, etcd: Etcd) -> Iterator[Non
     until(etcd.leader, 20, "an etcd leader every member agrees on")
     until(etcd.scheduler_leader, 20, "a scheduler leader")
     nodes = {n for n, _ in cluster.nodes}
-    until(lambda: leader_ready_nodes(etcd) == nodes, 30, f"the scheduler leader to hold {sorted(nodes)} ready")
+    until(lambda: leader_ready_nodes(etcd, cluster) == nodes, 30, f"the scheduler leader to hold {sorted(nodes)} ready")
     gateway.cancel_unfinished()
     yield
     _restore(cluster, etcd)

@@ -28,6 +28,7 @@ from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.security import identity
 from trainyard_core.testing.etcd import EtcdProcess
 from trainyard_core.testing.wait import until
 from trainyard_scheduler.state.keys import Keys
@@ -176,7 +177,8 @@ class Agents:
     """ListWorkers of every node agent of the cluster, over gRPC."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self._channels = {node: grpc.insecure_channel(f"127.0.0.1:{cluster.procs[node].ports['grpc_port']}")
+        self._channels = {node: cluster.sync_channel(f"127.0.0.1:{cluster.procs[node].ports['grpc_port']}",
+                                                     identity.node(node))
                           for node, _ in cluster.nodes}
         self._stubs = {n: agent_pb2_grpc.AgentServiceStub(c) for n, c in self._channels.items()}
 
@@ -292,7 +294,7 @@ def new_scheduler_leader(etcd: Etcd, old_identity: str) -> tuple[str, int] | Non
     return got if got is not None and got[0] != old_identity else None
 
 
-def leader_ready_nodes(etcd: Etcd, *, heard: bool = False) -> set[str]:
+def leader_ready_nodes(etcd: Etcd, cluster: LocalCluster, *, heard: bool = False) -> set[str]:
     """The nodes the scheduler leader (found through its key in etcd) holds ready, asked directly: only
     the leader hears heartbeats, so this is the authoritative view ({} while there is no leader). With
     `heard`, only those it has also had a heartbeat from: a leader just elected holds the nodes ready it
@@ -300,7 +302,7 @@ def leader_ready_nodes(etcd: Etcd, *, heard: bool = False) -> set[str]:
     leader = etcd.scheduler_leader()
     if leader is None:
         return set()
-    with grpc.insecure_channel(leader[0]) as channel:
+    with cluster.sync_channel(leader[0], identity.SCHEDULER) as channel:
         try:
             reply = scheduler_pb2_grpc.NodeServiceStub(channel).ListNodes(scheduler_pb2.ListNodesRequest(),
                                                                            timeout=5)

@@ -49,7 +49,7 @@ def test_services_survive_the_loss_of_an_etcd_member(role: str, cluster: LocalCl
     succeeded_s = time.monotonic() - killed_at
     assert_ran_once(tmp_path, done)
     assert agents.running(running["id"]) == workers, "the running job's workers changed while etcd lost a member"
-    assert leader_ready_nodes(etcd) == {n for n, _ in cluster.nodes}, "the scheduler declared a node lost"
+    assert leader_ready_nodes(etcd, cluster) == {n for n, _ in cluster.nodes}, "the scheduler declared a node lost"
 
     release(tmp_path, running["id"])
     finished = gateway.wait_state(running["id"], {"succeeded"}, timeout=30)

@@ -35,7 +35,7 @@ def test_the_gateway_shows_and_cordons_nodes_as_the_leader_does_while_connected_
     nodes = {n for n, _ in cluster.nodes}
     # Heard, not only held ready: after the failover above the new leader shows the nodes ready before
     # their agents have found it, and the view below must carry its heartbeats.
-    until(lambda: leader_ready_nodes(etcd, heard=True) == nodes, 30,
+    until(lambda: leader_ready_nodes(etcd, cluster, heard=True) == nodes, 30,
           "the leader to hold every node ready and to have heard from each")
 
     listed = gateway.http.get("/v1/nodes")

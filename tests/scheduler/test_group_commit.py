@@ -33,6 +33,7 @@ class Recording:
         self.in_flight = 0
         self.most_in_flight = 0
         self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()  # a transaction reached the store
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -43,6 +44,7 @@ class Recording:
         if len(success) > self.max_ops:
             raise InvalidArgument(f"etcd refused the transaction: too many operations ({len(success)})")
         self.in_flight += 1
+        self.entered.set()
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             if self.gate is not None:
@@ -178,8 +180,7 @@ async def test_a_write_waiting_for_a_busy_node_is_not_overtaken_on_its_nodes(key
     store.sent.clear()
     store.gate = asyncio.Event()
     first = asyncio.create_task(repo.commit_placement(*jobs["job-a"], _alloc("job-a", "node-1", (0,))))
-    while not store.in_flight:
-        await asyncio.sleep(0)
+    await store.entered.wait()
     wide_alloc = Allocation(job_id="job-wide", attempt=1, master_addr="node-1.host", master_port=29500,
                             created_at=0.0, assignments=tuple(
                                 NodeAssignment(node_id=n, node_rank=i, gpu_indices=(1,), ranks=(i,), model="H100")
