@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
+import grpc.aio
 import pytest
 
 from tests.scheduler.builders import make_node
@@ -44,7 +46,7 @@ def tls_options(files: CertFiles) -> dict[str, str]:
 def sched_settings(endpoint: str, prefix: str, files: CertFiles) -> SchedulerSettings:
     return SchedulerSettings.model_validate(dict(
         etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2, reconcile_interval_s=0.2,
-        stop_grace_s=1.0, node_timeout_s=3.0, **tls_options(files)))
+        stop_grace_s=1.0, node_timeout_s=3.0, tool_teams=["ops:team-a"], **tls_options(files)))
 
 
 def agent_settings(tmp_path: Path, node_id: str, scheduler_address: str, files: CertFiles) -> AgentSettings:
@@ -93,10 +95,11 @@ async def test_job_runs_over_mtls(leader: SchedulerApp, tmp_path: Path, pki_dir:
                 team="team-a", user="ann"))
 
             async def succeeded() -> types_pb2.Job | None:
-                job = (await jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=sub.job.id))).job
+                job = (await jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=sub.job.id, team="team-a"))).job
                 return job if job.state == types_pb2.JOB_STATE_SUCCEEDED else None
 
             job = await eventually(succeeded, timeout=30, what="the job to succeed")
+            assert job.user == "tool:ops"  # a tool is its own user, whatever the request says
             # The launch reached the agent (LaunchWorkers from the scheduler's certificate), and the exits
             # came back (ReportWorkerExit from node-1's).
             assert [e.rank for e in job.exits] == [0, 1, 2, 3]
@@ -145,3 +148,39 @@ async def test_plaintext_grpc_agents_take_node_ids_no_certificate_can_name() -> 
     finally:
         await agents.close()
 
+
+
+async def test_a_tool_acts_only_for_the_teams_it_is_bound_to(leader: SchedulerApp, pki_dir: Path) -> None:
+    """tool/ops is bound to team-a (tool_teams=["ops:team-a"]): it may submit and read there; submitting for
+    team-b, naming no team, or reading every team's jobs is refused with the principal and its teams named."""
+    spec = types_pb2.JobSpec(name="t", command=["true"], resources=types_pb2.Resources(nodes=1, gpus_per_node=1))
+    async with secure_channel(f"127.0.0.1:{leader.grpc_port}", ClientTls(pki.files_for(pki_dir, OPS)),
+                              identity.SCHEDULER) as ch:
+        jobs = scheduler_pb2_grpc.JobServiceStub(ch)
+        for team in ("team-b", ""):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await jobs.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec, team=team, user="mallory"))
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "trainyard://tool/ops" in (err.value.details() or "")
+            assert "team-a" in (err.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await jobs.ListJobs(scheduler_pb2.ListJobsRequest())
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        listed = await jobs.ListJobs(scheduler_pb2.ListJobsRequest(team="team-a"))
+        assert list(listed.jobs) == []
+    # A tool bound to no team may not touch JobService at all.
+    other = identity.tool("other")
+    pki.ensure(pki_dir, [other])
+    async with secure_channel(f"127.0.0.1:{leader.grpc_port}", ClientTls(pki.files_for(pki_dir, other)),
+                              identity.SCHEDULER) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await scheduler_pb2_grpc.JobServiceStub(ch).GetJob(
+                scheduler_pb2.GetJobRequest(job_id="job-0000000000abcdefgh", team="team-a"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "none" in (err.value.details() or "")
+
+
+@pytest.mark.parametrize("pair", ["ops", "ops:", "Ops:team-a", "ops:Team_A"])
+def test_tool_team_bindings_are_validated(pair: str) -> None:
+    with pytest.raises(ValueError, match="TOOL:TEAM"):
+        SchedulerSettings.model_validate({"tool_teams": [pair]})

@@ -75,7 +75,8 @@ class SchedulerApp:
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
-                                   priority_classes=list(s.priority_classes), max_txn_ops=txn_ops)
+                                   priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
+                                   tool_teams=s.tool_team_map())
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
 
         def register(server: object) -> None:

@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainyard_core import contract
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
@@ -81,6 +82,31 @@ class SchedulerSettings(EtcdSettings):
                                                 "for each earlier preemption of its job (capped at 64x)")
     placement_order: Literal["fair-share", "fifo"] = Field(
         "fair-share", description="Order of jobs of equal standing: team fair share, or submission time")
+    tool_teams: list[str] = Field(
+        default_factory=list, description="the teams an internal tool (certificate trainyard://tool/<name>) may "
+        "submit, read and cancel jobs for, as TOOL:TEAM pairs (e.g. ci:ml,ci:research); a tool with no pair acts "
+        "for no team. The gateway acts for its users' teams")
+
+    @field_validator("tool_teams")
+    @classmethod
+    def _tool_teams(cls, v: list[str]) -> list[str]:
+        for pair in v:
+            tool, sep, team = pair.partition(":")
+            try:
+                identity.tool(tool)
+            except identity.InvalidPrincipal:
+                raise ValueError(f"{pair!r}: expected TOOL:TEAM with TOOL a tool principal's name "
+                                 "(lower-case letters, digits, '-')") from None
+            if not sep or not contract.TEAM.matches(team):
+                raise ValueError(f"{pair!r}: expected TOOL:TEAM with TEAM {contract.TEAM.rule}")
+        return v
+
+    def tool_team_map(self) -> dict[str, frozenset[str]]:
+        out: dict[str, set[str]] = {}
+        for pair in self.tool_teams:
+            tool, _, team = pair.partition(":")
+            out.setdefault(tool, set()).add(team)
+        return {t: frozenset(teams) for t, teams in out.items()}
 
     @field_validator("speed_factors")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import replace
 
 import grpc.aio
@@ -14,9 +14,17 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core import contract
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from trainyard_core.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
+from trainyard_core.security import authz
 
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
@@ -58,8 +66,10 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
     def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event,
                  priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
-                 max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> None:
+                 max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
+                 tool_teams: Mapping[str, frozenset[str]] | None = None) -> None:
         self._max_gang_nodes = max_gang_nodes(max_txn_ops)
+        self._tool_teams = dict(tool_teams or {})
         self._repo = repo
         self._clock = clock
         self._wake = wake
@@ -67,7 +77,30 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                                   else (c.name for c in DEFAULT_CLASSES))
         self._policy = policy or PolicyRepository(repo.store, repo.keys)
 
+    def _team(self, requested: str) -> str:
+        """The team a call acts for (for reads, '' is every team). The gateway is trusted with its users'
+        team; a tool acts only for the teams the settings bind it to, and must name one. On a plaintext
+        server (no principal) the request is taken as it is."""
+        principal = authz.current_principal.get()
+        if principal is None or principal.kind == "gateway":
+            return requested
+        bound = self._tool_teams.get(principal.name, frozenset()) if principal.kind == "tool" else frozenset()
+        allowed = ", ".join(sorted(bound)) or "none (the scheduler's tool_teams setting binds tools to teams)"
+        if not requested:
+            raise PermissionDenied(f"{principal} must name the team it acts for; its teams: {allowed}")
+        if requested not in bound:
+            raise PermissionDenied(f"{principal} may not act for team {requested!r}; its teams: {allowed}")
+        return requested
+
+    def _user(self, requested: str) -> str:
+        """Who submitted: the gateway names its user; a tool is its own user."""
+        principal = authz.current_principal.get()
+        if principal is not None and principal.kind == "tool":
+            return f"tool:{principal.name}"
+        return requested or "unknown"
+
     async def _visible(self, job_id: str, team: str) -> tuple[Job, int]:
+        team = self._team(team)
         _check_job_id(job_id)
         found = await self._repo.get_job(job_id)
         if found is None or (team and found[0].team != team):
@@ -89,7 +122,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
         spec = convert.spec_from_pb(request.spec)
         validate_spec(spec)
-        team = request.team or "default"
+        team = self._team(request.team) or "default"
         validate_team(team)
         if request.idempotency_key and not contract.IDEMPOTENCY_KEY.matches(request.idempotency_key):
             raise InvalidArgument(f"idempotency_key must be {contract.IDEMPOTENCY_KEY.rule}")
@@ -104,7 +137,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                 "etcd's --max-txn-ops (then restart the scheduler)")
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
-                  user=request.user or "unknown", created_at=now, updated_at=now, queued_at=now,
+                  user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
                   message="waiting for placement")
         stored, created = await self._repo.create_job(job, request.idempotency_key)
         if created:
@@ -128,7 +161,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         states = frozenset(convert.state_from_pb(s) for s in request.states)
         jobs, token = await self._repo.list_jobs(after=request.page_token or None,
                                                  limit=request.page_size or DEFAULT_PAGE,
-                                                 team=request.team, states=states)
+                                                 team=self._team(request.team), states=states)
         return scheduler_pb2.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
 
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
