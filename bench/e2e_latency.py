@@ -1,6 +1,8 @@
 """Submit → all workers running, end to end through the local cluster (gateway → scheduler → etcd →
-agent → process), over 20 one-node jobs (TINY: 3). Baseline, same run: starting the same Python interpreter directly
-with subprocess until it prints its first byte — the floor any launcher of a Python worker pays."""
+agent → process), over 20 one-node jobs (TINY: 3), with mTLS on as in production. Baselines, same run:
+starting the same Python interpreter directly with subprocess until it prints its first byte — the floor
+any launcher of a Python worker pays — and the same cluster with every service on insecure_plaintext
+(`tls_vs_plaintext_p50`: what mTLS and authorization cost on this path; target <= 1.2)."""
 
 from __future__ import annotations
 
@@ -48,32 +50,48 @@ def _direct_spawn() -> float:
 def run(config: Config = Config()) -> dict[str, float]:
     direct = [_direct_spawn() for _ in range(config.jobs)]
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
-        cluster = LocalCluster(Path(tmp), gateway_port=0, nodes=[("node-1", "h100x8")])
-        cluster.start()
+        # Both clusters up at once and their jobs alternated, so the machine's noise hits both alike.
+        clusters = {tls: LocalCluster(Path(tmp) / ("tls" if tls else "plaintext"), gateway_port=0,
+                                      nodes=[("node-1", "h100x8")], tls=tls) for tls in (True, False)}
         try:
-            headers = {"Authorization": f"Bearer {cluster.token}"}
-            latencies: list[float] = []
-            with httpx.Client(base_url=cluster.url, headers=headers, timeout=30) as client:
+            for cluster in clusters.values():
+                cluster.start()
+            clients = {tls: httpx.Client(base_url=c.url, headers={"Authorization": f"Bearer {c.token}"}, timeout=30)
+                       for tls, c in clusters.items()}
+            latencies: dict[bool, list[float]] = {True: [], False: []}
+            for client in clients.values():
                 _wait_nodes(client)
-                for i in range(config.jobs):
-                    spec = {"name": f"lat-{i}", "command": COMMAND, "resources": {"nodes": 1, "gpus_per_node": 1}}
-                    t0 = time.perf_counter()
-                    r = client.post("/v1/jobs", json=spec)
-                    r.raise_for_status()
-                    job_id = r.json()["id"]
-                    until(functools.partial(_started, client, job_id), 60.0,
-                          functools.partial(_describe, client, job_id), interval=0.005)
-                    latencies.append(time.perf_counter() - t0)
+            for i in range(config.jobs):
+                for tls in ((True, False) if i % 2 == 0 else (False, True)):
+                    latencies[tls].append(_submit_until_running(clients[tls], i))
+            for client in clients.values():
+                client.close()
         finally:
-            cluster.stop()
-    p50 = statistics.median(latencies)
+            for cluster in clusters.values():
+                cluster.stop()
+    tls_on, plain = latencies[True], latencies[False]
+    p50 = statistics.median(tls_on)
     return {
         "submit_to_running_p50_s": p50,
-        "submit_to_running_p95_s": _pct(latencies, 0.95),
+        "submit_to_running_p95_s": _pct(tls_on, 0.95),
+        "submit_to_running_p50_s_plaintext": statistics.median(plain),
+        "submit_to_running_p95_s_plaintext": _pct(plain, 0.95),
+        "tls_vs_plaintext_p50": p50 / statistics.median(plain),
         "direct_spawn_p50_s": statistics.median(direct),
         "submit_to_running_p50_vs_direct_spawn": p50 / statistics.median(direct),
-        "jobs": float(len(latencies)),
+        "jobs": float(len(tls_on)),
     }
+
+
+def _submit_until_running(client: httpx.Client, i: int) -> float:
+    spec = {"name": f"lat-{i}", "command": COMMAND, "resources": {"nodes": 1, "gpus_per_node": 1}}
+    t0 = time.perf_counter()
+    r = client.post("/v1/jobs", json=spec)
+    r.raise_for_status()
+    job_id = r.json()["id"]
+    until(functools.partial(_started, client, job_id), 60.0, functools.partial(_describe, client, job_id),
+          interval=0.005)
+    return time.perf_counter() - t0
 
 
 def _started(client: httpx.Client, job_id: str) -> bool:

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.security import identity
 from trainyard_core.testing.wait import until
 
 TARGET_DETECT_S = 3.0
@@ -135,7 +135,7 @@ def _gpu_fault_round(cluster: LocalCluster, gw: Gateway, job_id: str) -> float:
     gw.until("a training step", lambda: gw.steps(job_id, job["attempt"]))
     where = job["placement"][0]
     port = cluster.procs[where["node_id"]].ports["grpc_port"]
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with cluster.sync_channel(f"127.0.0.1:{port}", identity.node(where["node_id"])) as ch:
         t = time.time()
         agent_pb2_grpc.AgentServiceStub(ch).InjectFault(
             agent_pb2.InjectFaultRequest(gpu_index=where["gpu_indices"][0], kind="xid", xid=79), timeout=10)

@@ -111,10 +111,12 @@ def port_free(host: str, port: int) -> bool:
 class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
                  stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
-                 etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 500) -> None:
+                 etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 500,
+                 tls: bool = True) -> None:
         """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
         loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents
-        and the gateway are given every replica's address)."""
+        and the gateway are given every replica's address). `tls=False` runs every service with
+        insecure_plaintext (benchmarks compare the two)."""
         if etcd_members not in (1, 3):
             raise ValueError("etcd_members must be 1 or 3")
         if schedulers < 1:
@@ -136,6 +138,7 @@ class LocalCluster:
         self.url = ""
         self.scheduler_address = ""
         self.checkpoint_store_address = ""
+        self.tls = tls
         self.pki_dir = self.workdir / "pki"
         self.tool = identity.tool("local")
 
@@ -144,6 +147,8 @@ class LocalCluster:
                 *(identity.node(n) for n, _ in self.nodes)]
 
     def _tls(self, principal: Principal) -> dict[str, str]:
+        if not self.tls:
+            return {"insecure_plaintext": "true"}
         files = pki.files_for(self.pki_dir, principal)
         return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
 
@@ -154,10 +159,14 @@ class LocalCluster:
 
     def channel(self, address: str, expected: Principal) -> grpc.aio.Channel:
         """An mTLS channel as the local tool principal to the service at `address` that must be `expected`."""
+        if not self.tls:
+            return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         return secure_channel(address, ClientTls(self.tool_files), expected)
 
     def sync_channel(self, address: str, expected: Principal) -> grpc.Channel:
         """The same for synchronous gRPC code."""
+        if not self.tls:
+            return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         tls = ClientTls(self.tool_files)
         return grpc.secure_channel(address, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)])
 
