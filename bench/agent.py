@@ -129,8 +129,7 @@ def run(config: Config = Config()) -> dict[str, float]:
             certs = pki.ensure(work / "pki", [identity.SCHEDULER, identity.node(NODE), identity.tool("bench")])
 
             def tls(p: Principal) -> dict[str, str]:
-                return {"tls_cert_file": str(certs[p].cert), "tls_key_file": str(certs[p].key),
-                        "tls_ca_file": str(certs[p].ca)}
+                return certs[p].settings()
             scheduler = _proc(work, "scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
                 "etcd_endpoints": etcd.endpoint, "listen_port": str(port), **config.scheduler_settings(),
                 **tls(identity.SCHEDULER)})

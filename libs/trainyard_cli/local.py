@@ -149,8 +149,7 @@ class LocalCluster:
     def _tls(self, principal: Principal) -> dict[str, str]:
         if not self.tls:
             return {"insecure_plaintext": "true"}
-        files = pki.files_for(self.pki_dir, principal)
-        return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
+        return pki.files_for(self.pki_dir, principal).settings()
 
     @property
     def tool_files(self) -> pki.CertFiles:

@@ -40,7 +40,7 @@ def pki_dir(tmp_path: Path) -> Path:
 
 
 def tls_options(files: CertFiles) -> dict[str, object]:
-    return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
+    return dict(files.settings())
 
 
 def channel(pki_dir: Path, caller: Principal, address: str, expected: Principal) -> grpc.aio.Channel:

@@ -48,7 +48,7 @@ def pki_dir(tmp_path: Path) -> Path:
 
 def _mtls(pki_dir: Path, principal: Principal) -> dict[str, str]:
     files = pki.files_for(pki_dir, principal)
-    return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
+    return dict(files.settings())
 
 
 # --- a scheduler and an agent, as far as the gateway asks them ----------------------------------------

@@ -40,7 +40,7 @@ def pki_dir(tmp_path: Path) -> Path:
 
 
 def tls_options(files: CertFiles) -> dict[str, str]:
-    return {"tls_cert_file": str(files.cert), "tls_key_file": str(files.key), "tls_ca_file": str(files.ca)}
+    return dict(files.settings())
 
 
 def sched_settings(endpoint: str, prefix: str, files: CertFiles) -> SchedulerSettings:

@@ -47,6 +47,10 @@ class CertFiles:
     key: Path
     ca: Path
 
+    def settings(self) -> dict[str, str]:
+        """These files as a service's settings (`tls_cert_file`, `tls_key_file`, `tls_ca_file`)."""
+        return {"tls_cert_file": str(self.cert), "tls_key_file": str(self.key), "tls_ca_file": str(self.ca)}
+
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
