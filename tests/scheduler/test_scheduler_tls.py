@@ -18,6 +18,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.app import AgentApp
 from trainyard_agent.settings import AgentSettings
 from trainyard_core.errors import Unavailable
+from trainyard_core.files import atomic_write_bytes
 from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.pki import CertFiles
@@ -184,3 +185,62 @@ async def test_a_tool_acts_only_for_the_teams_it_is_bound_to(leader: SchedulerAp
 def test_tool_team_bindings_are_validated(pair: str) -> None:
     with pytest.raises(ValueError, match="TOOL:TEAM"):
         SchedulerSettings.model_validate({"tool_teams": [pair]})
+
+
+async def test_certificates_rotated_while_a_job_runs_change_nothing_for_it(
+        etcd_endpoint: str, key_prefix: str, tmp_path: Path, pki_dir: Path) -> None:
+    """Every leaf (scheduler, node-1, the tool) is re-issued and replaced on disk while a job runs: nothing
+    restarts, the job finishes with no restart, and new connections made after the rotation work."""
+    live = tmp_path / "live"
+    live.mkdir()
+    for principal in (identity.SCHEDULER, NODE_1, OPS):
+        src = pki.files_for(pki_dir, principal)
+        dst = pki.files_for(live, principal)
+        for a, b in ((src.cert, dst.cert), (src.key, dst.key), (src.ca, dst.ca)):
+            b.write_bytes(a.read_bytes())
+    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/"), pki.files_for(live, identity.SCHEDULER)))
+    await app.start()
+    agent = AgentApp(agent_settings(tmp_path, "node-1", f"127.0.0.1:{app.grpc_port}", pki.files_for(live, NODE_1)))
+    await agent.start()
+    try:
+        async with secure_channel(f"127.0.0.1:{app.grpc_port}", ClientTls(pki.files_for(live, OPS)),
+                                  identity.SCHEDULER) as ch:
+            jobs = scheduler_pb2_grpc.JobServiceStub(ch)
+            nodes = scheduler_pb2_grpc.NodeServiceStub(ch)
+
+            async def registered() -> bool:
+                if not app.leadership.is_leader:
+                    return False
+                return len((await nodes.ListNodes(scheduler_pb2.ListNodesRequest())).nodes) == 1
+
+            await eventually(registered, what="node-1 registered with the leader")
+            sub = await jobs.SubmitJob(scheduler_pb2.SubmitJobRequest(
+                spec=types_pb2.JobSpec(name="rot", command=[sys.executable, "-c", "import time; time.sleep(3)"],
+                                       resources=types_pb2.Resources(nodes=1, gpus_per_node=4)), team="team-a"))
+
+            async def state() -> int:
+                return (await jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=sub.job.id, team="team-a"))).job.state
+
+            async def running() -> bool:
+                return await state() == types_pb2.JOB_STATE_RUNNING
+            await eventually(running, timeout=20, what="the job running")
+            ca = pki._load_ca(pki_dir)
+            for principal in (identity.SCHEDULER, NODE_1, OPS):
+                cert, key = pki.issue(*ca, principal)
+                files = pki.files_for(live, principal)
+                atomic_write_bytes(files.key, key, mode=0o600)
+                atomic_write_bytes(files.cert, cert)
+
+            async def succeeded() -> types_pb2.Job | None:
+                job = (await jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=sub.job.id, team="team-a"))).job
+                return job if job.state == types_pb2.JOB_STATE_SUCCEEDED else None
+            job = await eventually(succeeded, timeout=30, what="the job to succeed")
+            assert job.restarts == 0 and job.infra_restarts == 0 and job.attempt == 1
+        # A connection made after the rotation, with the new tool certificate, is served.
+        async with secure_channel(f"127.0.0.1:{app.grpc_port}", ClientTls(pki.files_for(live, OPS)),
+                                  identity.SCHEDULER) as ch:
+            listed = await scheduler_pb2_grpc.NodeServiceStub(ch).ListNodes(scheduler_pb2.ListNodesRequest())
+            assert [n.state for n in listed.nodes] == [types_pb2.NODE_STATE_READY]
+    finally:
+        await agent.stop(kill_workers=True)
+        await app.stop()
