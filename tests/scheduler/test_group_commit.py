@@ -178,6 +178,7 @@ async def test_a_write_waiting_for_a_busy_node_is_not_overtaken_on_its_nodes(key
         await repo.modify_node(n, lambda _, node=node: node)
     jobs = await _pending(repo, ["job-a", "job-wide", "job-late"])
     store.sent.clear()
+    store.entered.clear()  # the setup's transactions entered too
     store.gate = asyncio.Event()
     first = asyncio.create_task(repo.commit_placement(*jobs["job-a"], _alloc("job-a", "node-1", (0,))))
     await store.entered.wait()
@@ -196,3 +197,47 @@ async def test_a_write_waiting_for_a_busy_node_is_not_overtaken_on_its_nodes(key
     assert order.index("job-wide") < order.index("job-late") or any(
         keys.allocation("job-wide") in c and keys.allocation("job-late") in c for c in _commits(store, keys))
     assert await _holdings(store, keys, "node-2") == {"job-wide": [1], "job-late": [2]}
+
+
+async def test_a_caller_cancelled_while_its_group_is_in_flight_does_not_fail_the_others(key_prefix: str) -> None:
+    """Four gangs in one transaction; one caller is cancelled (a leadership loss cancels the cycle's commits)
+    while it is in etcd. The transaction lands: the three others get their result, none an error."""
+    store = Recording(MemoryStore())
+    keys = Keys(key_prefix.rstrip("/"))
+    repo = Repository(store, keys)
+    jobs = await _pending(repo, [f"job-{i:02d}" for i in range(4)])
+    store.entered.clear()
+    store.gate = asyncio.Event()
+    tasks = {job_id: asyncio.create_task(repo.commit_placement(job, rev, _alloc(job_id, "node-1", (int(job_id[-1]),))))
+             for job_id, (job, rev) in jobs.items()}
+    await store.entered.wait()
+    tasks["job-00"].cancel()
+    await asyncio.sleep(0)
+    store.gate.set()
+    results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert all(isinstance(r, int) for r in results[1:]), results
+    held = await _holdings(store, keys, "node-1")
+    assert set(held) >= {"job-01", "job-02", "job-03"}
+
+
+async def test_a_write_whose_caller_was_cancelled_while_waiting_is_not_sent(key_prefix: str) -> None:
+    store = Recording(MemoryStore())
+    keys = Keys(key_prefix.rstrip("/"))
+    repo = Repository(store, keys)
+    jobs = await _pending(repo, ["job-a", "job-b"])
+    store.sent.clear()
+    store.entered.clear()  # the setup's transactions entered too
+    store.gate = asyncio.Event()
+    first = asyncio.create_task(repo.commit_placement(*jobs["job-a"], _alloc("job-a", "node-1", (0,))))
+    await store.entered.wait()
+    waiting = asyncio.create_task(repo.commit_placement(*jobs["job-b"], _alloc("job-b", "node-1", (1,))))
+    await asyncio.sleep(0.01)  # job-b waits: node-1 is busy
+    waiting.cancel()
+    store.gate.set()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.01)
+    assert [c for c in _commits(store, keys)] == [[keys.allocation("job-a")]]
+    assert await repo.get_allocation("job-b") is None

@@ -173,6 +173,8 @@ class HoldingsCommitter:
         after: dict[str, Jobs] = {n: h.jobs for n, h in before.items()}
         sent: list[HoldingsWrite] = []
         for w in batch:
+            if w.future.done():  # its caller was cancelled while it waited: not sent
+                continue
             try:
                 mine: dict[str, Jobs] = {}
                 for n, edit in w.edits.items():
@@ -211,17 +213,21 @@ class HoldingsCommitter:
         if res.succeeded:
             self._ledger.settle(changed, res.revision)
             for w in sent:
-                w.future.set_result(res)
+                if not w.future.done():  # a caller cancelled meanwhile does not hear it; the others do
+                    w.future.set_result(res)
             return
         self._ledger.forget(changed)
         if len(sent) == 1:
-            sent[0].future.set_result(res)
+            if not sent[0].future.done():
+                sent[0].future.set_result(res)
             return
         self._split(sent)  # which write's compare failed is not told
 
     def _split(self, sent: list[HoldingsWrite]) -> None:
-        """A group that failed goes again in halves, ahead of later arrivals."""
+        """A group that failed goes again in halves, ahead of later arrivals (those whose callers are still
+        waiting)."""
+        again = [w for w in sent if not w.future.done()]
         half = (len(sent) + 1) // 2
-        for w in sent:
+        for w in again:
             w.cap = half
-        self._waiting[:0] = sent
+        self._waiting[:0] = again
