@@ -55,10 +55,12 @@ class Name:
 
 JOB_NAME = Name(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$",
                 "1-63 lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or digit")
+# One DNS label: a team, and the name of a node or tool principal (it is also a DNS name in its certificate).
+DNS_LABEL = Name(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                 "1-63 lower-case letters, digits or '-', starting and ending with a letter or digit")
 # One rule for the team a token acts for, a job's team and a quota's team: a token minted for a team whose
 # jobs the scheduler refuses was the bug (`ml_team`).
-TEAM = Name(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
-            "1-63 lower-case letters, digits or '-', starting and ending with a letter or digit")
+TEAM = DNS_LABEL
 USER = Name(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$",
             "1-128 letters, digits, '.', '_', '@', '+' or '-', starting with a letter or digit")
 QUEUE_NAME = Name(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$",

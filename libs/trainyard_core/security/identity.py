@@ -14,17 +14,17 @@ issues these URIs as the workloads' SVID/certificate SANs (docs/security.md).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
+
+from ..contract import DNS_LABEL
 
 SCHEME = "trainyard://"
 Kind = Literal["scheduler", "gateway", "checkpoint-store", "node", "tool"]
 SINGLETONS: tuple[Kind, ...] = ("scheduler", "gateway", "checkpoint-store")
 NAMED: tuple[Kind, ...] = ("node", "tool")
-# A node's or tool's name: one DNS label (node ids are already of that form), so each principal also has a
-# DNS name in its certificate, which is what a client verifies a server's certificate against.
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A node's or tool's name is one DNS label (contract.DNS_LABEL), so each principal also has a DNS name in its
+# certificate, which is what a client verifies a server's certificate against.
 DNS_SUFFIX = "trainyard.internal"
 
 
@@ -40,9 +40,8 @@ class Principal:
     def __post_init__(self) -> None:
         if self.kind in SINGLETONS and self.name:
             raise InvalidPrincipal(f"{self.kind} principals have no name (got {self.name!r})")
-        if self.kind in NAMED and not _NAME.match(self.name):
-            raise InvalidPrincipal(f"{self.kind} principal needs a name of 1-63 lower-case letters, digits and "
-                                   f"'-', starting and ending with a letter or digit (got {self.name!r})")
+        if self.kind in NAMED and not DNS_LABEL.matches(self.name):
+            raise InvalidPrincipal(f"{self.kind} principal needs a name of {DNS_LABEL.rule} (got {self.name!r})")
         if self.kind not in SINGLETONS + NAMED:
             raise InvalidPrincipal(f"unknown principal kind {self.kind!r}")
 

@@ -131,10 +131,6 @@ def principal_of(cert: x509.Certificate) -> Principal:
     return Principal.parse(ours[0])
 
 
-def principal_of_pem(pem: bytes) -> Principal:
-    return principal_of(x509.load_pem_x509_certificate(pem))
-
-
 def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
