@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from trainyard_core import logs
+from trainyard_core.security import identity, pki
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import etcd as etcd_proc
 
@@ -66,3 +68,13 @@ async def etcd_store(etcd_endpoint: str) -> AsyncIterator[EtcdStore]:
         yield store
     finally:
         await store.close()
+
+
+@pytest.fixture
+def pki_dir(tmp_path: Path) -> Path:
+    """A development PKI (trainyard_core.security.pki) with a certificate for each principal the TLS tests use:
+    the services, nodes node-1 and node-2, and the tool `ops`."""
+    directory = tmp_path / "pki"
+    pki.ensure(directory, [identity.SCHEDULER, identity.GATEWAY, identity.CHECKPOINT_STORE, identity.node("node-1"),
+                           identity.node("node-2"), identity.tool("ops")])
+    return directory

@@ -32,15 +32,6 @@ from trainyard_core.testing.wait import eventually
 NODE_1, NODE_2, OPS = identity.node("node-1"), identity.node("node-2"), identity.tool("ops")
 
 
-@pytest.fixture
-def pki_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "pki"
-    pki.ensure(directory, [identity.SCHEDULER, NODE_1, NODE_2, OPS])
-    return directory
-
-
-def tls_options(files: CertFiles) -> dict[str, object]:
-    return dict(files.settings())
 
 
 def channel(pki_dir: Path, caller: Principal, address: str, expected: Principal) -> grpc.aio.Channel:
@@ -50,7 +41,7 @@ def channel(pki_dir: Path, caller: Principal, address: str, expected: Principal)
 @pytest.fixture
 async def tls_scheduler(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> AsyncIterator[Scheduler]:
     # agent_kit.Scheduler's own stubs are plaintext: the tests below read through `ops` channels or etcd.
-    sched = Scheduler(etcd_endpoint, key_prefix, **tls_options(pki.files_for(pki_dir, identity.SCHEDULER)))
+    sched = Scheduler(etcd_endpoint, key_prefix, **pki.files_for(pki_dir, identity.SCHEDULER).settings())
     await sched.start()
     try:
         yield sched
@@ -60,7 +51,7 @@ async def tls_scheduler(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> A
 
 async def start_agent(tmp_path: Path, scheduler_address: str, node_id: str, files: CertFiles) -> AgentApp:
     app = AgentApp(agent_settings(tmp_path / f"state-{node_id}", scheduler_address, node_id=node_id,
-                                  **tls_options(files)))
+                                  **files.settings()))
     await app.start()
     return app
 
@@ -108,7 +99,7 @@ async def test_agent_holding_another_nodes_certificate_is_refused(tmp_path: Path
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     node_1 = pki.files_for(pki_dir, NODE_1)
     # A real process stops before it listens: its certificate names another node.
-    settings = agent_settings(tmp_path / "state", tls_scheduler.address, node_id="node-2", **tls_options(node_1))
+    settings = agent_settings(tmp_path / "state", tls_scheduler.address, node_id="node-2", **node_1.settings())
     problem = check_transport(settings)
     assert "names trainyard://node/node-1, but this service is trainyard://node/node-2" in problem
 
@@ -217,9 +208,9 @@ async def cli(*args: str) -> tuple[int, str, str]:
 
 def test_agent_certificate_names_its_node(tmp_path: Path, pki_dir: Path) -> None:
     files = pki.files_for(pki_dir, NODE_1)
-    settings = agent_settings(tmp_path / "s", "127.0.0.1:1", node_id="node-1", **tls_options(files))
+    settings = agent_settings(tmp_path / "s", "127.0.0.1:1", node_id="node-1", **files.settings())
     assert settings.principal() == NODE_1 and check_transport(settings) == ""
     # The contract allows a node id no certificate can name (a trailing '-'): refused with TLS, not without.
     with pytest.raises(ValueError, match="cannot be named by a certificate"):
-        agent_settings(tmp_path / "s", "127.0.0.1:1", node_id="node-", **tls_options(files))
+        agent_settings(tmp_path / "s", "127.0.0.1:1", node_id="node-", **files.settings())
     assert agent_settings(tmp_path / "s", "127.0.0.1:1", node_id="node-").tls is None

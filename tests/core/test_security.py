@@ -43,13 +43,6 @@ class Agent(agent_pb2_grpc.AgentServiceServicer):  # type: ignore[misc]
                                                else [])
 
 
-@pytest.fixture
-def pki_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "pki"
-    pki.ensure(directory, [identity.SCHEDULER, identity.GATEWAY, identity.node("node-1"), identity.node("node-2"),
-                           identity.tool("ops")])
-    return directory
-
 
 async def _serve(files: pki.CertFiles) -> GrpcServer:
     def register(server: grpc.aio.Server) -> None:

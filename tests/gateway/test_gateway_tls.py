@@ -39,16 +39,6 @@ NODE_1 = identity.node("node-1")
 OPS = identity.tool("ops")
 
 
-@pytest.fixture
-def pki_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "pki"
-    pki.ensure(directory, [identity.SCHEDULER, identity.GATEWAY, NODE_1, OPS])
-    return directory
-
-
-def _mtls(pki_dir: Path, principal: Principal) -> dict[str, str]:
-    files = pki.files_for(pki_dir, principal)
-    return dict(files.settings())
 
 
 # --- a scheduler and an agent, as far as the gateway asks them ----------------------------------------
@@ -114,7 +104,7 @@ async def tls_gateway(etcd_endpoint: str, key_prefix: str, pki_dir: Path, *, sch
                       **overrides: Any) -> AsyncIterator[RunningGateway]:
     async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
                                scheduler_address=scheduler_address or f"127.0.0.1:{free_port()}",
-                               **_mtls(pki_dir, identity.GATEWAY), **overrides) as gw:
+                               **pki.files_for(pki_dir, identity.GATEWAY).settings(), **overrides) as gw:
         yield gw
 
 

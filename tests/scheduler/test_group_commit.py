@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ from trainyard_core.errors import Conflict, InvalidArgument
 from trainyard_core.store import Compare, Delete, Put, TxnResult
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.memory import MemoryStore
+from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.domain.models import Allocation, Job, NodeAssignment
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
@@ -75,6 +76,17 @@ async def _pending(repo: Repository, job_ids: Sequence[str], gpus: int = 1) -> d
 async def _holdings(store: Any, keys: Keys, node_id: str) -> dict[str, list[int]]:
     kv = await store.get(keys.holdings(node_id))
     return {} if kv is None else dict(json.loads(kv.value)["jobs"])
+
+
+def _settled(repo: Repository, waiting: int, *, sending: int | None = None) -> Callable[[], Awaitable[bool]]:
+    """A probe: `waiting` writes wait, the committer has dispatched (no dispatch pending), and `sending`
+    transactions are in flight when given."""
+    committer = repo.holdings_writes
+
+    async def probe() -> bool:
+        return (len(committer._waiting) == waiting and committer._dispatching is None
+                and (sending is None or len(committer._sending) == sending))
+    return probe
 
 
 def _commits(store: Recording, keys: Keys) -> list[list[str]]:
@@ -187,9 +199,8 @@ async def test_a_write_waiting_for_a_busy_node_is_not_overtaken_on_its_nodes(key
                                 NodeAssignment(node_id=n, node_rank=i, gpu_indices=(1,), ranks=(i,), model="H100")
                                 for i, n in enumerate(("node-1", "node-2"))))
     wide = asyncio.create_task(repo.commit_placement(*jobs["job-wide"], wide_alloc))
-    await asyncio.sleep(0)
     late = asyncio.create_task(repo.commit_placement(*jobs["job-late"], _alloc("job-late", "node-2", (2,))))
-    await asyncio.sleep(0.01)
+    await eventually(_settled(repo, 2), what="job-wide and job-late waiting, the committer dispatched")
     assert store.in_flight == 1  # job-late did not take the free slot ahead of job-wide on node-2
     store.gate.set()
     await asyncio.gather(first, wide, late)
@@ -212,7 +223,7 @@ async def test_a_caller_cancelled_while_its_group_is_in_flight_does_not_fail_the
              for job_id, (job, rev) in jobs.items()}
     await store.entered.wait()
     tasks["job-00"].cancel()
-    await asyncio.sleep(0)
+    await asyncio.wait({tasks["job-00"]})  # its caller is gone before the transaction answers
     store.gate.set()
     results = await asyncio.gather(*tasks.values(), return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError)
@@ -232,12 +243,12 @@ async def test_a_write_whose_caller_was_cancelled_while_waiting_is_not_sent(key_
     first = asyncio.create_task(repo.commit_placement(*jobs["job-a"], _alloc("job-a", "node-1", (0,))))
     await store.entered.wait()
     waiting = asyncio.create_task(repo.commit_placement(*jobs["job-b"], _alloc("job-b", "node-1", (1,))))
-    await asyncio.sleep(0.01)  # job-b waits: node-1 is busy
+    await eventually(_settled(repo, 1), what="job-b waiting: node-1 is busy")
     waiting.cancel()
     store.gate.set()
     await first
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    await asyncio.sleep(0.01)
+    await eventually(_settled(repo, 0, sending=0), what="the committer idle")
     assert [c for c in _commits(store, keys)] == [[keys.allocation("job-a")]]
     assert await repo.get_allocation("job-b") is None

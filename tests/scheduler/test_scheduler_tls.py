@@ -33,27 +33,18 @@ from trainyard_scheduler.settings import SchedulerSettings
 NODE_1, NODE_2, OPS = identity.node("node-1"), identity.node("node-2"), identity.tool("ops")
 
 
-@pytest.fixture
-def pki_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "pki"
-    pki.ensure(directory, [identity.SCHEDULER, NODE_1, NODE_2, OPS])
-    return directory
-
-
-def tls_options(files: CertFiles) -> dict[str, str]:
-    return dict(files.settings())
 
 
 def sched_settings(endpoint: str, prefix: str, files: CertFiles) -> SchedulerSettings:
     return SchedulerSettings.model_validate(dict(
         etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2, reconcile_interval_s=0.2,
-        stop_grace_s=1.0, node_timeout_s=3.0, tool_teams=["ops:team-a"], **tls_options(files)))
+        stop_grace_s=1.0, node_timeout_s=3.0, tool_teams=["ops:team-a"], **files.settings()))
 
 
 def agent_settings(tmp_path: Path, node_id: str, scheduler_address: str, files: CertFiles) -> AgentSettings:
     return AgentSettings.model_validate(dict(
         node_id=node_id, gpu_profile="a100x4", scheduler_address=scheduler_address,
-        state_dir=str(tmp_path / f"agent-{node_id}"), heartbeat_interval_s=0.2, stop_grace_s=1.0, **tls_options(files)))
+        state_dir=str(tmp_path / f"agent-{node_id}"), heartbeat_interval_s=0.2, stop_grace_s=1.0, **files.settings()))
 
 
 @pytest.fixture
