@@ -181,3 +181,55 @@ MAX_TOKEN_DESCRIPTION = 256
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 MAX_LOG_TAIL = 1_000_000
+
+# --- roles, scopes and token lifetimes ---------------------------------------------------------------------
+# What a gateway token may do is its role (per team: viewer < member < admin; `operator` for the whole
+# cluster), narrowed by its optional scopes. Which action needs which role and scope is the gateway's one
+# table (trainyard_gateway.roles); the names live here for the gateway, its TokenService and the CLI.
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"  # reads its team's jobs, logs, quota; the queues; nodes without addresses
+    MEMBER = "member"  # viewer + submit, and cancel its own jobs
+    ADMIN = "admin"  # member + cancel any job of its team, manage its team's tokens (up to admin)
+    OPERATOR = "operator"  # the cluster: every team, nodes, queues, quotas, tokens of any role, audit
+
+    @property
+    def rank(self) -> int:
+        return ROLES.index(self.value)
+
+    def at_least(self, other: Role) -> bool:
+        return self.rank >= other.rank
+
+
+ROLES: tuple[str, ...] = tuple(r.value for r in Role)  # lowest first
+DEFAULT_ROLE = Role.MEMBER
+
+
+class Scope(StrEnum):
+    JOBS_READ = "jobs:read"  # jobs and their logs
+    JOBS_WRITE = "jobs:write"  # submit, cancel
+    NODES_READ = "nodes:read"
+    NODES_WRITE = "nodes:write"  # cordon, uncordon, set GPU health
+    QUEUES_READ = "queues:read"
+    QUEUES_WRITE = "queues:write"
+    QUOTAS_READ = "quotas:read"
+    QUOTAS_WRITE = "quotas:write"
+    TOKENS_READ = "tokens:read"
+    TOKENS_WRITE = "tokens:write"  # create, revoke
+    AUDIT_READ = "audit:read"
+
+
+SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)
+# A token's lifetime at creation: `<n><unit>`, unit s, m, h or d ("90d", "12h").
+TTL = Name(r"^[1-9][0-9]{0,7}[smhd]$", "a whole number followed by s, m, h or d (e.g. 90d, 12h, 30m)")
+_TTL_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": DAY_S}
+DEFAULT_TOKEN_TTL = "90d"
+MAX_TOKEN_TTL_S = 3650 * DAY_S  # the most any gateway's token_max_ttl_s may allow
+
+
+def ttl_seconds(ttl: str) -> int:
+    """'90d' → 7776000; ValueError (naming the rule) for anything TTL does not match."""
+    if not TTL.matches(ttl):
+        raise ValueError(f"ttl must be {TTL.rule} (got {ttl[:40]!r})")
+    return int(ttl[:-1]) * _TTL_UNIT_S[ttl[-1]]

@@ -60,4 +60,6 @@ def team_scope(principal: TokenRecord) -> str:
 
 Principal = Annotated[TokenRecord, Depends(current_principal)]
 AdminPrincipal = Annotated[TokenRecord, Depends(admin_principal)]
+# The cluster operator (every team, nodes, queues, quotas, audit): what the audit router depends on.
+OperatorPrincipal = Annotated[TokenRecord, Depends(admin_principal)]
 Deps = Annotated[GatewayDeps, Depends(get_deps)]
