@@ -35,6 +35,7 @@ from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
 from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
+from trainyard_core.testing.netns import HostNetwork
 
 # Two nodes of one model, so a newcomer's first multi-node job (the minimal spec, one model per gang) runs,
 # and one of another model, so heterogeneous placement is on show.
@@ -112,11 +113,13 @@ class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
                  stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
                  etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 500,
-                 tls: bool = True) -> None:
+                 tls: bool = True, netns: bool = False) -> None:
         """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
         loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents
         and the gateway are given every replica's address). `tls=False` runs every service with
-        insecure_plaintext (benchmarks compare the two)."""
+        insecure_plaintext (benchmarks compare the two). `netns=True` runs each node's agent and workers on a host
+        of its own: a network namespace with one address on a bridge (trainyard_core.testing.netns, root only);
+        the scheduler and checkpoint-store then listen on the bridge address, etcd stays on loopback."""
         if etcd_members not in (1, 3):
             raise ValueError("etcd_members must be 1 or 3")
         if schedulers < 1:
@@ -141,6 +144,8 @@ class LocalCluster:
         self.tls = tls
         self.pki_dir = self.workdir / "pki"
         self.tool = identity.tool("local")
+        self.netns = netns
+        self.network: HostNetwork | None = None
 
     def _principals(self) -> list[Principal]:
         return [identity.SCHEDULER, identity.GATEWAY, identity.CHECKPOINT_STORE, self.tool,
@@ -206,20 +211,25 @@ class LocalCluster:
             self.etcd = self.etcd_cluster[0]
         common = {"etcd_endpoints": self.etcd_endpoints}
 
+        if self.netns:
+            self.network = HostNetwork([n for n, _ in self.nodes]).create()
+        # Where the nodes reach the control plane: loopback, or the bridge when nodes are hosts of their own.
+        host = self.network.bridge_address if self.network else "127.0.0.1"
         ckpt_port = free_port()
-        self.scheduler_addresses = [f"127.0.0.1:{free_port()}" for _ in range(self.scheduler_count)]
+        self.scheduler_addresses = [f"{host}:{free_port()}" for _ in range(self.scheduler_count)]
         self.scheduler_address = ",".join(self.scheduler_addresses)
-        self.checkpoint_store_address = f"127.0.0.1:{ckpt_port}"
+        self.checkpoint_store_address = f"{host}:{ckpt_port}"
         for i, address in enumerate(self.scheduler_addresses):
             name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
             self.procs[name] = self._proc(name, "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
-                **common, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
+                **common, "listen_host": host, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
                 "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
                 "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER)})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",
-            {**common, "listen_port": str(ckpt_port), "storage_url": (self.workdir / "checkpoints").as_uri(),
+            {**common, "listen_host": host, "listen_port": str(ckpt_port),
+             "storage_url": (self.workdir / "checkpoints").as_uri(),
              "insecure_plaintext": "true"})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
@@ -257,6 +267,12 @@ class LocalCluster:
         # Workers find `python` (with torch) in the environment Trainyard runs from, as on a real host
         # whose image carries the training environment.
         proc.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), proc.env.get("PATH", "")])
+        if self.network is not None:
+            # Its own host: the agent listens on the namespace's address, gloo goes over its one interface.
+            address = self.network.hosts[node_id].address
+            proc.env["TRAINYARD_AGENT_LISTEN_HOST"] = address
+            proc.env["TRAINYARD_AGENT_WORKER_ENV"] = "GLOO_SOCKET_IFNAME=eth0"
+            proc.args = [*self.network.exec_prefix(node_id), *proc.args]
         return proc
 
     def restart(self, name: str, *, kill: bool = False) -> None:
@@ -293,6 +309,9 @@ class LocalCluster:
             stop_cluster(self.etcd_cluster)
         elif self.etcd is not None:
             self.etcd.kill()
+        if self.network is not None:
+            self.network.close()
+            self.network = None
 
     def write_env_file(self) -> Path:
         path = self.workdir / "local.env"
