@@ -78,12 +78,16 @@ def admit(job: Job, placement: tuple[NodeAssignment, ...], now: float) -> Job:
     return replace(admitted, placement=placement)
 
 
-def request_cancel(job: Job, now: float, reason: str) -> Job:
-    """Pending jobs are cancelled at once; placed ones are marked and stopped by the leader.
-    Idempotent: cancelling a cancelled (or otherwise finished) job returns it unchanged."""
+def request_cancel(job: Job, now: float, reason: str, by: str = "") -> Job:
+    """Pending jobs are cancelled at once; placed ones are marked and stopped by the leader. `by` (who
+    asked) is recorded as `cancelled_by` and named in the event. Idempotent: cancelling a cancelled (or
+    otherwise finished) job returns it unchanged, so the first canceller stays recorded."""
     if job.state.terminal or job.cancel_requested:
         return job
-    why = reason or "cancelled by user"
+    why = reason or (f"cancelled by {by}" if by else "cancelled by user")
+    if by and reason:
+        why = f"{reason} (cancelled by {by})"
+    job = replace(job, cancelled_by=by)
     if job.state in (JobState.PENDING, JobState.RESTARTING):
         return transition(job, JobState.CANCELLED, now, why)
     return with_event(replace(job, cancel_requested=True), now, "cancel_requested", why)

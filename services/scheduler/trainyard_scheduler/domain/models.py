@@ -169,6 +169,8 @@ class Job:
     preempted_by: tuple[str, ...] = ()
     # Time of the job's latest committed checkpoint (None: none yet); lost work since is a preemption cost.
     last_checkpoint_at: float | None = None
+    # Who asked for the cancel (the gateway's user, or tool:<name>); "" unless one was asked.
+    cancelled_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,7 @@ def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
         events=[types_pb2.JobEvent(at=_ts(e.at), kind=e.kind, message=e.message) for e in job.events],
         started_at=_ts(job.started_at), finished_at=_ts(job.finished_at), restarts=job.restarts,
         infra_restarts=job.infra_restarts, queued_at=_ts(job.queued_at or job.created_at),
+        cancelled_by=job.cancelled_by,
         not_before=_ts(job.not_before or None),
         preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at))
 

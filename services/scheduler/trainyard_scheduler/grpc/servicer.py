@@ -170,7 +170,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             raise InvalidArgument(f"reason must be at most {contract.MAX_REASON_LENGTH} characters")
         for _ in range(10):
             job, rev = await self._visible(request.job_id, request.team)
-            cancelled = request_cancel(job, self._clock.now(), request.reason)
+            cancelled = request_cancel(job, self._clock.now(), request.reason, by=self._user(request.user))
             if cancelled is job:
                 return scheduler_pb2.CancelJobResponse(job=await self._view(job))
             try:
@@ -178,7 +178,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             except Conflict:
                 continue
             with log_context(job_id=job.id):
-                log.info("cancel requested", extra={"state": cancelled.state.value})
+                log.info("cancel requested", extra={"state": cancelled.state.value, "user": cancelled.cancelled_by})
             self._wake.set()
             return scheduler_pb2.CancelJobResponse(job=await self._view(cancelled))
         raise Conflict(f"job {request.job_id} kept changing; retry the cancel")

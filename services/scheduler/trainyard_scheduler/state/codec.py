@@ -82,6 +82,7 @@ def encode_job(job: Job) -> bytes:
                  "checkpoint": {"every_steps": s.checkpoint.every_steps, "interval_s": s.checkpoint.interval_s,
                                 "keep_last": s.checkpoint.keep_last}},
         "queued_at": job.queued_at, "restarts": job.restarts, "infra_restarts": job.infra_restarts,
+        "cancelled_by": job.cancelled_by,
         "not_before": job.not_before,
         "preempted_by": list(job.preempted_by),
         "placement": [_assignment(a) for a in job.placement],
@@ -115,7 +116,7 @@ def decode_job(raw: bytes) -> Job:
                             for e in d.get("events", [])),
                started_at=d.get("started_at"), finished_at=d.get("finished_at"),
                queued_at=d.get("queued_at", d["created_at"]), restarts=d.get("restarts", 0),
-               infra_restarts=d.get("infra_restarts", 0),
+               infra_restarts=d.get("infra_restarts", 0), cancelled_by=d.get("cancelled_by", ""),
                not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())))
 
 
