@@ -6,9 +6,10 @@
 set -euo pipefail
 what=${1:-test}
 # run: etcd for the local cluster. test: etcdctl (etcd-client) for the control-plane fault tests,
-# systemd for `systemd-analyze verify` of the unit files in deploy/systemd.
+# systemd for `systemd-analyze verify` of the unit files in deploy/systemd, iproute2 (`ip`) for the tests that
+# put each node in a network namespace of its own.
 run_pkgs=(etcd-server)
-test_pkgs=(etcd-server etcd-client systemd)
+test_pkgs=(etcd-server etcd-client systemd iproute2)
 case "$what" in
   run) pkgs=("${run_pkgs[@]}") ;;
   test) pkgs=("${test_pkgs[@]}") ;;
