@@ -97,6 +97,11 @@ class EtcdSettings(BaseSettings):
 
     etcd_endpoints: str = Field("127.0.0.1:2379", description="etcd client endpoints, comma-separated host:port")
     etcd_prefix: str = Field("/trainyard", description="every key lives under this prefix")
+    audit_retention_days: int = Field(30, ge=1, le=3650, description="how long audit entries stay in etcd "
+                                      "(<etcd_prefix>/audit/); each expires between this and one hour more")
+
+    def audit_retention_s(self) -> float:
+        return float(self.audit_retention_days * 86_400)
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -1,6 +1,6 @@
 """What the gateway's and the CLI's tests run against: the real services on free ports.
 
-- `running_gateway`: a GatewayApp with a fresh bootstrap admin token.
+- `running_gateway`: a GatewayApp with a fresh bootstrap (operator) token.
 - `Cluster`: a real SchedulerApp on its own etcd prefix and real AgentApps on simulated GPUs (the fake
   NVML of `--gpu-profile`, the only stand-in the project allows). Agents can be added, stopped and
   replaced while a test runs, and so can the scheduler be stopped: that is how "node unreachable" and
@@ -71,9 +71,13 @@ class RunningGateway:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30.0)
 
-    async def create_token(self, team: str, user: str, *, admin: bool = False) -> str:
+    async def create_token(self, team: str, user: str, *, role: str = "member", admin: bool = False,
+                           **more: Any) -> str:
+        """A new token made with the bootstrap (operator) token; `admin=True` is the operator role (the
+        cluster-wide admin of before roles). `more`: ttl, scopes, description."""
         async with self.client(self.admin_token) as http:
-            reply = await http.post("/v1/tokens", json={"team": team, "user": user, "admin": admin})
+            reply = await http.post("/v1/tokens", json={"team": team, "user": user,
+                                                        "role": "operator" if admin else role, **more})
         reply.raise_for_status()
         return str(reply.json()["secret"])
 
@@ -227,7 +231,7 @@ class Cluster:
         """Start a node agent and wait until the scheduler lists its node as ready at its address."""
         settings = AgentSettings(node_id=node_id, gpu_profile=profile, scheduler_address=self.address,
                                  state_dir=str(state_dir or self.state_root / node_id),
-                                 heartbeat_interval_s=0.2, stop_grace_s=1.0)
+                                 heartbeat_interval_s=0.2, stop_grace_s=1.0, single_tenant=True)
         app = AgentApp(settings)
         with _recorded(agent_app_module, self.agent_calls.setdefault(node_id, CallLog(ignore=SCHEDULER_TO_AGENT))):
             await app.start()

@@ -14,10 +14,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from ..audit import AuditSink
 from ..security.authz import AuthorizationInterceptor
 from ..security.identity import Principal
 from ..security.pki import CertFiles
 from ..security.tls import ClientTls, server_credentials, target_name_option
+from .audit import AuditInterceptor, RequestIdClientInterceptor
 from .errors import ErrorMappingInterceptor
 
 log = logging.getLogger(__name__)
@@ -65,14 +67,19 @@ async def start_grpc_server(
     service_names: Sequence[str],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     tls: CertFiles | None = None,
+    audit: AuditSink | None = None,
+    audit_service: str = "",
 ) -> GrpcServer:
     """Start a server with the error-mapping interceptor, health and reflection; port 0 picks a free one.
 
     `register` adds the service's servicers; `service_names` are their full names (for health and
     reflection). With `tls`, the port requires mTLS (certificates reloaded when rotated) and every call is
-    authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized.
+    authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized. With `audit`,
+    every mutating call (`authz.AUDITED`), refused ones included, is recorded there as `audit_service`.
     """
     chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    if audit is not None:
+        chain.append(AuditInterceptor(audit, audit_service))
     if tls is not None:
         chain.append(AuthorizationInterceptor())
     server = grpc.aio.server(interceptors=[*chain, *interceptors], options=SERVER_OPTIONS)
@@ -94,13 +101,14 @@ async def start_grpc_server(
 
 
 def insecure_channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=[RequestIdClientInterceptor()])
 
 
 def secure_channel(target: str, tls: ClientTls, expected: Principal) -> grpc.aio.Channel:
     """An mTLS channel presenting `tls`'s certificate, that accepts only a server whose certificate names
     `expected` (whatever address `target` resolves to)."""
-    return grpc.aio.secure_channel(target, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)])
+    return grpc.aio.secure_channel(target, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)],
+                                   interceptors=[RequestIdClientInterceptor()])
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

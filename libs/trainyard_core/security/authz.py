@@ -87,6 +87,79 @@ RULES: Mapping[str, Rule] = {
     **_methods(REFLECTION, ("ServerReflectionInfo",), rule("tool")),
 }
 
+
+@dataclass(frozen=True, slots=True)
+class Audited:
+    """A mutating RPC, recorded in the audit log (trainyard_core.audit) by the audit interceptor.
+
+    `target` names what the call acts on, `<kind>/<id>`, from the request, or from the answer where only
+    the answer knows (a submit's job id; None when the call failed). `team` is the team the request acts
+    for, when it names one. `detail` is a few small fields: never the env, command or spec of a job, never a
+    token's secret."""
+
+    target: Callable[[Any, Any | None], str]
+    team: Callable[[Any], str] | None = None
+    detail: Callable[[Any], Mapping[str, object]] | None = None
+
+
+def _on(kind: str, read: Callable[[Any], object]) -> Callable[[Any, Any | None], str]:
+    def target(request: Any, _response: Any | None) -> str:
+        value = str(read(request))
+        return f"{kind}/{value}" if value else ""
+    return target
+
+
+def _answered(kind: str, read: Callable[[Any], object]) -> Callable[[Any, Any | None], str]:
+    def target(_request: Any, response: Any | None) -> str:
+        value = str(read(response)) if response is not None else ""
+        return f"{kind}/{value}" if value else ""
+    return target
+
+
+_CHECKPOINT = _on("checkpoint", lambda r: r.checkpoint_id)
+_GPU = _on("gpu", lambda r: r.gpu_index)
+
+# Which calls change something, and what they act on. Reads (Get*, List*, Watch*, Stream*, Check) are not
+# audited, nor is Heartbeat: liveness, many per second per node, not an action (LIVENESS). A test holds
+# this table to every RPC in proto/.
+AUDITED: Mapping[str, Audited] = {
+    f"/{JOBS}/SubmitJob": Audited(_answered("job", lambda r: r.job.id), team=lambda r: r.team,
+                                  detail=lambda r: {"name": r.spec.name, "user": r.user}),
+    f"/{JOBS}/CancelJob": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
+                                  detail=lambda r: {"reason": r.reason} if r.reason else {}),
+    f"/{NODES}/RegisterNode": Audited(_on("node", lambda r: r.node.node_id),
+                                      detail=lambda r: {"agent_address": r.node.agent_address}),
+    f"/{NODES}/ReportWorkerExit": Audited(_on("job", lambda r: r.job_id),
+                                          detail=lambda r: {"node": r.node_id, "attempt": r.attempt}),
+    f"/{NODES}/CordonNode": Audited(_on("node", lambda r: r.node_id),
+                                    detail=lambda r: {"cordoned": r.cordoned, "reason": r.reason}),
+    f"/{POLICY}/PutQueue": Audited(_on("queue", lambda r: r.queue.name)),
+    f"/{POLICY}/DeleteQueue": Audited(_on("queue", lambda r: r.name)),
+    f"/{POLICY}/PutQuota": Audited(_on("team", lambda r: r.quota.team), team=lambda r: r.quota.team),
+    f"/{POLICY}/DeleteQuota": Audited(_on("team", lambda r: r.team), team=lambda r: r.team),
+    f"/{AGENT}/LaunchWorkers": Audited(_on("job", lambda r: r.job_id), detail=lambda r: {
+        "attempt": r.attempt, "workers": len(r.workers), "leader_epoch": r.leader_epoch}),
+    f"/{AGENT}/StopWorkers": Audited(_on("job", lambda r: r.job_id), detail=lambda r: {
+        "attempt": r.attempt, "reason": r.reason, "leader_epoch": r.leader_epoch}),
+    f"/{AGENT}/SetGpuHealth": Audited(_GPU, detail=lambda r: {"healthy": r.healthy, "operator": r.operator,
+                                                              "reason": r.reason}),
+    f"/{AGENT}/InjectFault": Audited(_GPU, detail=lambda r: {"kind": r.kind, "xid": r.xid}),
+    f"/{CHECKPOINTS}/BeginCheckpoint": Audited(_answered("checkpoint", lambda r: r.checkpoint.id),
+                                               detail=lambda r: {"job": r.job_id, "step": r.step}),
+    **{f"/{CHECKPOINTS}/{name}": Audited(_CHECKPOINT) for name in (
+        "CommitCheckpoint", "AbortCheckpoint", "DeleteCheckpoint", "ReportDamaged", "RenewRestoreLease",
+        "ReleaseRestoreLease", "AcquireRestoreLease")},
+    f"/{CHECKPOINTS}/TagCheckpoint": Audited(_CHECKPOINT, detail=lambda r: {"tag": r.tag}),
+    f"/{CHECKPOINTS}/UntagCheckpoint": Audited(_CHECKPOINT, detail=lambda r: {"tag": r.tag}),
+    f"/{CHECKPOINTS}/SetRetention": Audited(_on("job", lambda r: r.job_id)),
+    f"/{CHECKPOINTS}/RunGc": Audited(lambda _req, _resp: "", detail=lambda r: {"dry_run": r.dry_run}),
+    f"/{TOKENS}/CreateToken": Audited(_answered("token", lambda r: r.token.token_id), team=lambda r: r.team,
+                                      detail=lambda r: {"user": r.user}),
+    f"/{TOKENS}/RevokeToken": Audited(_on("token", lambda r: r.token_id)),
+}
+LIVENESS = frozenset({f"/{NODES}/Heartbeat"})
+READ_PREFIXES = ("Get", "List", "Watch", "Stream", "Check", "ServerReflection")
+
 # The caller of the RPC being served (None on a plaintext server), for servicers that bind it further.
 current_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("principal", default=None)
 

@@ -1,22 +1,27 @@
-"""Bearer-token authentication of HTTP requests, and the team a caller may see.
+"""Bearer-token authentication of HTTP requests, the rate limit per token, and the role check of each route.
 
-Every route but /healthz depends on `current_principal`. A missing header, another scheme, or a token
-that is unknown or revoked is answered 401 with `WWW-Authenticate: Bearer`; the token never appears in
-a message or a log line. Non-admin callers are confined to their own team: routers pass `team_scope`
-to the scheduler, which then answers NOT_FOUND for other teams' jobs. Admin tokens see every team.
+Every route but /healthz depends on `current_principal`. A missing header, another scheme, or a token that
+is unknown, revoked or expired is answered 401 with `WWW-Authenticate: Bearer`; the token never appears in
+a message or a log line. An authenticated request then spends one request of its token's bucket (429 with
+Retry-After when empty). Routes declare what they do with one of the dependencies below, each the check
+of one action of `roles.RULES` (403 naming the role or scope missing); `team_scope` is the team filter to
+pass to the scheduler, which answers NOT_FOUND for other teams' jobs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from trainyard_core.errors import PermissionDenied, Unauthenticated
+from trainyard_core.errors import Unauthenticated
 
+from . import roles
 from .deps import GatewayDeps, get_deps
 from .http_errors import InvalidToken
+from .roles import Action
 from .tokens import TokenRecord
 
 # Declares the scheme in the OpenAPI document; the header itself is parsed below for precise messages.
@@ -24,7 +29,7 @@ bearer_scheme = HTTPBearer(auto_error=False, scheme_name="bearerToken",
                            description="An API token: `Authorization: Bearer ty_...`")
 
 MISSING_TOKEN = ("missing bearer token: send the header 'Authorization: Bearer <token>' "
-                 "(an admin creates tokens with `trainyard tokens create`)")
+                 "(a team admin or an operator creates tokens with `trainyard tokens create`)")
 
 
 async def current_principal(
@@ -43,23 +48,37 @@ async def current_principal(
     except Unauthenticated as exc:
         raise InvalidToken(exc.message) from None
     request.state.principal = principal  # for the access log: team and user, never the token
+    deps.limiter.check(principal.token_id, principal.user)
     return principal
 
 
-async def admin_principal(principal: Annotated[TokenRecord, Depends(current_principal)]) -> TokenRecord:
-    if not principal.admin:
-        raise PermissionDenied(f"this needs an admin token; the token of {principal.user} (team "
-                               f"{principal.team}) is not one")
-    return principal
+def _requiring(action: Action) -> Callable[[TokenRecord], Awaitable[TokenRecord]]:
+    async def allowed(principal: Annotated[TokenRecord, Depends(current_principal)]) -> TokenRecord:
+        roles.check(principal, action)
+        return principal
+
+    allowed.__name__ = f"requires_{action.name.lower()}"
+    return allowed
 
 
-def team_scope(principal: TokenRecord) -> str:
-    """The team filter to pass to the scheduler: '' (every team) for admins, else the caller's team."""
-    return "" if principal.admin else principal.team
+def team_scope(principal: TokenRecord, action: Action = Action.JOBS_READ) -> str:
+    """The team filter to pass to the scheduler: '' (every team) for operators, else the caller's team."""
+    return roles.team_filter(principal, action)
 
 
 Principal = Annotated[TokenRecord, Depends(current_principal)]
-AdminPrincipal = Annotated[TokenRecord, Depends(admin_principal)]
-# The cluster operator (every team, nodes, queues, quotas, audit): what the audit router depends on.
-OperatorPrincipal = Annotated[TokenRecord, Depends(admin_principal)]
+JobReader = Annotated[TokenRecord, Depends(_requiring(Action.JOBS_READ))]
+JobSubmitter = Annotated[TokenRecord, Depends(_requiring(Action.JOBS_SUBMIT))]
+JobCanceller = Annotated[TokenRecord, Depends(_requiring(Action.JOBS_CANCEL))]
+NodeReader = Annotated[TokenRecord, Depends(_requiring(Action.NODES_READ))]
+NodeWriter = Annotated[TokenRecord, Depends(_requiring(Action.NODES_WRITE))]
+QueueReader = Annotated[TokenRecord, Depends(_requiring(Action.QUEUES_READ))]
+QueueWriter = Annotated[TokenRecord, Depends(_requiring(Action.QUEUES_WRITE))]
+QuotaReader = Annotated[TokenRecord, Depends(_requiring(Action.QUOTAS_READ))]
+QuotaWriter = Annotated[TokenRecord, Depends(_requiring(Action.QUOTAS_WRITE))]
+TokenReader = Annotated[TokenRecord, Depends(_requiring(Action.TOKENS_READ))]
+TokenWriter = Annotated[TokenRecord, Depends(_requiring(Action.TOKENS_WRITE))]
+# The cluster operator's reads of the audit log (operator role; audit:read where the token has scopes):
+# what the audit router depends on.
+OperatorPrincipal = Annotated[TokenRecord, Depends(_requiring(Action.AUDIT_READ))]
 Deps = Annotated[GatewayDeps, Depends(get_deps)]

@@ -181,8 +181,8 @@ class SchedulerClient:
         reply = await _call("scheduler", self._jobs.ListJobs(request, timeout=self._timeout))
         return JobList(jobs=[convert.job_from_pb(j) for j in reply.jobs], next_page_token=reply.next_page_token)
 
-    async def cancel_job(self, job_id: str, *, team: str, reason: str = "") -> Job:
-        request = scheduler_pb2.CancelJobRequest(job_id=job_id, team=team, reason=reason)
+    async def cancel_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
+        request = scheduler_pb2.CancelJobRequest(job_id=job_id, team=team, user=user, reason=reason)
         reply = await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout))
         return convert.job_from_pb(reply.job)
 

@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard.gateway.v1 import gateway_pb2
-from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState
+from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState, Role
 
 from .schemas import jobs as js
 from .schemas import nodes as ns
@@ -109,7 +109,7 @@ def job_from_pb(job: types_pb2.Job) -> js.Job:
         started_at=_time(job.started_at), finished_at=_time(job.finished_at), restarts=job.restarts,
         infra_restarts=job.infra_restarts,
         queued_at=_time(job.queued_at), not_before=_time(job.not_before), preempted_by=list(job.preempted_by),
-        last_checkpoint_at=_time(job.last_checkpoint_at))
+        last_checkpoint_at=_time(job.last_checkpoint_at), cancelled_by=job.cancelled_by)
 
 
 def queue_to_pb(name: str, body: qs.QueuePut) -> types_pb2.QueueConfig:
@@ -160,13 +160,28 @@ def log_line_from_pb(line: agent_pb2.LogLine) -> LogLine:
     return LogLine(rank=line.rank, attempt=line.attempt, stream=line.stream, text=line.text)
 
 
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, tz=UTC)
+
+
 def token_to_schema(record: TokenRecord) -> Token:
-    return Token(token_id=record.token_id, team=record.team, user=record.user, admin=record.admin,
-                 created_at=datetime.fromtimestamp(record.created_at, tz=UTC), description=record.description)
+    return Token(token_id=record.token_id, team=record.team, user=record.user, role=record.role.value,
+                 created_at=_utc(record.created_at),
+                 expires_at=None if record.expires_at is None else _utc(record.expires_at),
+                 scopes=[s.value for s in record.scopes], description=record.description, legacy=record.legacy)
+
+
+def _pb_time(t: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(_utc(t))
+    return ts
 
 
 def token_to_pb(record: TokenRecord) -> gateway_pb2.TokenInfo:
-    created = Timestamp()
-    created.FromDatetime(datetime.fromtimestamp(record.created_at, tz=UTC))
-    return gateway_pb2.TokenInfo(token_id=record.token_id, team=record.team, user=record.user,
-                                 admin=record.admin, created_at=created, description=record.description)
+    info = gateway_pb2.TokenInfo(token_id=record.token_id, team=record.team, user=record.user,
+                                 admin=record.role is Role.OPERATOR, role=record.role.value,
+                                 created_at=_pb_time(record.created_at), scopes=[s.value for s in record.scopes],
+                                 description=record.description, legacy=record.legacy)
+    if record.expires_at is not None:
+        info.expires_at.CopyFrom(_pb_time(record.expires_at))
+    return info

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from trainyard_core.audit import AuditLog
 from trainyard_core.store import Store
 
 from .clients import AgentClients, SchedulerClient
+from .rate_limit import TokenBuckets
 from .settings import GatewaySettings
 from .tokens import TokenStore
 
@@ -20,6 +22,9 @@ class GatewayDeps:
     scheduler: SchedulerClient
     agents: AgentClients
     store: Store
+    limiter: TokenBuckets
+    # Where the HTTP audit middleware, the TokenService and GET /v1/audit write and read (None: not recorded).
+    audit: AuditLog | None = None
 
 
 def get_deps(request: Request) -> GatewayDeps:

@@ -90,6 +90,8 @@ def domain_error_response(exc: errors.TrainyardError) -> JSONResponse:
             else WWW_AUTHENTICATE
     elif isinstance(exc, errors.Unavailable):
         headers["Retry-After"] = "1"
+    elif isinstance(exc, errors.ResourceExhausted):
+        headers["Retry-After"] = str(max(1, int(getattr(exc, "retry_after_s", 1))))
     if status == 500:
         log.error("unmapped domain error %s: %s", type(exc).__name__, exc.message)
         return error_response(500, "internal", "internal error; see the gateway log")

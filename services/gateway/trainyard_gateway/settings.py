@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from trainyard_core import contract
 from trainyard_core.addresses import address_list, host_port
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
@@ -54,13 +55,23 @@ class GatewaySettings(EtcdSettings):
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API; "
                                    "every replica, comma-separated (IP addresses or DNS names): the next one is "
                                    "used while one is down")
+    # The local cluster's: production creates its first token offline (python -m trainyard_gateway.tokens_admin).
     bootstrap_admin_token: SecretStr | None = Field(
-        None, description=f"admin token ('{SECRET_PREFIX}...') stored (hashed) at start for team and user 'admin'")
+        None, description=f"operator token ('{SECRET_PREFIX}...', never expiring) stored (hashed) at start for team "
+                          "and user 'admin'; for the local cluster, not for production")
     request_timeout_s: float = Field(10.0, gt=0, description="deadline of each call to the scheduler or an agent")
     # How long a verified token is trusted without re-reading etcd. A token revoked through another
     # gateway replica keeps working here for at most this long; revocation through this one is immediate.
     token_cache_ttl_s: float = Field(5.0, ge=0, description="seconds a verified token is cached in memory")
     max_log_lines: int = Field(100_000, ge=1, description="most log lines one /logs answer returns")
+    token_default_ttl_s: float = Field(contract.ttl_seconds(contract.DEFAULT_TOKEN_TTL), gt=0,
+                                       description="lifetime of a new token whose creator gives no ttl")
+    token_max_ttl_s: float = Field(365 * contract.DAY_S, gt=0, le=contract.MAX_TOKEN_TTL_S,
+                                   description="the longest ttl a new token may be given")
+    rate_limit_per_s: float = Field(50.0, ge=0, description="requests per second each token may make on average "
+                                    "(per gateway replica); 0 turns rate limiting off")
+    rate_limit_burst: int = Field(200, ge=1, description="requests a token may make at once before "
+                                  "rate_limit_per_s applies")
     # HTTPS of the public API. Not the mTLS certificate (tls_*): browsers and the CLI verify this one, so it
     # is usually a public certificate. Left empty, HTTP stays plain (a load balancer terminating TLS).
     http_tls_cert_file: str = Field("", description="server certificate (PEM, chain after the leaf) of the HTTP "
@@ -82,6 +93,13 @@ class GatewaySettings(EtcdSettings):
                               else ("http_tls_key_file", "http_tls_cert_file"))
             raise ValueError(f"HTTPS needs http_tls_cert_file and http_tls_key_file together: {given} is set, "
                              f"{missing} is not (set both for HTTPS, or neither for plain HTTP)")
+        return self
+
+    @model_validator(mode="after")
+    def _ttls_ordered(self) -> GatewaySettings:
+        if self.token_default_ttl_s > self.token_max_ttl_s:
+            raise ValueError(f"token_default_ttl_s ({self.token_default_ttl_s:g}) is longer than token_max_ttl_s "
+                             f"({self.token_max_ttl_s:g}): lower the default or raise the maximum")
         return self
 
     @field_validator("scheduler_address")

@@ -1,8 +1,8 @@
 """API tokens: random secrets handed out once, stored only as their SHA-256 hash.
 
 Keys (all under the gateway's etcd prefix):
-- `{prefix}/gateway/tokens/<sha256 hex of the secret>` → JSON record: token_id, team, user, admin,
-  created_at, description. Authentication is one lookup by hash; the secret itself is never stored,
+- `{prefix}/gateway/tokens/<sha256 hex of the secret>` → JSON record: token_id, team, user, role,
+  created_at, expires_at, scopes, description. Authentication is one lookup by hash; the secret itself is never stored,
   logged or echoed back after creation.
 - `{prefix}/gateway/token-ids/<token_id>` → the hash, so a token can be revoked by its public id.
 Both keys are written and deleted together in one transaction.
@@ -10,7 +10,11 @@ Both keys are written and deleted together in one transaction.
 A plain SHA-256 (no salt, no slow KDF) is enough because secrets are 256 random bits, not passwords:
 there is nothing to brute-force. Verified tokens are cached in memory for `cache_ttl_s`; a revocation
 through this process drops its cache entry at once, one through another gateway takes effect here
-within the TTL. Only hits are cached: unknown secrets always go to etcd.
+within the TTL. Only hits are cached: unknown secrets always go to etcd. Expiry is checked on every
+request, cached or not, against the injected clock's wall time.
+
+Records written before roles existed carry `admin: bool` and no role, expiry or scopes. They still load:
+admin → operator, otherwise member, never expiring, marked `legacy` so listings show them for rotation.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ import json
 import re
 import secrets
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from trainyard_core import contract
 from trainyard_core.clock import Clock, SystemClock
+from trainyard_core.contract import Role, Scope
 from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 from trainyard_core.ids import new_id
 from trainyard_core.store import Delete, Put, Store, absent
@@ -60,66 +67,105 @@ def validate_user(user: str) -> str:
     return user
 
 
+def format_time(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True, slots=True)
 class TokenRecord:
-    """What a token grants; also the authenticated caller of a request."""
+    """What a token grants; also the authenticated caller of a request. `expires_at` None: never (only
+    the bootstrap token of a local cluster and legacy records). `scopes` empty: limited by the role alone."""
 
     token_id: str
     team: str
     user: str
-    admin: bool
+    role: Role
     created_at: float
+    expires_at: float | None = None
+    scopes: tuple[Scope, ...] = ()
     description: str = ""
+    legacy: bool = False
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        data: dict[str, Any] = {"token_id": self.token_id, "team": self.team, "user": self.user,
+                                "role": self.role.value, "created_at": self.created_at,
+                                "expires_at": self.expires_at, "scopes": [s.value for s in self.scopes],
+                                "description": self.description}
+        return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> TokenRecord:
         data = json.loads(raw)
-        return cls(token_id=str(data["token_id"]), team=str(data["team"]), user=str(data["user"]),
-                   admin=bool(data["admin"]), created_at=float(data["created_at"]),
-                   description=str(data.get("description", "")))
+        token_id, team, user = str(data["token_id"]), str(data["team"]), str(data["user"])
+        created_at, description = float(data["created_at"]), str(data.get("description", ""))
+        if "role" not in data:  # written before roles: admin → operator, else member; never expires
+            return cls(token_id=token_id, team=team, user=user, created_at=created_at, description=description,
+                       role=Role.OPERATOR if data.get("admin") else Role.MEMBER, legacy=True)
+        expires = data.get("expires_at")
+        return cls(token_id=token_id, team=team, user=user, created_at=created_at, description=description,
+                   role=Role(data["role"]), expires_at=None if expires is None else float(expires),
+                   scopes=tuple(Scope(s) for s in data.get("scopes", ())))
 
 
 class TokenStore:
     """Creates, verifies, lists and revokes tokens. Safe for concurrent use from one event loop."""
 
-    def __init__(self, store: Store, prefix: str, *, cache_ttl_s: float = 5.0,
-                 clock: Clock | None = None) -> None:
+    def __init__(self, store: Store, prefix: str, *, cache_ttl_s: float = 5.0, clock: Clock | None = None,
+                 default_ttl_s: float = contract.ttl_seconds(contract.DEFAULT_TOKEN_TTL),
+                 max_ttl_s: float = contract.MAX_TOKEN_TTL_S) -> None:
         base = prefix.rstrip("/") + "/gateway"
         self._by_hash = base + "/tokens/"
         self._by_id = base + "/token-ids/"
         self._store = store
         self._ttl = cache_ttl_s
         self._clock = clock or SystemClock()
+        self.default_ttl_s = default_ttl_s
+        self.max_ttl_s = max_ttl_s
         self._cache: OrderedDict[str, tuple[TokenRecord, float]] = OrderedDict()
 
-    async def create(self, *, team: str, user: str, admin: bool = False,
-                     description: str = "") -> tuple[TokenRecord, str]:
+    def lifetime(self, ttl: str | None) -> float:
+        """Seconds a new token lives: `ttl` ('30d'; None for the default), at most max_ttl_s."""
+        if ttl is None or ttl == "":
+            return self.default_ttl_s
+        try:
+            seconds = contract.ttl_seconds(ttl)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if seconds > self.max_ttl_s:
+            raise InvalidArgument(f"ttl {ttl} is longer than this gateway allows ({self.max_ttl_s / contract.DAY_S:g}"
+                                  "d, the setting token_max_ttl_s)")
+        return float(seconds)
+
+    async def create(self, *, team: str, user: str, role: Role = contract.DEFAULT_ROLE, ttl: str | None = None,
+                     scopes: tuple[Scope, ...] = (), description: str = "") -> tuple[TokenRecord, str]:
         """A new token; returns its record and the secret, which is not retrievable afterwards."""
         validate_team(team)
         validate_user(user)
         if len(description) > contract.MAX_TOKEN_DESCRIPTION:
             raise InvalidArgument(f"description must be at most {contract.MAX_TOKEN_DESCRIPTION} characters (got "
                                   f"{len(description)})")
+        lifetime = self.lifetime(ttl)
         secret = new_secret()
-        record = TokenRecord(token_id=new_id("tok", self._clock.now()), team=team, user=user, admin=admin,
-                             created_at=self._clock.now(), description=description)
+        now = self._clock.now()
+        record = TokenRecord(token_id=new_id("tok", now), team=team, user=user, role=role, created_at=now,
+                             expires_at=now + lifetime, scopes=scopes, description=description)
         if not await self._insert(hash_secret(secret), record):
             raise Conflict("token id or secret collided with an existing one; retry")
         return record, secret
 
-    async def ensure(self, secret: str, *, team: str, user: str, admin: bool,
+    async def ensure(self, secret: str, *, team: str, user: str, role: Role,
                      description: str = "") -> TokenRecord:
-        """Store a token whose secret was chosen elsewhere (the bootstrap admin token). Idempotent: a
-        secret already stored keeps its record."""
+        """Store a token whose secret was chosen elsewhere (the local cluster's bootstrap token); it does not
+        expire. Idempotent: a secret already stored keeps its record."""
         if not is_well_formed_secret(secret):
             raise InvalidArgument(f"token secret must be '{SECRET_PREFIX}' followed by 20-200 URL-safe "
                                   "characters")
         digest = hash_secret(secret)
         record = TokenRecord(token_id=new_id("tok", self._clock.now()), team=validate_team(team),
-                             user=validate_user(user), admin=admin, created_at=self._clock.now(),
+                             user=validate_user(user), role=role, created_at=self._clock.now(),
                              description=description)
         if await self._insert(digest, record):
             return record
@@ -142,9 +188,9 @@ class TokenStore:
         digest = hash_secret(secret)
         now = self._clock.monotonic()
         hit = self._cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return self._unexpired(hit[0])
         if hit is not None:
-            if hit[1] > now:
-                return hit[0]
             del self._cache[digest]
         kv = await self._store.get(self._by_hash + digest)
         if kv is None:
@@ -154,6 +200,13 @@ class TokenStore:
             self._cache[digest] = (record, now + self._ttl)
             while len(self._cache) > _CACHE_MAX:
                 self._cache.popitem(last=False)
+        return self._unexpired(record)
+
+    def _unexpired(self, record: TokenRecord) -> TokenRecord:
+        if record.expired(self._clock.now()):
+            assert record.expires_at is not None
+            raise Unauthenticated(f"token expired at {format_time(record.expires_at)}; ask your team admin for a "
+                                  "new one")
         return record
 
     async def list(self, team: str | None = None) -> list[TokenRecord]:
@@ -164,8 +217,9 @@ class TokenStore:
             records = [r for r in records if r.team == team]
         return sorted(records, key=lambda r: (r.created_at, r.token_id))
 
-    async def revoke(self, token_id: str) -> TokenRecord:
-        """Delete a token by its public id; NotFound when there is none (already revoked)."""
+    async def revoke(self, token_id: str, team: str = "") -> TokenRecord:
+        """Delete a token by its public id; NotFound when there is none (already revoked) or, with `team`,
+        when it is another team's."""
         id_key = self._by_id + token_id
         kv = await self._store.get(id_key)
         if kv is None:
@@ -173,6 +227,8 @@ class TokenStore:
         digest = kv.value.decode()
         hash_key = self._by_hash + digest
         record_kv = await self._store.get(hash_key)
+        if team and (record_kv is None or TokenRecord.from_json(record_kv.value).team != team):
+            raise NotFound(f"token {token_id} not found")
         await self._store.txn([], [Delete(hash_key), Delete(id_key)])
         self._cache.pop(digest, None)
         if record_kv is None:  # revoked concurrently

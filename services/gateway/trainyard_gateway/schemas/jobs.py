@@ -323,6 +323,8 @@ class Job(ApiModel):
                                     description="ids of the jobs that preempted this one, oldest first")
     last_checkpoint_at: datetime | None = Field(None, description="the job's latest committed checkpoint; null "
                                                                   "when none")
+    cancelled_by: str = Field("", description="who cancelled the job (a user, or tool:<name>); empty unless a "
+                                              "cancel was asked")
 
 
 class JobList(ApiModel):

@@ -32,8 +32,9 @@ class Gpu(ApiModel):
 
 class Node(ApiModel):
     node_id: str
-    hostname: str
-    agent_address: str = Field(description="host:port of the node agent's gRPC API")
+    hostname: str | None = Field(description="the host's name; shown to operator tokens only (null for others)")
+    agent_address: str | None = Field(description="host:port of the node agent's gRPC API; shown to operator "
+                                                  "tokens only (null for others)")
     state: NodeState
     cordoned: bool
     cordon_reason: str = ""

@@ -9,7 +9,10 @@ from pydantic import Field
 
 from trainyard_core import contract as c
 
-from .common import ApiModel, Bool
+from .common import ApiModel, OneOf
+
+RoleName = Annotated[str, OneOf(c.ROLES)]
+ScopeName = Annotated[str, OneOf(c.SCOPES)]
 
 
 class TokenCreate(ApiModel):
@@ -18,7 +21,16 @@ class TokenCreate(ApiModel):
                       examples=["vision"])
     user: str = Field(pattern=c.USER.pattern, description=f"user the token acts for: {c.USER.rule}",
                       examples=["alice"])
-    admin: Annotated[Bool, Field(description="admin tokens see every team's jobs and manage tokens")] = False
+    role: RoleName = Field(c.DEFAULT_ROLE.value, description=(
+        "viewer (reads the team's jobs, logs, quota, the queues and nodes), member (also submits and cancels "
+        "its own jobs), admin (also cancels any of the team's jobs and manages the team's tokens, up to admin), "
+        "operator (the whole cluster; only an operator grants it)"))
+    ttl: str | None = Field(None, pattern=c.TTL.pattern, description=(
+        f"lifetime: {c.TTL.rule}; default the gateway's token_default_ttl_s ({c.DEFAULT_TOKEN_TTL} unless "
+        "configured), at most its token_max_ttl_s"), examples=["30d"])
+    scopes: list[ScopeName] = Field(default_factory=list, max_length=len(c.SCOPES), json_schema_extra={
+        "uniqueItems": True}, description="only these kinds of action (and only those the role allows); empty: "
+                                          "everything the role allows")
     description: str = Field("", max_length=c.MAX_TOKEN_DESCRIPTION)
 
 
@@ -26,9 +38,14 @@ class Token(ApiModel):
     token_id: str = Field(description="public id (not the secret); used to revoke the token")
     team: str
     user: str
-    admin: bool
+    role: RoleName
     created_at: datetime
+    expires_at: datetime | None = Field(description="null: never (the local cluster's bootstrap token and "
+                                                     "legacy tokens)")
+    scopes: list[ScopeName] = Field(description="empty: limited by the role alone")
     description: str
+    legacy: bool = Field(description="stored before roles and expiry existed (an admin one is an operator "
+                                     "token); replace it")
 
 
 class TokenCreated(ApiModel):

@@ -1,0 +1,431 @@
+"""The audit log: one entry per mutating call on every service, written before the caller hears the result.
+
+An entry says who (`principal`: a certificate's `trainyard://<kind>[/<name>]`, or a gateway user
+`user:<team>/<user>` with its `role`), did what (`action`: the gRPC full method, or the HTTP method and
+route template), to what (`target`, `<kind>/<id>`: `job/j-...`, `node/gpu-01`, `queue/batch`,
+`team/vision`, `token/t-...`, `checkpoint/ck-...`), with which outcome (`result`: `ok`, or the error code
+such as `permission_denied` with a short `message`), when, and under which request id (the gateway's, or
+the `x-request-id` gRPC metadata; a fresh one otherwise). `detail` holds a few small fields, never secrets:
+no environment values, no token secrets, no job spec.
+
+Sinks:
+- `AuditLog` (scheduler, checkpoint-store, gateway): etcd, under `<prefix>/audit/<id>`. An id is 12
+  base32 characters of (2^60 - 1 - the entry's time in microseconds) and 8 random ones: ids of entries
+  from any number of processes never collide, and their byte order is time order, newest first, which is
+  the order a query reads them in (the store's range is ascending only). A page token is the last id a
+  page read, so a page's successor is the same whatever was appended meanwhile (new entries sort before
+  it). Retention: each entry is put under one etcd lease per time bucket (an hour) with a TTL of
+  `retention_s` + one bucket, granted by the first append of the bucket, so an entry lives at least
+  `retention_s` and etcd drops a whole hour at once. The SQL history store (issue 14) is to take the audit
+  log over; until then, etcd holds it.
+- `AuditFile` (node agent, which has no etcd access): JSON lines under its state directory, fsynced per
+  entry, rotated by size.
+
+Writing: `record(sink, entry)` is awaited by the interceptor (gRPC) or middleware (HTTP) before the answer
+leaves, and survives the call being cancelled. A sink retries a failed write a few times; if it still fails,
+the caller gets the true result of its call anyway (the action happened, or did not, whatever the audit
+write did), the failure is logged at ERROR and `trainyard_audit_write_failures_total` is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextvars
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client import Counter
+
+from . import contract
+from .clock import Clock, SystemClock
+from .errors import FailedPrecondition, InvalidArgument, Unavailable
+from .store.api import Put, Store, absent
+
+log = logging.getLogger(__name__)
+
+RESULT_OK = "ok"
+ANONYMOUS = "anonymous"  # a call without a usable identity (no token, plaintext gRPC)
+MAX_MESSAGE = 200
+MAX_DETAIL_FIELDS = 8
+MAX_DETAIL_VALUE = 200
+MAX_FIELD = 256  # principal, action, target, team, role
+DEFAULT_RETENTION_DAYS = 30
+BUCKET_S = 3600
+# A query reads at most this many entries per page (matching or not), then answers with what it found and a
+# page token: a filter that matches little costs a bounded read, never a scan of the whole log.
+MAX_SCAN = 5000
+_CHUNK = 500
+WRITE_ATTEMPTS = 3
+WRITE_BACKOFF_S = 0.05
+REQUEST_ID = contract.Name(r"^[A-Za-z0-9._:-]{1,64}$", "1-64 letters, digits, '.', '_', ':' or '-'")
+REQUEST_ID_HEADER = "x-request-id"  # HTTP header and gRPC metadata key alike
+
+WRITE_FAILURES = Counter("trainyard_audit_write_failures_total",
+                         "Audit entries that could not be written after retries (the call itself was answered "
+                         "with its true result)", ["sink"])
+
+# The request id of the call being served, for the calls it makes in turn (the gateway's to the scheduler).
+current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case: byte order is numeric order
+_TIME_DIGITS = 12  # 60 bits of microseconds: good until the year 38000
+_MAX_US = (1 << (5 * _TIME_DIGITS)) - 1
+_ID_LENGTH = _TIME_DIGITS + 8
+
+
+def _b32(value: int, width: int) -> str:
+    out = []
+    for _ in range(width):
+        out.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def _us(t: float) -> int:
+    return max(0, int(t * 1_000_000))
+
+
+def _time_part(us: int) -> str:
+    return _b32(_MAX_US - min(us, _MAX_US), _TIME_DIGITS)
+
+
+def new_entry_id(t: float) -> str:
+    """A unique id whose byte order is `t`'s order, newest first."""
+    return _time_part(_us(t)) + _b32(secrets.randbits(40), 8)
+
+
+def entry_id_time(entry_id: str) -> float:
+    value = 0
+    for ch in entry_id[:_TIME_DIGITS]:
+        value = value * 32 + _ALPHABET.index(ch)
+    return (_MAX_US - value) / 1_000_000
+
+
+def _is_entry_id(value: str) -> bool:
+    return len(value) == _ID_LENGTH and all(ch in _ALPHABET for ch in value)
+
+
+def new_request_id() -> str:
+    return "r-" + secrets.token_hex(8)
+
+
+def request_id_or_new(value: str | None) -> str:
+    """The caller's request id when it is one (REQUEST_ID), else a fresh one: an id is echoed into logs and
+    answers, so whatever a client sends is not taken as it is."""
+    return value if value and REQUEST_ID.matches(value) else new_request_id()
+
+
+def _clip(text: str, limit: int) -> str:
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    time: float
+    principal: str
+    service: str
+    action: str
+    target: str = ""
+    result: str = RESULT_OK
+    message: str = ""
+    request_id: str = ""
+    role: str = ""
+    team: str = ""
+    detail: Mapping[str, str] = field(default_factory=dict)
+    id: str = ""  # given by the sink that stores it
+
+    @classmethod
+    def make(cls, *, time: float, principal: str, service: str, action: str, target: str = "",
+             result: str = RESULT_OK, message: str = "", request_id: str = "", role: str = "", team: str = "",
+             detail: Mapping[str, object] | None = None) -> AuditEntry:
+        """An entry with every field bounded: a message of MAX_MESSAGE characters, at most MAX_DETAIL_FIELDS
+        detail fields of MAX_DETAIL_VALUE, one line each."""
+        small = {_clip(str(k), 64): _clip(str(v), MAX_DETAIL_VALUE)
+                 for k, v in list((detail or {}).items())[:MAX_DETAIL_FIELDS]}
+        return cls(time=time, principal=_clip(principal, MAX_FIELD), service=_clip(service, 64),
+                   action=_clip(action, MAX_FIELD), target=_clip(target, MAX_FIELD), result=_clip(result, 64),
+                   message=_clip(message, MAX_MESSAGE), request_id=request_id_or_new(request_id),
+                   role=_clip(role, 64), team=_clip(team, MAX_FIELD), detail=small)
+
+    @property
+    def user(self) -> str:
+        """The user name of a gateway user's entry ('' for certificate principals)."""
+        return self.principal.partition("/")[2] if self.principal.startswith("user:") else ""
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["detail"] = dict(self.detail)
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> AuditEntry:
+        data = json.loads(raw)
+        return cls(time=float(data["time"]), principal=str(data["principal"]), service=str(data["service"]),
+                   action=str(data["action"]), target=str(data.get("target", "")),
+                   result=str(data.get("result", RESULT_OK)), message=str(data.get("message", "")),
+                   request_id=str(data.get("request_id", "")), role=str(data.get("role", "")),
+                   team=str(data.get("team", "")),
+                   detail={str(k): str(v) for k, v in dict(data.get("detail") or {}).items()},
+                   id=str(data.get("id", "")))
+
+
+def user_principal(team: str, user: str) -> str:
+    return f"user:{team}/{user}"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """What a query keeps; every field given must match. `action` matches the whole action or its last part
+    (`CancelJob` matches `/trainyard.scheduler.v1.JobService/CancelJob`); `user` matches the user of a
+    gateway user's principal, in any team (with `team`, in that one)."""
+
+    principal: str = ""
+    user: str = ""
+    team: str = ""
+    action: str = ""
+    target: str = ""
+    result: str = ""
+    since: float | None = None
+    until: float | None = None
+
+    def matches(self, e: AuditEntry) -> bool:
+        if self.principal and e.principal != self.principal:
+            return False
+        if self.user and e.user != self.user:
+            return False
+        if self.team and e.team != self.team:
+            return False
+        if self.action and e.action != self.action and not e.action.endswith(("/" + self.action,
+                                                                             " " + self.action)):
+            return False
+        if self.target and e.target != self.target:
+            return False
+        if self.result and e.result != self.result:
+            return False
+        if self.since is not None and e.time < self.since:
+            return False
+        return self.until is None or e.time <= self.until
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPage:
+    entries: list[AuditEntry]
+    next_page_token: str  # '' when nothing older matches
+
+
+def encode_page_token(entry_id: str) -> str:
+    return base64.urlsafe_b64encode(f"a1:{entry_id}".encode()).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> str:
+    """The id a page token continues after; InvalidArgument for anything this API did not hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    version, _, entry_id = raw.partition(":")
+    if version != "a1" or not _is_entry_id(entry_id):
+        raise InvalidArgument("page_token is not one this API handed out: pass next_page_token of the previous "
+                              "page unchanged, or none for the first page")
+    return entry_id
+
+
+class AuditSink(Protocol):
+    name: str
+
+    async def append(self, entry: AuditEntry) -> bool:
+        """Store `entry` durably (retrying a few times); True once it is stored, False when it could not be
+        (logged and counted). Never raises for a failed write."""
+
+
+_pending: set[asyncio.Task[bool]] = set()
+
+
+async def record(sink: AuditSink | None, entry: AuditEntry) -> bool:
+    """Append `entry` and wait for it; a caller cancelled meanwhile leaves the write to finish on its own."""
+    if sink is None:
+        return False
+    task = asyncio.ensure_future(sink.append(entry))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+    return await asyncio.shield(task)
+
+
+def _give_up(sink: str, entry: AuditEntry, why: BaseException | str) -> bool:
+    WRITE_FAILURES.labels(sink=sink).inc()
+    log.error("audit entry not written", extra={
+        "audit_sink": sink, "audit_action": entry.action, "audit_principal": entry.principal,
+        "audit_target": entry.target, "audit_result": entry.result, "request_id": entry.request_id,
+        "error": str(why)[:300]})
+    return False
+
+
+async def _with_retries(sink: str, entry: AuditEntry, attempt: Callable[[], Awaitable[None]],
+                        retryable: tuple[type[BaseException], ...]) -> bool:
+    last: BaseException | None = None
+    for n in range(WRITE_ATTEMPTS):
+        try:
+            await attempt()
+            return True
+        except retryable as exc:
+            last = exc
+            if n + 1 < WRITE_ATTEMPTS:
+                await asyncio.sleep(WRITE_BACKOFF_S * (4 ** n))
+    assert last is not None
+    return _give_up(sink, entry, last)
+
+
+class AuditLog:
+    """The etcd audit log of one deployment (`<prefix>/audit/`): `append` and `query`. Safe for concurrent
+    use from one event loop; any number of processes may append to the same prefix."""
+
+    name = "etcd"
+
+    def __init__(self, store: Store, prefix: str, *, retention_s: float = DEFAULT_RETENTION_DAYS * contract.DAY_S,
+                 bucket_s: float = BUCKET_S, clock: Clock | None = None) -> None:
+        if retention_s <= 0 or bucket_s <= 0:
+            raise ValueError("retention_s and bucket_s must be positive")
+        self._store = store
+        self.prefix = prefix.rstrip("/") + "/audit/"
+        self._retention_s = retention_s
+        self._bucket_s = bucket_s
+        self._clock = clock or SystemClock()
+        self._leases: dict[int, int] = {}  # bucket → lease id
+        self._lease_lock = asyncio.Lock()
+
+    def key(self, entry_id: str) -> str:
+        return self.prefix + entry_id
+
+    async def _lease(self, bucket: int) -> int:
+        async with self._lease_lock:
+            lease = self._leases.get(bucket)
+            if lease is None:
+                lease = await self._store.grant_lease(int(self._retention_s + self._bucket_s + 0.999))
+                self._leases = {b: v for b, v in self._leases.items() if b >= bucket - 1}
+                self._leases[bucket] = lease
+            return lease
+
+    async def append(self, entry: AuditEntry) -> bool:
+        t = entry.time or self._clock.now()
+        stored = replace(entry, time=t, id=new_entry_id(t))
+        key, value, bucket = self.key(stored.id), stored.to_json(), int(t // self._bucket_s)
+
+        async def attempt() -> None:
+            lease = await self._lease(bucket)
+            try:
+                # absent(key): a retry after a write whose answer was lost finds its own entry, never doubles it.
+                await self._store.txn([absent(key)], [Put(key, value, lease)])
+            except FailedPrecondition:  # the bucket's lease is gone (revoked, or etcd lost it): a new one next try
+                async with self._lease_lock:
+                    if self._leases.get(bucket) == lease:
+                        del self._leases[bucket]
+                raise
+
+        return await _with_retries(self.name, stored, attempt, (Unavailable, FailedPrecondition))
+
+    async def query(self, flt: AuditFilter, *, page_size: int = contract.DEFAULT_PAGE_SIZE,
+                    page_token: str = "") -> AuditPage:
+        """Matching entries, newest first, at most `page_size`; reads at most MAX_SCAN entries per call."""
+        if not 1 <= page_size <= contract.MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be 1-{contract.MAX_PAGE_SIZE} (got {page_size})")
+        start = self.key(decode_page_token(page_token)) if page_token else None
+        if flt.until is not None:
+            # Every id of a time after `until` sorts before this one (its random part at the maximum).
+            bound = self.key(_time_part(_us(flt.until) + 1) + _ALPHABET[-1] * 8)
+            start = max(start, bound) if start is not None else bound
+        out: list[AuditEntry] = []
+        scanned = 0
+        while True:
+            page = await self._store.range(self.prefix, start_after=start, limit=_CHUNK)
+            for kv in page.kvs:
+                scanned += 1
+                entry_id = kv.key[len(self.prefix):]
+                start = kv.key
+                if flt.since is not None and _is_entry_id(entry_id) and entry_id_time(entry_id) < flt.since:
+                    return AuditPage(out, "")
+                try:
+                    entry = AuditEntry.from_json(kv.value)
+                except (ValueError, KeyError, TypeError):
+                    log.warning("unreadable audit entry skipped", extra={"key": kv.key})
+                    continue
+                if flt.matches(entry):
+                    out.append(entry)
+                    if len(out) == page_size:
+                        return AuditPage(out, encode_page_token(entry_id))
+                if scanned >= MAX_SCAN:
+                    return AuditPage(out, encode_page_token(entry_id))
+            if not page.more:
+                return AuditPage(out, "")
+
+
+class AuditFile:
+    """JSON lines in `path`, one fsync per entry; at `max_bytes` the file becomes `<path>.1` (older ones
+    `.2` ... up to `backups`, the oldest dropped). Appends run on a worker thread, one at a time."""
+
+    name = "file"
+
+    def __init__(self, path: Path, *, max_bytes: int, backups: int, clock: Clock | None = None) -> None:
+        self.path = path
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._clock = clock or SystemClock()
+        self._lock = threading.Lock()
+
+    def _rotate(self) -> None:
+        if self._backups == 0:
+            self.path.unlink(missing_ok=True)
+            return
+        for n in range(self._backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{n}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def _write(self, line: bytes) -> None:
+        with self._lock:
+            try:
+                if self.path.stat().st_size + len(line) > self._max_bytes:
+                    self._rotate()
+            except FileNotFoundError:
+                pass
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    async def append(self, entry: AuditEntry) -> bool:
+        t = entry.time or self._clock.now()
+        stored = replace(entry, time=t, id=new_entry_id(t))
+        line = stored.to_json() + b"\n"
+
+        async def attempt() -> None:
+            await asyncio.to_thread(self._write, line)
+
+        return await _with_retries(self.name, stored, attempt, (OSError,))
+
+    def entries(self) -> list[AuditEntry]:
+        """Every entry of the current file and its rotated ones, oldest first (for tools and tests)."""
+        out: list[AuditEntry] = []
+        for n in range(self._backups, -1, -1):
+            path = self.path if n == 0 else self.path.with_name(f"{self.path.name}.{n}")
+            if path.exists():
+                out += [AuditEntry.from_json(line) for line in path.read_text().splitlines() if line.strip()]
+        return out
+
+
+def entry_to_dict(entry: AuditEntry) -> dict[str, Any]:
+    data = asdict(entry)
+    data["detail"] = dict(entry.detail)
+    return data

@@ -1,0 +1,141 @@
+"""The audit interceptor: one audit entry per call of a method in `authz.AUDITED`, written before the answer.
+
+Installed by `start_grpc_server` between the error-mapping interceptor and the authorization one, so it sees
+the refusals of the latter (PERMISSION_DENIED, UNAUTHENTICATED) as well as the servicer's domain errors,
+and records each with its status code. The principal is the caller's certificate's (`authz.current_principal`,
+or the peer certificate itself when authorization refused the call before naming it); `anonymous` on a
+plaintext server. The request id is the `x-request-id` metadata when the caller sent a valid one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from .. import errors
+from ..audit import (
+    ANONYMOUS,
+    REQUEST_ID_HEADER,
+    RESULT_OK,
+    AuditEntry,
+    AuditSink,
+    current_request_id,
+    record,
+    request_id_or_new,
+)
+from ..clock import Clock, SystemClock
+from ..security.authz import AUDITED, Audited, current_principal
+from ..security.tls import peer_principal
+from .errors import status_for
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _code_name(code: Any) -> str:
+    return code.name.lower() if isinstance(code, grpc.StatusCode) else "unknown"
+
+
+def outcome(exc: BaseException | None, context: Any) -> tuple[str, str]:
+    """(result, message) of a call that ended with `exc` (None: returned normally)."""
+    if exc is None:
+        code = context.code() if hasattr(context, "code") else None
+        if code is None or code == grpc.StatusCode.OK:
+            return RESULT_OK, ""
+        return _code_name(code), str(context.details() or "")
+    exc = _unwrap(exc)
+    if isinstance(exc, grpc.aio.AbortError):
+        return _code_name(context.code()), str(context.details() or "")
+    if isinstance(exc, errors.TrainyardError):
+        return _code_name(status_for(exc)), exc.message
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled", "the caller went away before the answer"
+    return "internal", "internal error; see the service log"
+
+
+def _safe(read: Callable[[], Any], default: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # an extractor must never break the call it describes
+        return default
+
+
+def _principal(context: Any) -> str:
+    principal = current_principal.get() or _safe(lambda: peer_principal(context), None)
+    return str(principal) if principal is not None else ANONYMOUS
+
+
+def _request_id(details: grpc.HandlerCallDetails) -> str:
+    for md in details.invocation_metadata or ():
+        if md.key == REQUEST_ID_HEADER:
+            return request_id_or_new(str(md.value))
+    return request_id_or_new(None)
+
+
+class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Records each call of an audited (unary) method in `sink` as `service`."""
+
+    def __init__(self, sink: AuditSink, service: str, table: Mapping[str, Audited] = AUDITED,
+                 clock: Clock | None = None) -> None:
+        self._sink = sink
+        self._service = service
+        self._table = table
+        self._clock = clock or SystemClock()
+
+    def entry(self, method: str, spec: Audited, request: Any, response: Any | None, context: Any,
+              exc: BaseException | None, request_id: str) -> AuditEntry:
+        result, message = outcome(exc, context)
+        return AuditEntry.make(
+            time=self._clock.now(), principal=_principal(context), service=self._service, action=method,
+            target=_safe(lambda: spec.target(request, response), ""), result=result, message=message,
+            request_id=request_id, team=_safe(lambda: spec.team(request) if spec.team else "", ""),
+            detail=_safe(lambda: spec.detail(request) if spec.detail else {}, {}))
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        spec = self._table.get(method)
+        if handler is None or spec is None or handler.unary_unary is None:
+            return handler
+        behavior = handler.unary_unary
+        request_id = _request_id(handler_call_details)
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            current_request_id.set(request_id)
+            response: Any | None = None
+            failure: BaseException | None = None
+            try:
+                response = await behavior(request, context)
+                return response
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                await record(self._sink, self.entry(method, spec, request, response, context, failure, request_id))
+
+        return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer, handler.response_serializer)
+
+
+class RequestIdClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds `x-request-id` (the request being served, `audit.current_request_id`) to outgoing unary calls, so
+    the callee's audit entry carries the caller's request id. Calls made outside a request pass untouched."""
+
+    async def intercept_unary_unary(self, continuation: Callable[..., Any], client_call_details: Any,
+                                    request: Any) -> Any:
+        request_id = current_request_id.get()
+        if request_id:
+            metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()))
+            metadata.add(REQUEST_ID_HEADER, request_id)
+            client_call_details = client_call_details._replace(metadata=metadata)
+        return await continuation(client_call_details, request)
