@@ -1,10 +1,10 @@
 """The gateway process: the FastAPI application (`create_app`) and its lifecycle (`GatewayApp`).
 
-`GatewayApp.start()` opens the etcd store, stores the bootstrap admin token (hashed) when one is
-configured, opens the channel pool to the scheduler and the agents, then serves HTTP with uvicorn inside
-the running event loop (on a socket bound here, so port 0 works and a busy port fails with a clear OSError)
-and the internal TokenService over grpc.aio. `stop()` undoes it in reverse order. Signals are the caller's
-business (trainyard_core.service.run), so uvicorn's own signal capture is turned off.
+`GatewayApp.start()` opens the etcd store, stores the bootstrap operator token (hashed) when one is
+configured (the local cluster's), opens the channel pool to the scheduler and the agents, then serves HTTP
+with uvicorn inside the running event loop (on a socket bound here, so port 0 works and a busy port fails
+with a clear OSError) and the internal TokenService over grpc.aio. `stop()` undoes it in reverse order.
+Signals are the caller's business (trainyard_core.service.run), so uvicorn's own signal capture is turned off.
 
 Transport: with the tls_* settings, the TokenService requires mTLS and the authorization table, and every
 channel (from one `Channels` pool) presents the gateway's certificate and accepts only the principal it
@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from trainyard.gateway.v1 import gateway_pb2_grpc
 from trainyard_core.clock import Clock
+from trainyard_core.contract import Role
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.security import identity
@@ -36,6 +37,7 @@ from trainyard_core.store.etcd import EtcdStore
 from . import http_errors, http_methods, openapi
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
+from .rate_limit import TokenBuckets
 from .routers import health, jobs, nodes, queues, quotas, tokens
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
@@ -48,10 +50,12 @@ SHUTDOWN_TIMEOUT_S = 10.0
 API_DESCRIPTION = """\
 Public API of Trainyard, the control plane of a GPU training cluster.
 
-Every route but `/healthz` needs `Authorization: Bearer <token>`. Non-admin tokens see and touch only
-their own team's jobs. Errors always answer `{"error": {"code": "...", "message": "..."}}`: 400 when the
-request breaks this schema, 409 `failed_precondition` when it is valid but the cluster cannot take it as it
-is. `OPTIONS` on any path answers 204 with `Allow`; a method a path does not have answers 405 with `Allow`.
+Every route but `/healthz` needs `Authorization: Bearer <token>`. A token has a role (viewer, member,
+admin of its team, or operator of the cluster), an expiry and optional scopes; tokens other than operators'
+see and touch only their own team's jobs, and each token is rate limited (429 with `Retry-After`).
+Errors always answer `{"error": {"code": "...", "message": "..."}}`: 400 when the request breaks this
+schema, 409 `failed_precondition` when it is valid but the cluster cannot take it as it is. `OPTIONS` on
+any path answers 204 with `Allow`; a method a path does not have answers 405 with `Allow`.
 """
 
 
@@ -125,12 +129,13 @@ class GatewayApp:
         s = self.settings
         if self._store is None:
             self._store = EtcdStore(s.etcd_endpoints)
-        token_store = TokenStore(self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock)
+        token_store = TokenStore(self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock,
+                                 default_ttl_s=s.token_default_ttl_s, max_ttl_s=s.token_max_ttl_s)
         if s.bootstrap_admin_token is not None:
             record = await token_store.ensure(s.bootstrap_admin_token.get_secret_value(), team="admin",
-                                              user="admin", admin=True,
-                                              description="bootstrap admin token (gateway setting)")
-            log.info("bootstrap admin token present", extra={"token_id": record.token_id})
+                                              user="admin", role=Role.OPERATOR,
+                                              description="bootstrap operator token (gateway setting)")
+            log.info("bootstrap operator token present", extra={"token_id": record.token_id})
         channels = self._channels = Channels(s.tls)
         target = s.scheduler_target
         self._agents = AgentClients(channels, timeout_s=s.request_timeout_s)
@@ -138,7 +143,8 @@ class GatewayApp:
                                     leader_channel=lambda address: channels.get(address, identity.SCHEDULER),
                                     replicas=s.scheduler_address.split(","))
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
-                           scheduler=scheduler)
+                           scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
+                                                                     clock=self._clock))
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)
