@@ -8,6 +8,10 @@ Every call notes the connection generation it started on, and a failure moves to
 no other call has moved since: when a member dies, all the calls in flight on it fail together, and each of
 them stepping on would skip the healthy members (with three endpoints, three failures land back on the dead
 one), costing the next call another failure, or a whole timeout where the member hangs.
+
+TLS and etcd's own auth come from `EtcdOptions` (etcd_client.py: a token etcd no longer knows is renewed
+and the call made once more; a refusal of the user's role is PermissionDenied, never a failover).
+`etcd_check.check_access` is the start-up check of a service's etcd settings.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aetcd
@@ -25,6 +29,17 @@ from aetcd import rpc
 
 from ..errors import FailedPrecondition, InvalidArgument, Unavailable
 from .api import Compare, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, prefix_end
+from .etcd_client import (
+    Client,
+    LoginRefused,
+    WatchRefused,
+    denied,
+    is_login_refused,
+    is_permission_denied,
+    is_stale_token,
+    watch_responses,
+)
+from .etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,10 +51,10 @@ _OPS = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.L
 
 
 def parse_endpoints(spec: str) -> list[tuple[str, int]]:
-    """'127.0.0.1:2379,127.0.0.2:2379' (an optional http:// is accepted) → [(host, port), ...]."""
+    """'127.0.0.1:2379,127.0.0.2:2379' (an optional http:// or https:// is accepted) → [(host, port), ...]."""
     out = []
     for raw in spec.split(","):
-        item = raw.strip().removeprefix("http://")
+        item = raw.strip().removeprefix("http://").removeprefix("https://")
         if not item:
             continue
         host, sep, port = item.rpartition(":")
@@ -64,39 +79,101 @@ _CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.C
                       aetcd.exceptions.InternalError, grpc.aio.AioRpcError, OSError, asyncio.TimeoutError)
 
 
+def _first_key(*groups: Sequence[Op | Compare]) -> str:
+    """The key a refused transaction is reported by (its first write's)."""
+    for group in groups:
+        if group:
+            return group[0].key
+    return "(empty transaction)"
+
+
 def _consume(task: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
 
 
+_RPC_ERRORS = (grpc.aio.AioRpcError, aetcd.exceptions.ClientError)
+
+
 class EtcdStore:
-    def __init__(self, endpoints: str | Sequence[tuple[str, int]], *, timeout: float = 5.0) -> None:
+    def __init__(self, endpoints: str | Sequence[tuple[str, int]], *, timeout: float = 5.0,
+                 options: EtcdOptions | None = None) -> None:
         self._endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        spec = endpoints if isinstance(endpoints, str) else ",".join(f"{h}:{p}" for h, p in self._endpoints)
+        self._options = options or EtcdOptions(endpoints=spec)
         self._current = 0
         self._timeout = timeout
-        self._client: aetcd.Client | None = None
+        self._client: Client | None = None
         self._generation = 0  # grows each time the store moves to another endpoint
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
         self._retired: set[aetcd.Client] = set()
+        self.logins = 0  # logins of every client this store made (tests read it)
+
+    @classmethod
+    def from_options(cls, options: EtcdOptions, *, timeout: float = 5.0) -> EtcdStore:
+        """The store for a service's etcd settings (`EtcdSettings.etcd_options()`)."""
+        return cls(options.endpoints, timeout=timeout, options=options)
+
+    @property
+    def options(self) -> EtcdOptions:
+        return self._options
 
     @property
     def endpoint(self) -> str:
         host, port = self._endpoints[self._current]
         return f"{host}:{port}"
 
-    async def _get_client(self) -> aetcd.Client:
+    async def _get_client(self) -> Client:
         if self._client is None:
             async with self._lock:
                 if self._client is None:
                     host, port = self._endpoints[self._current]
                     # Floats: int() made a 0.5 s deadline none at all, and 1.5 s one second.
-                    client = aetcd.Client(host=host, port=port, timeout=self._timeout,
-                                          connect_wait_timeout=self._timeout)
-                    await client.connect()
+                    client = Client(host, port, self._options, timeout=self._timeout)
+                    try:
+                        await client.connect()
+                    except grpc.aio.AioRpcError as exc:
+                        with contextlib.suppress(Exception):
+                            await client.close()
+                        if is_login_refused(exc):
+                            raise LoginRefused(f"etcd at {host}:{port} refused the login of etcd_user "
+                                               f"{self._options.user!r}: {exc.details()}") from exc
+                        raise
+                    self.logins += client.logins
                     self._client = client
         return self._client
+
+    async def _call(self, what: str, key: str, call: Callable[[Client], Awaitable[T]]) -> T:
+        """`call` on the current client. A token etcd no longer knows is renewed and the call made once more
+        (etcd refused it before applying anything); a refusal of the user's role is PermissionDenied."""
+        client = await self._get_client()
+        stale = client.metadata
+        try:
+            return await call(client)
+        except _RPC_ERRORS as exc:
+            if is_permission_denied(exc):
+                raise denied(what, key, self._options, exc) from exc
+            if not (client.uses_token and is_stale_token(exc)):
+                raise
+        before = client.logins
+        try:
+            await client.renew_token(stale)
+        except grpc.aio.AioRpcError as exc:
+            if is_login_refused(exc):
+                raise LoginRefused(f"etcd at {self.endpoint} refused the login of etcd_user "
+                                   f"{self._options.user!r}: {exc.details()}") from exc
+            raise
+        self.logins += client.logins - before
+        try:
+            return await call(client)
+        except _RPC_ERRORS as exc:
+            if is_permission_denied(exc):
+                raise denied(what, key, self._options, exc) from exc
+            if is_stale_token(exc):
+                raise Unavailable(f"etcd at {self.endpoint} refused a token it had just issued: {exc}") from exc
+            raise
 
     async def _fail(self, exc: BaseException, generation: int) -> Unavailable:
         """`exc` ended a call that started on connection `generation`: move to the next endpoint, unless
@@ -132,8 +209,8 @@ class EtcdStore:
         for _ in range(len(self._endpoints)):
             generation = self._generation
             try:
-                client = await self._get_client()
-                return await client.kvstub.Range(request, timeout=self._timeout, metadata=client.metadata)
+                return await self._call("a read", request.key.decode(errors="replace"), lambda client:
+                                        client.kvstub.Range(request, timeout=self._timeout, metadata=client.metadata))
             except _CONNECTION_ERRORS as exc:
                 last = await self._fail(exc, generation)
         assert last is not None
@@ -202,9 +279,8 @@ class EtcdStore:
     async def _delete_impl(self, key: str) -> bool:
         generation = self._generation
         try:
-            client = await self._get_client()
-            resp = await client.kvstub.DeleteRange(rpc.DeleteRangeRequest(key=key.encode()),
-                                                   timeout=self._timeout, metadata=client.metadata)
+            resp = await self._call("a delete", key, lambda client: client.kvstub.DeleteRange(
+                rpc.DeleteRangeRequest(key=key.encode()), timeout=self._timeout, metadata=client.metadata))
         except _CONNECTION_ERRORS as exc:
             raise await self._fail(exc, generation) from exc
         return bool(resp.deleted)
@@ -258,8 +334,8 @@ class EtcdStore:
         request = self._txn_request(compares, success, failure)
         generation = self._generation
         try:
-            client = await self._get_client()
-            resp = await client.kvstub.Txn(request, timeout=self._timeout, metadata=client.metadata)
+            resp = await self._call("a transaction", _first_key(success, failure, compares), lambda client:
+                                    client.kvstub.Txn(request, timeout=self._timeout, metadata=client.metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:  # e.g. "requested lease not found"
                 raise FailedPrecondition(f"etcd refused the transaction: {exc.details()}") from exc
@@ -272,20 +348,39 @@ class EtcdStore:
 
     async def watch(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
         generation = self._generation
+        key, end = prefix.encode(), prefix_end(prefix).encode(errors="surrogateescape")
+        renewed = False
+        while True:
+            try:
+                client = await self._get_client()
+                stale = client.metadata
+                stream = watch_responses(client, key, end, start_revision)
+                first = await asyncio.wait_for(anext(stream), self._timeout)
+                break
+            except WatchRefused as refused:
+                if client.uses_token and not renewed and is_stale_token(Unavailable(refused.reason)):
+                    await client.renew_token(stale)
+                    renewed = True
+                    continue
+                if "permission denied" in refused.reason.lower():
+                    raise denied("a watch", prefix, self._options, refused) from None
+                raise Unavailable(f"etcd refused the watch of {prefix}: {refused.reason}") from None
+            except _CONNECTION_ERRORS as exc:
+                raise await self._fail(exc, generation) from exc
         try:
-            client = await self._get_client()
-            watch = await client.watch_prefix(prefix.encode(), start_revision=start_revision or None)
-        except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
-        try:
-            async for event in watch:
-                kv = event.kv
-                if event.kind == "PUT":
-                    yield [WatchEvent("put", kv.key.decode(), kv.value, kv.mod_revision)]
-                else:
-                    yield [WatchEvent("delete", kv.key.decode(), b"", kv.mod_revision)]
-        except aetcd.exceptions.RevisionCompactedError as exc:
-            raise WatchCompacted(exc.compacted_revision) from exc
+            resp = first
+            while True:
+                if resp.compact_revision:
+                    raise WatchCompacted(resp.compact_revision)
+                if resp.canceled:
+                    raise Unavailable(f"etcd cancelled the watch of {prefix}: {resp.cancel_reason}")
+                if resp.events:
+                    yield [WatchEvent("put", ev.kv.key.decode(), ev.kv.value, ev.kv.mod_revision)
+                           if ev.type == rpc.Event.PUT else
+                           WatchEvent("delete", ev.kv.key.decode(), b"", ev.kv.mod_revision) for ev in resp.events]
+                resp = await anext(stream)
+        except StopAsyncIteration:
+            raise Unavailable(f"etcd ended the watch of {prefix}") from None
         except _CONNECTION_ERRORS as exc:
             raise await self._fail(exc, generation) from exc
         except asyncio.CancelledError:
@@ -297,15 +392,14 @@ class EtcdStore:
             raise Unavailable(f"etcd watch of {prefix} was interrupted by a reconnect to {self.endpoint}") from None
         finally:
             try:
-                await watch.cancel()
+                await stream.aclose()
             except Exception:  # the stream may already be gone
                 log.debug("watch cancel failed", exc_info=True)
 
     async def _grant_lease_impl(self, ttl_seconds: int) -> int:
         generation = self._generation
         try:
-            client = await self._get_client()
-            lease = await client.lease(ttl_seconds)
+            lease = await self._call("a lease grant", "(lease)", lambda client: client.lease(ttl_seconds))
         except _CONNECTION_ERRORS as exc:
             raise await self._fail(exc, generation) from exc
         return int(lease.id)
@@ -313,8 +407,7 @@ class EtcdStore:
     async def _keepalive_impl(self, lease_id: int) -> int:
         generation = self._generation
         try:
-            client = await self._get_client()
-            reply = await client.refresh_lease(lease_id)
+            reply = await self._call("a lease keepalive", "(lease)", lambda client: client.refresh_lease(lease_id))
         except _CONNECTION_ERRORS as exc:
             raise await self._fail(exc, generation) from exc
         return int(reply.TTL) if reply is not None else 0
@@ -322,8 +415,7 @@ class EtcdStore:
     async def _revoke_lease_impl(self, lease_id: int) -> None:
         generation = self._generation
         try:
-            client = await self._get_client()
-            await client.revoke_lease(lease_id)
+            await self._call("a lease revoke", "(lease)", lambda client: client.revoke_lease(lease_id))
         except aetcd.exceptions.ClientError as exc:
             if "not found" in str(exc).lower():
                 return

@@ -1,6 +1,10 @@
 """Start a real etcd (the Debian `etcd-server` package) on free loopback ports, data on tmpfs.
 
 Used by the test fixtures, the benchmarks and the local cluster. Short raft timers make elections fast.
+
+With `tls` (etcd's server certificate, e.g. `pki.ensure_etcd`), a member serves its clients over TLS only,
+requires a client certificate signed by the CA (`--client-cert-auth`), and advertises https URLs; peer
+traffic stays plaintext on loopback. `etcd_auth.enable_auth` then turns on etcd's users and roles.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..security.pki import CertFiles
 
 ETCD_MISSING = (
     "etcd is not installed. On Debian/Ubuntu run: sudo apt-get install -y etcd-server "
@@ -54,17 +61,25 @@ class EtcdProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
+    tls: CertFiles | None = None  # etcd's server certificate and the CA its clients' certificates chain to
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
 
+    def _tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key),
+                "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
+
     def start(self, initial_cluster: str | None = None, state: str = "new") -> None:
         cluster = initial_cluster or f"{self.name}=http://{self.host}:{self.peer_port}"
+        scheme = "https" if self.tls is not None else "http"
         args = [
             find_etcd(), "--name", self.name, "--data-dir", str(self.data_dir),
-            "--listen-client-urls", f"http://{self.host}:{self.client_port}",
-            "--advertise-client-urls", f"http://{self.host}:{self.client_port}",
+            "--listen-client-urls", f"{scheme}://{self.host}:{self.client_port}",
+            "--advertise-client-urls", f"{scheme}://{self.host}:{self.client_port}", *self._tls_args(),
             "--listen-peer-urls", f"http://{self.host}:{self.peer_port}",
             "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_port}",
             "--initial-cluster", cluster, "--initial-cluster-state", state,
@@ -97,17 +112,18 @@ class EtcdProcess:
             self.proc.wait()
 
 
-def start_single(workdir: Path | None = None, host: str = "127.0.0.1") -> EtcdProcess:
+def start_single(workdir: Path | None = None, host: str = "127.0.0.1", *, tls: CertFiles | None = None,
+                 extra_args: Sequence[str] = ()) -> EtcdProcess:
     """One etcd member on free ports; data directory on tmpfs unless `workdir` is given."""
     base = Path(tempfile.mkdtemp(prefix="trainyard-etcd-", dir=str(workdir) if workdir else _tmp_root()))
     member = EtcdProcess(name="default", host=host, client_port=free_port(host), peer_port=free_port(host),
-                         data_dir=base / "data", log_path=base / "etcd.log")
+                         data_dir=base / "data", log_path=base / "etcd.log", tls=tls, extra_args=list(extra_args))
     member.start()
     member.wait_ready()
     return member
 
 
-def start_cluster(size: int = 3, workdir: Path | None = None) -> list[EtcdProcess]:
+def start_cluster(size: int = 3, workdir: Path | None = None, *, tls: CertFiles | None = None) -> list[EtcdProcess]:
     """`size` etcd members forming one cluster, member i on 127.0.0.(i+1) (the whole 127/8 is loopback
     on Linux), each on free ports; data directories on tmpfs unless `workdir` is given. Returns once
     every member listens; the cluster has a leader shortly after (short raft timers)."""
@@ -117,7 +133,7 @@ def start_cluster(size: int = 3, workdir: Path | None = None) -> list[EtcdProces
         host = f"127.0.0.{i + 1}"
         members.append(EtcdProcess(name=f"m{i + 1}", host=host, client_port=free_port(host),
                                    peer_port=free_port(host), data_dir=base / f"m{i + 1}" / "data",
-                                   log_path=base / f"m{i + 1}.log"))
+                                   log_path=base / f"m{i + 1}.log", tls=tls))
     for m in members:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
     initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
