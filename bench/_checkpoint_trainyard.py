@@ -54,7 +54,7 @@ def _measure(state: dict[str, torch.Tensor], root: Path, address: str, config: C
     f: dict[str, float] = {}
     repeats = config.repeats
     settings = ClientSettings(store_address=address, job_id=new_id("job"), attempt=1,
-                              thread_count=config.threads)
+                              thread_count=config.threads, insecure_plaintext=True)
     step = 0
     with CheckpointClient(settings) as client:
         saves = []
@@ -96,7 +96,8 @@ def _gang(mode: str, world: int, job_id: str, address: str, config: Config) -> f
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
                "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_CHECKPOINT_STORE": address,
-               "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1", "OMP_NUM_THREADS": "1"}
+               "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1", "OMP_NUM_THREADS": "1",
+               "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT": "1"}
         procs.append(subprocess.Popen([sys.executable, "-m", "bench._ckpt_worker", mode, str(config.reshard_gib),
                                        str(config.tensors)], env=env, stdout=subprocess.PIPE, text=True))
     seconds = []

@@ -15,7 +15,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from ..audit import AuditSink
-from ..security.authz import AuthorizationInterceptor
+from ..security.authz import AuthorizationInterceptor, JobBinding
 from ..security.identity import Principal
 from ..security.pki import CertFiles
 from ..security.tls import ClientTls, server_credentials, target_name_option
@@ -67,13 +67,15 @@ async def start_grpc_server(
     service_names: Sequence[str],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     tls: CertFiles | None = None,
+    job_binding: JobBinding | None = None,
     audit: AuditSink | None = None,
     audit_service: str = "",
 ) -> GrpcServer:
     """Start a server with the error-mapping interceptor, health and reflection; port 0 picks a free one.
 
     `register` adds the service's servicers; `service_names` are their full names (for health and
-    reflection). With `tls`, the port requires mTLS (certificates reloaded when rotated) and every call is
+    reflection); `job_binding` checks the table's `as_job` rules (the checkpoint-store's). With `tls`, the
+    port requires mTLS (certificates reloaded when rotated) and every call is
     authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized. With `audit`,
     every mutating call (`authz.AUDITED`), refused ones included, is recorded there as `audit_service`.
     """
@@ -81,7 +83,7 @@ async def start_grpc_server(
     if audit is not None:
         chain.append(AuditInterceptor(audit, audit_service))
     if tls is not None:
-        chain.append(AuthorizationInterceptor())
+        chain.append(AuthorizationInterceptor(jobs=job_binding))
     server = grpc.aio.server(interceptors=[*chain, *interceptors], options=SERVER_OPTIONS)
     register(server)
     health = HealthServicer()

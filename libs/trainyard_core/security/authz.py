@@ -6,8 +6,11 @@ the table to every method of every service in proto/.
 
 Some rules bind the request to the caller: a node principal may register, heartbeat or report exits only
 for the node its certificate names (`as_node`: the request's node id, checked on every message of a
-stream). Team binding (the gateway's users, a tool's teams) is the callee's: the interceptor puts the
-principal in `current_principal` for the servicer.
+stream). Rules with `as_job` name the job a request acts on (its id, or a checkpoint id the callee resolves):
+the server's `JobBinding` decides on every message whether the caller may act on that job (the
+checkpoint-store's: a job credential only on its own job and attempt, the gateway and tools only on their
+team's jobs). Other team binding (the gateway's users, a tool's teams) is the callee's: the interceptor puts
+the principal in `current_principal` for the servicer.
 
 The refusals: a client without a certificate of this deployment's CA does not get past the TLS handshake
 (it sees UNAVAILABLE); UNAUTHENTICATED when its certificate names no trainyard:// principal (or on a
@@ -19,14 +22,33 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from ..errors import PermissionDenied, Unauthenticated
 from .identity import Kind, Principal
-from .tls import peer_principal
+from .tls import PeerIdentity, peer_identity
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """The job a request acts on: `job_id`, or `checkpoint_id` (the callee resolves it to its job). `attempt`:
+    the attempt the request says it speaks for (BeginCheckpoint). `same_attempt`: the call changes a
+    checkpoint, which must then be one its caller's attempt began (Commit, Abort)."""
+
+    job_id: str = ""
+    checkpoint_id: str = ""
+    attempt: int | None = None
+    same_attempt: bool = False
+
+
+class JobBinding(Protocol):
+    """A server's check of `as_job` rules: may `caller` act on the job `ref` names? Raises PermissionDenied,
+    NotFound (another team's job looks absent) or InvalidArgument (a malformed id or team header)."""
+
+    async def bind(self, caller: PeerIdentity, method: str, ref: JobRef, metadata: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +56,14 @@ class Rule:
     allow: frozenset[Kind]
     # For node principals: the node id a request speaks for; it must be the certificate's node.
     as_node: Callable[[Any], str] | None = None
+    # For calls on one job's data: the job the request names, checked by the server's JobBinding (for every
+    # caller; a server without one admits no job principal to such a rule).
+    as_job: Callable[[Any], JobRef] | None = None
 
 
-def rule(*kinds: Kind, as_node: Callable[[Any], str] | None = None) -> Rule:
-    return Rule(frozenset(kinds), as_node)
+def rule(*kinds: Kind, as_node: Callable[[Any], str] | None = None,
+         as_job: Callable[[Any], JobRef] | None = None) -> Rule:
+    return Rule(frozenset(kinds), as_node, as_job)
 
 
 def _methods(service: str, names: Iterable[str], r: Rule) -> dict[str, Rule]:
@@ -53,7 +79,19 @@ TOKENS = "trainyard.gateway.v1.TokenService"
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
 
+# Every principal that serves or operates; job credentials reach only the checkpoint-store's job methods.
 ANY: tuple[Kind, ...] = ("scheduler", "gateway", "checkpoint-store", "node", "tool")
+_CKPT_ADMIN: tuple[Kind, ...] = ("gateway", "scheduler", "tool")
+_CKPT_WORKER: tuple[Kind, ...] = (*_CKPT_ADMIN, "job")
+
+
+def _job_ref(request: Any) -> JobRef:
+    return JobRef(job_id=request.job_id)
+
+
+def _checkpoint_ref(request: Any) -> JobRef:
+    return JobRef(checkpoint_id=request.checkpoint_id)
+
 
 # The table. Read it as: method ← the principals that may call it.
 RULES: Mapping[str, Rule] = {
@@ -75,12 +113,21 @@ RULES: Mapping[str, Rule] = {
     **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob"), rule("gateway", "tool")),
     **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",
                         "DeleteQuota"), rule("gateway", "tool")),
-    # Checkpoints: the gateway (users), the scheduler (resume points), tools.
-    **_methods(CHECKPOINTS, ("BeginCheckpoint", "CommitCheckpoint", "AbortCheckpoint", "GetCheckpoint",
-                             "ListCheckpoints", "GetLatestCheckpoint", "DeleteCheckpoint", "ReportDamaged",
-                             "TagCheckpoint", "UntagCheckpoint", "SetRetention", "GetRetention",
-                             "AcquireRestoreLease", "RenewRestoreLease", "ReleaseRestoreLease", "RunGc"),
-                rule("gateway", "scheduler", "tool")),
+    # Checkpoints: a job's workers (its credential, for its own job and attempt only) call what the checkpoint
+    # client uses; the gateway (users) and tools act on their team's jobs (x-trainyard-team); the scheduler on
+    # any job. Bound by the checkpoint-store's JobBinding (trainyard_checkpoint/access.py).
+    f"/{CHECKPOINTS}/BeginCheckpoint": rule(*_CKPT_WORKER, as_job=lambda r: JobRef(job_id=r.job_id,
+                                                                                   attempt=r.attempt)),
+    **_methods(CHECKPOINTS, ("CommitCheckpoint", "AbortCheckpoint"),
+               rule(*_CKPT_WORKER, as_job=lambda r: JobRef(checkpoint_id=r.checkpoint_id, same_attempt=True))),
+    **_methods(CHECKPOINTS, ("GetCheckpoint", "ReportDamaged", "AcquireRestoreLease", "RenewRestoreLease",
+                             "ReleaseRestoreLease"), rule(*_CKPT_WORKER, as_job=_checkpoint_ref)),
+    **_methods(CHECKPOINTS, ("ListCheckpoints", "GetLatestCheckpoint"), rule(*_CKPT_WORKER, as_job=_job_ref)),
+    **_methods(CHECKPOINTS, ("DeleteCheckpoint", "TagCheckpoint", "UntagCheckpoint"),
+               rule(*_CKPT_ADMIN, as_job=_checkpoint_ref)),
+    **_methods(CHECKPOINTS, ("SetRetention", "GetRetention"), rule(*_CKPT_ADMIN, as_job=_job_ref)),
+    # A pass over every team's checkpoints: operators' tools and the scheduler, not one team's user.
+    f"/{CHECKPOINTS}/RunGc": rule("scheduler", "tool"),
     **_methods(TOKENS, ("CreateToken", "ListTokens", "RevokeToken"), rule("tool")),
     # Probes: any principal of this deployment.
     **_methods(HEALTH, ("Check", "Watch"), rule(*ANY)),
@@ -194,8 +241,9 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
     """Checks every call against `table` before the servicer sees it. Install it inside the error-mapping
     interceptor (which turns its refusals into status codes)."""
 
-    def __init__(self, table: Mapping[str, Rule] = RULES) -> None:
+    def __init__(self, table: Mapping[str, Rule] = RULES, jobs: JobBinding | None = None) -> None:
         self._table = table
+        self._jobs = jobs
 
     async def intercept_service(
         self,
@@ -207,46 +255,61 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
             return handler
         method = handler_call_details.method
         table = self._table
+        jobs = self._jobs
 
-        def admit(context: grpc.aio.ServicerContext) -> tuple[Principal, Rule]:
-            principal = peer_principal(context)
-            r = check(principal, method, table)
-            assert principal is not None
-            current_principal.set(principal)
-            return principal, r
+        def admit(context: grpc.aio.ServicerContext) -> tuple[PeerIdentity, Rule]:
+            caller = peer_identity(context)
+            r = check(None if caller is None else caller.principal, method, table)
+            assert caller is not None
+            current_principal.set(caller.principal)
+            return caller, r
 
-        def checked_requests(requests: AsyncIterator[Any], principal: Principal, r: Rule) -> AsyncIterator[Any]:
+        async def check_message(caller: PeerIdentity, r: Rule, request: Any,
+                                context: grpc.aio.ServicerContext) -> None:
+            check_node(caller.principal, method, r, request)
+            if r.as_job is None:
+                return
+            if jobs is None:
+                if caller.principal.kind == "job":
+                    raise PermissionDenied(f"{caller.principal} may not call {method}: this server does not bind "
+                                           "job credentials")
+                return
+            metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            await jobs.bind(caller, method, r.as_job(request), metadata)
+
+        def checked_requests(requests: AsyncIterator[Any], caller: PeerIdentity, r: Rule,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async def gen() -> AsyncIterator[Any]:
                 async for req in requests:
-                    check_node(principal, method, r, req)
+                    await check_message(caller, r, req, context)
                     yield req
             return gen()
 
         def unary_in(behavior: Behavior) -> Behavior:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                principal, r = admit(context)
-                check_node(principal, method, r, request)
+                caller, r = admit(context)
+                await check_message(caller, r, request, context)
                 return await behavior(request, context)
             return call
 
         def unary_in_stream_out(behavior: Behavior) -> Behavior:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                principal, r = admit(context)
-                check_node(principal, method, r, request)
+                caller, r = admit(context)
+                await check_message(caller, r, request, context)
                 async for item in behavior(request, context):
                     yield item
             return call
 
         def stream_in(behavior: Behavior) -> Behavior:
             async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-                principal, r = admit(context)
-                return await behavior(checked_requests(requests, principal, r), context)
+                caller, r = admit(context)
+                return await behavior(checked_requests(requests, caller, r, context), context)
             return call
 
         def stream_in_stream_out(behavior: Behavior) -> Behavior:
             async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                principal, r = admit(context)
-                async for item in behavior(checked_requests(requests, principal, r), context):
+                caller, r = admit(context)
+                async for item in behavior(checked_requests(requests, caller, r, context), context):
                     yield item
             return call
 

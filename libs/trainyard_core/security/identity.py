@@ -7,6 +7,8 @@ Every certificate Trainyard trusts names exactly one principal, `trainyard://<ki
     trainyard://checkpoint-store     the checkpoint-store replicas
     trainyard://node/<node_id>       the agent of one node
     trainyard://tool/<name>          an internal tool (its teams are bound in the callee's settings)
+    trainyard://job/<job_id>         the workers of one job attempt (a short-lived certificate the scheduler
+                                     mints at launch, signed by the job issuer: `job_credentials.py`)
 
 The form mirrors SPIFFE IDs (`spiffe://<trust domain>/<path>`): a site running SPIRE or cert-manager
 issues these URIs as the workloads' SVID/certificate SANs (docs/security.md).
@@ -17,15 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..contract import DNS_LABEL
+from ..contract import DNS_LABEL, ID, Name
 
 SCHEME = "trainyard://"
-Kind = Literal["scheduler", "gateway", "checkpoint-store", "node", "tool"]
+Kind = Literal["scheduler", "gateway", "checkpoint-store", "node", "tool", "job"]
 SINGLETONS: tuple[Kind, ...] = ("scheduler", "gateway", "checkpoint-store")
-NAMED: tuple[Kind, ...] = ("node", "tool")
+NAMED: tuple[Kind, ...] = ("node", "tool", "job")
 # A node's or tool's name is one DNS label (contract.DNS_LABEL), so each principal also has a DNS name in its
-# certificate, which is what a client verifies a server's certificate against.
+# certificate, which is what a client verifies a server's certificate against. A job's name is its job id
+# (contract.ID), which is not always a DNS label (an id may end with '-'); a job principal is only ever a
+# client, so it has no DNS name and its certificate carries none. The id's characters need no escaping in
+# a URI.
 DNS_SUFFIX = "trainyard.internal"
+NAME_RULES: dict[Kind, Name] = {"node": DNS_LABEL, "tool": DNS_LABEL, "job": ID}
+# Principals that only call, never serve.
+CLIENT_ONLY: tuple[Kind, ...] = ("job",)
 
 
 class InvalidPrincipal(ValueError):
@@ -40,8 +48,9 @@ class Principal:
     def __post_init__(self) -> None:
         if self.kind in SINGLETONS and self.name:
             raise InvalidPrincipal(f"{self.kind} principals have no name (got {self.name!r})")
-        if self.kind in NAMED and not DNS_LABEL.matches(self.name):
-            raise InvalidPrincipal(f"{self.kind} principal needs a name of {DNS_LABEL.rule} (got {self.name!r})")
+        rule = NAME_RULES.get(self.kind)
+        if rule is not None and not rule.matches(self.name):
+            raise InvalidPrincipal(f"{self.kind} principal needs a name of {rule.rule} (got {self.name!r})")
         if self.kind not in SINGLETONS + NAMED:
             raise InvalidPrincipal(f"unknown principal kind {self.kind!r}")
 
@@ -69,7 +78,7 @@ class Principal:
         if kind in NAMED and len(parts) == 2:
             return cls(kind, parts[1])
         raise InvalidPrincipal(f"{uri!r} names no principal: expected {SCHEME}<scheduler|gateway|"
-                               "checkpoint-store> or {SCHEME}<node|tool>/<name>")
+                               f"checkpoint-store> or {SCHEME}<node|tool|job>/<name>")
 
 
 def node(node_id: str) -> Principal:
@@ -78,6 +87,10 @@ def node(node_id: str) -> Principal:
 
 def tool(name: str) -> Principal:
     return Principal("tool", name)
+
+
+def job(job_id: str) -> Principal:
+    return Principal("job", job_id)
 
 
 SCHEDULER = Principal("scheduler")

@@ -12,7 +12,10 @@ and retires the old ones. A client verifies the server's certificate against the
 (`target_name`: the principal's DNS name), not against the address it dialled: addresses move, principals
 do not.
 
-Peers: `peer_principal(context)` reads the principal from the verified certificate of the caller.
+Peers: `peer_identity(context)` reads the principal from the verified certificate of the caller, and for a
+job principal the claims of its certificate (`job_credentials.JobGrant`). The issuer of the leaf decides
+what it may name: a certificate the job issuer signed names a job principal, and a job principal's
+certificate is one the job issuer signed; anything else is refused (UNAUTHENTICATED, saying why).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from ..errors import Unauthenticated
 from .identity import InvalidPrincipal, Principal
-from .pki import CertFiles, principal_of
+from .job_credentials import JobGrant, grant_of
+from .pki import CertFiles, is_job_issuer_name, principal_of
 
 log = logging.getLogger(__name__)
 
@@ -182,36 +187,79 @@ def target_name_option(expected: Principal) -> tuple[str, str]:
     return ("grpc.ssl_target_name_override", expected.dns_name)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerIdentity:
+    """Who called: the principal of its verified certificate, and for a job principal what it grants."""
+
+    principal: Principal
+    grant: JobGrant | None = None
+
+
+def identify(cert: x509.Certificate) -> PeerIdentity:
+    """The identity a verified peer certificate gives; InvalidPrincipal saying why it gives none."""
+    principal = principal_of(cert)
+    from_job_issuer = is_job_issuer_name(cert.issuer)
+    if principal.kind == "job":
+        if not from_job_issuer:
+            raise InvalidPrincipal(f"{principal}: a job's certificate must be signed by a job issuer, not by "
+                                   f"{cert.issuer.rfc4514_string()}")
+        return PeerIdentity(principal, grant_of(cert, principal))
+    if from_job_issuer:
+        raise InvalidPrincipal(f"{principal}: a job issuer signs job certificates only (this one names a "
+                               f"{principal.kind})")
+    return PeerIdentity(principal)
+
+
 # Parsing a certificate costs tens of microseconds; a peer's certificate is the same for every call on a
-# connection, so the principal is kept per certificate (bounded).
-_PEERS: OrderedDict[bytes, Principal | None] = OrderedDict()
+# connection, so the outcome is kept per certificate (bounded): an identity, a refusal (str), or None.
+_PEERS: OrderedDict[bytes, PeerIdentity | str | None] = OrderedDict()
 _PEERS_MAX = 4096
 _PEERS_LOCK = threading.Lock()
 
 
-def principal_of_peer_pem(pem: bytes) -> Principal | None:
+def identity_of_peer_pem(pem: bytes) -> PeerIdentity | None:
+    """None when the certificate names no principal; Unauthenticated when it names one it may not."""
     with _PEERS_LOCK:
-        if pem in _PEERS:
+        found = _PEERS.get(pem, ...)
+        if found is not ...:
             _PEERS.move_to_end(pem)
-            return _PEERS[pem]
-    try:
-        found: Principal | None = principal_of(x509.load_pem_x509_certificate(pem))
-    except (ValueError, InvalidPrincipal):
-        found = None
-    with _PEERS_LOCK:
-        _PEERS[pem] = found
-        if len(_PEERS) > _PEERS_MAX:
-            _PEERS.popitem(last=False)
+    if found is ...:
+        try:
+            found = identify(x509.load_pem_x509_certificate(pem))
+        except InvalidPrincipal as exc:
+            # A certificate naming no principal at all is "no identity"; one naming a principal its issuer
+            # may not vouch for (or with malformed job claims) is refused with the reason.
+            found = str(exc) if "must name exactly one" not in str(exc) else None
+        except ValueError:
+            found = None
+        with _PEERS_LOCK:
+            _PEERS[pem] = found
+            if len(_PEERS) > _PEERS_MAX:
+                _PEERS.popitem(last=False)
+    if isinstance(found, str):
+        raise Unauthenticated(f"client certificate refused: {found}")
     return found
 
 
-def peer_principal(context: Any) -> Principal | None:
-    """The principal of a call's peer, from its verified client certificate; None on a plaintext channel or
-    a certificate that names none."""
+def principal_of_peer_pem(pem: bytes) -> Principal | None:
+    found = identity_of_peer_pem(pem)
+    return None if found is None else found.principal
+
+
+def peer_identity(context: Any) -> PeerIdentity | None:
+    """The identity of a call's peer, from its verified client certificate; None on a plaintext channel or
+    a certificate that names no principal; Unauthenticated for a certificate that names one its issuer may
+    not vouch for."""
     pems = context.auth_context().get("x509_pem_cert")
     if not pems:
         return None
-    return principal_of_peer_pem(pems[0])
+    return identity_of_peer_pem(pems[0])
+
+
+def peer_principal(context: Any) -> Principal | None:
+    """The principal of a call's peer (see `peer_identity`)."""
+    found = peer_identity(context)
+    return None if found is None else found.principal
 
 
 def read_files(cert: str, key: str, ca: str) -> CertFiles:

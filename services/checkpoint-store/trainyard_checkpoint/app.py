@@ -18,6 +18,7 @@ from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 
+from .access import CheckpointAccess
 from .domain.gc import GcTiming
 from .gc import GarbageCollector
 from .grpc.servicer import SERVICE_NAME, CheckpointServicer
@@ -77,7 +78,8 @@ class CheckpointApp:
 
         try:
             self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
-                                                   service_names=[SERVICE_NAME], tls=s.tls)
+                                                   service_names=[SERVICE_NAME], tls=s.tls,
+                                                   job_binding=CheckpointAccess(repo))
         except BaseException:
             await self._close_store()
             raise

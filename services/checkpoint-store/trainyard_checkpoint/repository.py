@@ -11,7 +11,9 @@ Keys, under the service's `etcd_prefix` (see `domain/checkpoint.py` for who writ
 - `{prefix}/checkpoint-lease-guard/<job_id>` → rewritten by every lease acquisition (guards deletions);
 - `{prefix}/checkpoint-gc-lock` → the replica running a GC pass (bound to an etcd lease);
 - `{prefix}/checkpoint-attempts/<job_id>` → the highest attempt of the job that has begun a checkpoint
-  (the attempt fence: an older attempt's Begin and Commit are refused).
+  (the attempt fence: an older attempt's Begin and Commit are refused);
+- `{prefix}/checkpoint-teams/<job_id>` → the job's team, as its first job credential named it (written once;
+  the gateway and tools see only their team's jobs: `access.py`).
 
 Every write is a transaction guarded by mod revisions read before it; a lost race returns False and the
 caller re-reads and decides again. Nothing here holds a lock or waits on anything but the store.
@@ -187,6 +189,9 @@ class CheckpointRepository:
     def attempt_key(self, job_id: str) -> str:
         return f"{self._prefix}/checkpoint-attempts/{job_id}"
 
+    def team_key(self, job_id: str) -> str:
+        return f"{self._prefix}/checkpoint-teams/{job_id}"
+
     @property
     def gc_lock_key(self) -> str:
         return f"{self._prefix}/checkpoint-gc-lock"
@@ -217,6 +222,20 @@ class CheckpointRepository:
             return AttemptFence(int(kv.value), kv.mod_revision)
         except ValueError as e:
             raise Unavailable(f"unreadable attempt fence of job {job_id} in the metadata store: {e}") from e
+
+    async def job_team(self, job_id: str) -> str | None:
+        """The team recorded for the job's checkpoints; None when none is."""
+        kv = await self._store.get(self.team_key(job_id))
+        return None if kv is None else kv.value.decode(errors="replace")
+
+    async def record_team(self, job_id: str, team: str) -> str:
+        """Record the job's team unless one is recorded already; the team recorded afterwards."""
+        key = self.team_key(job_id)
+        result = await self._store.txn([absent(key)], [Put(key, team.encode())])
+        if result.succeeded:
+            return team
+        recorded = await self.job_team(job_id)
+        return team if recorded is None else recorded
 
     async def latest_pointer(self, job_id: str) -> LatestPointer:
         kv = await self._store.get(self.latest_key(job_id))

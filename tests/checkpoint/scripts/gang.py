@@ -34,7 +34,10 @@ def job_env(store_address: str, job_id: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
     env.update({"TRAINYARD_CHECKPOINT_STORE": store_address, "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "0",
                 "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1",
+                # The store of these tests serves plaintext (tests/checkpoint/test_job_credentials.py runs the
+                # client with a job credential against an mTLS one).
+                "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT": "1"})
     env.update(extra)
     return env
 

@@ -68,7 +68,7 @@ def serve(sock: socket.socket) -> None:
 
     def service_client() -> ServiceClient:
         if not service:
-            service.append(ServiceClient(settings.store_address, timeout_s=settings.rpc_timeout_s))
+            service.append(ServiceClient.for_settings(settings))
         return service[0]
 
     materializer = Materializer()

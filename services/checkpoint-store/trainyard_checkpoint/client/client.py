@@ -57,7 +57,7 @@ class CheckpointClient:
 
     def service(self) -> ServiceClient:
         if self._service is None:
-            self._service = ServiceClient(self.settings.store_address, timeout_s=self.settings.rpc_timeout_s)
+            self._service = ServiceClient.for_settings(self.settings)
         return self._service
 
     def _kill_points(self, rank: int) -> KillPoints:

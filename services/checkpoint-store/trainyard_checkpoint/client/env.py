@@ -3,6 +3,9 @@
 | variable | meaning |
 |---|---|
 | `TRAINYARD_CHECKPOINT_STORE` | host:port of the checkpoint-store (required) |
+| `TRAINYARD_CHECKPOINT_CERT`, `..._KEY` | the job's worker credential: certificate chain and key (PEM) |
+| `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (PEM, or a file's path) |
+| `TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT` | `1`: a store that serves plaintext, no credential |
 | `TRAINYARD_JOB_ID` | the job the checkpoints belong to (required) |
 | `TRAINYARD_ATTEMPT` | the job's restart count (default 0) |
 | `TRAINYARD_CHECKPOINT_THREADS` | writer threads (files) per rank (default 2) |
@@ -20,10 +23,74 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from trainyard_core.security.job_credentials import CA_ENV, CERT_ENV, KEY_ENV, PLAINTEXT_ENV
 
 from ..checksum import CHUNK_BYTES
 from .errors import ConfigError
 from .faults import KillSpec, parse_kill_at
+
+_TRUE = ("1", "true", "yes")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTls:
+    """The job's credential for mTLS to the checkpoint-store (PEM). Never logged: repr shows none of it."""
+
+    cert_chain: bytes = field(repr=False)
+    key: bytes = field(repr=False)
+    ca: bytes = field(repr=False)
+
+    @classmethod
+    def parse(cls, cert: str, key: str, ca: str) -> WorkerTls:
+        """Check the three values (ConfigError naming the variable, never its value). `ca` may be PEM or the
+        path of a PEM file."""
+        if not ca.lstrip().startswith("-----BEGIN"):
+            try:
+                ca = Path(ca).read_text()
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{CA_ENV} is neither PEM nor a readable file: {exc}") from None
+        try:
+            leaf = x509.load_pem_x509_certificates(cert.encode())[0]
+        except ValueError:
+            raise ConfigError(f"{CERT_ENV} does not hold a PEM certificate") from None
+        try:
+            private = serialization.load_pem_private_key(key.encode(), password=None)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{KEY_ENV} does not hold an unencrypted PEM private key") from None
+        spki = serialization.PublicFormat.SubjectPublicKeyInfo
+        if private.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+                leaf.public_key().public_bytes(serialization.Encoding.DER, spki):
+            raise ConfigError(f"{KEY_ENV} is not the key of the certificate in {CERT_ENV}")
+        try:
+            x509.load_pem_x509_certificates(ca.encode())
+        except ValueError:
+            raise ConfigError(f"{CA_ENV} does not hold a PEM certificate") from None
+        return cls(cert.encode(), key.encode(), ca.encode())
+
+
+def transport_from_env(env: Mapping[str, str]) -> tuple[WorkerTls | None, bool]:
+    """(credential, insecure_plaintext) from the worker environment: the credential, or plaintext said out
+    loud; ConfigError otherwise."""
+    given = {name: env.get(name, "").strip() for name in (CERT_ENV, KEY_ENV, CA_ENV)}
+    present = [n for n, v in given.items() if v]
+    plaintext = env.get(PLAINTEXT_ENV, "").strip().lower() in _TRUE
+    if present and plaintext:
+        raise ConfigError(f"{PLAINTEXT_ENV} and a credential ({', '.join(present)}) exclude each other")
+    if present and len(present) < 3:
+        raise ConfigError(f"{', '.join(n for n in given if n not in present)} not set: a checkpoint-store "
+                          f"credential is {CERT_ENV}, {KEY_ENV} and {CA_ENV} together")
+    if present:
+        return WorkerTls.parse(given[CERT_ENV], given[KEY_ENV], given[CA_ENV]), False
+    if plaintext:
+        return None, True
+    raise ConfigError(f"no checkpoint-store credential: {CERT_ENV}, {KEY_ENV} and {CA_ENV} are not set (the "
+                      "scheduler sets them when it has a job issuer: its job_issuer_cert_file and "
+                      f"job_issuer_key_file settings); {PLAINTEXT_ENV}=1 reaches a store that serves plaintext")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +115,16 @@ class ClientSettings:
     retention: Retention | None = None
     code_version: str = ""
     kill: KillSpec | None = field(default=None)
+    # mTLS with the job's credential, or plaintext when said explicitly; exactly one.
+    tls: WorkerTls | None = None
+    insecure_plaintext: bool = False
 
     def __post_init__(self) -> None:
         if ":" not in self.store_address:
             raise ConfigError(f"checkpoint store address {self.store_address!r} must be host:port")
+        if (self.tls is None) != self.insecure_plaintext:
+            raise ConfigError("the checkpoint client needs a credential (tls) or insecure_plaintext=True, not "
+                              "both and not neither")
         if not self.job_id:
             raise ConfigError("job_id is required")
         if self.thread_count < 1:
@@ -82,9 +155,11 @@ class ClientSettings:
         keep_last = integer("TRAINYARD_CHECKPOINT_KEEP_LAST", 0)
         keep_every = integer("TRAINYARD_CHECKPOINT_KEEP_EVERY_STEPS", 0)
         timeout = float(integer("TRAINYARD_CHECKPOINT_TIMEOUT_S", 600))
+        store_address, job_id = required("TRAINYARD_CHECKPOINT_STORE"), required("TRAINYARD_JOB_ID")
+        tls, plaintext = transport_from_env(env)
         return cls(
-            store_address=required("TRAINYARD_CHECKPOINT_STORE"),
-            job_id=required("TRAINYARD_JOB_ID"),
+            store_address=store_address,
+            job_id=job_id,
             attempt=integer("TRAINYARD_ATTEMPT", 0),
             thread_count=integer("TRAINYARD_CHECKPOINT_THREADS", 2),
             chunk_bytes=integer("TRAINYARD_CHECKPOINT_CHUNK_BYTES", CHUNK_BYTES),
@@ -93,4 +168,6 @@ class ClientSettings:
             retention=Retention(keep_last, keep_every) if keep_last or keep_every else None,
             code_version=env.get("TRAINYARD_CODE_VERSION", ""),
             kill=parse_kill_at(env.get("TRAINYARD_TEST_KILL_AT", ""), env.get("TRAINYARD_TEST_KILL_TRACE", "")),
+            tls=tls,
+            insecure_plaintext=plaintext,
         )

@@ -19,9 +19,11 @@ import grpc
 from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
 from trainyard_core.rpc.server import CHANNEL_OPTIONS
+from trainyard_core.security import identity
+from trainyard_core.security.tls import target_name_option
 
-from .env import Retention
-from .errors import CheckpointError
+from .env import ClientSettings, Retention, WorkerTls
+from .errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,15 +75,37 @@ def _info(msg: pb.Checkpoint) -> CheckpointInfo:
         total_bytes=msg.total_bytes, manifest_path=msg.manifest_path)
 
 
-class ServiceClient:
-    """Thread-safe (a gRPC channel is). `close()` releases the channel."""
+def open_channel(address: str, tls: WorkerTls | None, insecure_plaintext: bool) -> grpc.Channel:
+    """mTLS with the job's credential, accepting only a server whose certificate names
+    `trainyard://checkpoint-store` (whatever address it was reached at); plaintext only when asked for."""
+    if tls is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key,
+                                             certificate_chain=tls.cert_chain)
+        return grpc.secure_channel(address, creds,
+                                   options=[*CHANNEL_OPTIONS, target_name_option(identity.CHECKPOINT_STORE)])
+    if not insecure_plaintext:
+        raise ConfigError("the checkpoint client needs a credential or insecure_plaintext")
+    log.warning("checkpoint-store at %s reached over plaintext, without a credential (insecure_plaintext)",
+                address)
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
-    def __init__(self, address: str, *, timeout_s: float = 60.0, retry_for_s: float = 30.0) -> None:
+
+class ServiceClient:
+    """Thread-safe (a gRPC channel is). `close()` releases the channel. `tls`: the job's credential; without
+    one, `insecure_plaintext=True` must say so."""
+
+    def __init__(self, address: str, *, tls: WorkerTls | None = None, insecure_plaintext: bool = False,
+                 timeout_s: float = 60.0, retry_for_s: float = 30.0) -> None:
         self.address = address
         self._timeout_s = timeout_s
         self._retry_for_s = retry_for_s
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(address, tls, insecure_plaintext)
         self._stub = pb_grpc.CheckpointServiceStub(self._channel)
+
+    @classmethod
+    def for_settings(cls, settings: ClientSettings) -> ServiceClient:
+        return cls(settings.store_address, tls=settings.tls, insecure_plaintext=settings.insecure_plaintext,
+                   timeout_s=settings.rpc_timeout_s)
 
     def close(self) -> None:
         self._channel.close()
