@@ -136,7 +136,7 @@ def run(config: Config = Config()) -> dict[str, float]:
             agent = _proc(work, "agent", "trainyard_agent.main", "TRAINYARD_AGENT_", {
                 "node_id": NODE, "gpu_profile": "h100x8", "scheduler_address": f"127.0.0.1:{port}",
                 "listen_port": "0", "state_dir": str(work / "agent-state"), "heartbeat_interval_s": "1",
-                **tls(identity.node(NODE))})
+                "single_tenant": "true", **tls(identity.node(NODE))})
             procs = [scheduler, agent]
             scheduler.start()
             scheduler.wait_ready()

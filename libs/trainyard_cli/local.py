@@ -263,6 +263,9 @@ class LocalCluster:
             "listen_port": "0", "state_dir": str(self.workdir / "agents" / node_id),
             "worker_env": "GLOO_SOCKET_IFNAME=lo", "stop_grace_s": str(self.stop_grace_s),
             "kill_workers_on_stop": "true", "labels": "rack=local,switch=leaf-1,spine=spine-1",
+            # One person's development cluster: every team's workers run as that person, the agent's user
+            # (separating teams needs root and a run_as mapping; docs/security.md, Tenants on the hosts).
+            "single_tenant": "true",
             **self._tls(identity.node(node_id))})
         # Workers find `python` (with torch) in the environment Trainyard runs from, as on a real host
         # whose image carries the training environment.

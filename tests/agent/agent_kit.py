@@ -98,7 +98,9 @@ def agent_settings(state_dir: Path, scheduler_address: str, **overrides: object)
     values: dict[str, object] = dict(
         node_id="node-a", scheduler_address=scheduler_address, gpu_profile="h100x8", state_dir=str(state_dir),
         heartbeat_interval_s=0.2, stop_grace_s=2.0, labels={"rack": "r1", "switch": "s2"},
-        worker_env={"GLOO_SOCKET_IFNAME": "lo"}, reconnect_initial_s=0.05, reconnect_max_s=0.3)
+        worker_env={"GLOO_SOCKET_IFNAME": "lo"}, reconnect_initial_s=0.05, reconnect_max_s=0.3,
+        # Tenancy has its own tests (test_tenancy.py); everything else runs as the test's own user.
+        single_tenant=True)
     values.update(overrides)
     return AgentSettings.model_validate(values)
 

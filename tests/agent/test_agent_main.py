@@ -39,7 +39,7 @@ SKEWED_AGENT = textwrap.dedent("""
 async def test_without_nvml_the_agent_explains_how_to_simulate(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         PY, "-m", "trainyard_agent.main", "--state-dir", str(tmp_path), "--log-format", "text", "--insecure-plaintext",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        "--single-tenant", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 1
     text = err.decode()
@@ -54,7 +54,7 @@ async def test_a_refused_registration_ends_the_process_with_code_3(tmp_path: Pat
     script.write_text(SKEWED_AGENT)
     proc = await asyncio.create_subprocess_exec(
         PY, str(script), "--gpu-profile", "cpu", "--node-id", "Node-Main", "--insecure-plaintext",
-        "--state-dir", str(tmp_path / "state"), "--scheduler-address", scheduler.address, "--log-format", "text",
+        "--single-tenant", "--state-dir", str(tmp_path / "state"), "--scheduler-address", scheduler.address, "--log-format", "text",
         stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 3
@@ -65,7 +65,7 @@ async def test_serves_until_sigterm_and_kills_workers_when_told(tmp_path: Path, 
     ready = tmp_path / "ready.json"
     proc = await asyncio.create_subprocess_exec(
         PY, "-m", "trainyard_agent.main", "--gpu-profile", "a100x4", "--node-id", "node-main", "--insecure-plaintext",
-        "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready), "--kill-workers-on-stop",
+        "--single-tenant", "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready), "--kill-workers-on-stop",
         "--scheduler-address", scheduler.address, "--stop-grace-s", "2", "--heartbeat-interval-s", "0.2",
         stderr=asyncio.subprocess.DEVNULL)
     try:

@@ -51,7 +51,7 @@ async def test_workers_get_their_environment_and_logs_keep_the_stream(
                        "SITE_DEFAULT": "1", "OVERRIDDEN": "job", "PYTHONUNBUFFERED": "1",
                        "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TRAINYARD_NODE_ID": "node-a"}
         cwd = json.loads(out[1].text)["cwd"]
-        assert cwd == str(supervisor.jobs_root / "job-env" / "work")
+        assert cwd == str(supervisor.workdir_root / "job-env")
         assert [(ln.stream, ln.text, ln.attempt) for ln in lines if ln.rank == rank and ln.stream == "stderr"] \
             == [("stderr", "to stderr", 1)]
     assert (supervisor.jobs_root / "job-env" / "attempt-1" / "rank-1.log").exists()

@@ -36,7 +36,7 @@ async def cluster(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> AsyncI
     for node_id in ("node-a", "node-b"):
         agent = AgentApp(AgentSettings(node_id=node_id, gpu_profile="a100x4",
                                        scheduler_address=f"127.0.0.1:{sched.grpc_port}",
-                                       state_dir=str(tmp_path / node_id), stop_grace_s=1.0))
+                                       state_dir=str(tmp_path / node_id), stop_grace_s=1.0, single_tenant=True))
         await agent.start()
         agents.append(agent)
     try:

@@ -50,7 +50,7 @@ async def start_agents(leader: SchedulerApp, tmp_path: Path, count: int) -> list
         app = AgentApp(AgentSettings(node_id=f"node-{i}", gpu_profile="a100x4",
                                      scheduler_address=f"127.0.0.1:{leader.grpc_port}",
                                      state_dir=str(tmp_path / f"agent-{i}"), heartbeat_interval_s=0.2,
-                                     stop_grace_s=1.0, labels={"switch": "leaf-1"}))
+                                     stop_grace_s=1.0, labels={"switch": "leaf-1"}, single_tenant=True))
         await app.start()
         agents.append(app)
 
@@ -203,7 +203,7 @@ async def test_leader_sigkilled_while_placing_standby_finishes_without_double_pl
     log_dir.mkdir()
     agent = AgentApp(AgentSettings(node_id="node-0", gpu_profile="a100x4", state_dir=str(tmp_path / "agent"),
                                    scheduler_address=",".join(f"127.0.0.1:{p}" for p in ports), stop_grace_s=1.0,
-                                   reconnect_initial_s=0.05, reconnect_max_s=0.3))
+                                   reconnect_initial_s=0.05, reconnect_max_s=0.3, single_tenant=True))
     # Each worker records which GPU it held and when; overlaps would mean a GPU in two gangs.
     code = ("import os, time, json, sys\n"
             "t0 = time.time(); time.sleep(0.3)\n"

@@ -48,7 +48,8 @@ async def _true(value: bool) -> bool:
 @pytest.fixture
 async def agent(leader: SchedulerApp, tmp_path: Path) -> AsyncIterator[AgentApp]:
     settings = AgentSettings(node_id="node-a", gpu_profile="a100x4", scheduler_address=f"127.0.0.1:{leader.grpc_port}",
-                             state_dir=str(tmp_path / "agent"), heartbeat_interval_s=0.2, stop_grace_s=1.0)
+                             state_dir=str(tmp_path / "agent"), heartbeat_interval_s=0.2, stop_grace_s=1.0,
+                             single_tenant=True)
     app = AgentApp(settings)
     await app.start()
     yield app
@@ -275,7 +276,8 @@ async def test_agent_follows_the_leader_across_a_failover(etcd_endpoint: str, ke
     await second.start()
     agent = AgentApp(AgentSettings(node_id="node-a", gpu_profile="a100x4", state_dir=str(tmp_path / "agent"),
                                    scheduler_address=f"127.0.0.1:{second.grpc_port},127.0.0.1:{first.grpc_port}",
-                                   stop_grace_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.3))
+                                   stop_grace_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.3,
+                                   single_tenant=True))
     await agent.start()
     try:
         await eventually(lambda: _true(agent.reporter is not None and agent.reporter.connected),

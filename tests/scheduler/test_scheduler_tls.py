@@ -44,7 +44,8 @@ def sched_settings(endpoint: str, prefix: str, files: CertFiles) -> SchedulerSet
 def agent_settings(tmp_path: Path, node_id: str, scheduler_address: str, files: CertFiles) -> AgentSettings:
     return AgentSettings.model_validate(dict(
         node_id=node_id, gpu_profile="a100x4", scheduler_address=scheduler_address,
-        state_dir=str(tmp_path / f"agent-{node_id}"), heartbeat_interval_s=0.2, stop_grace_s=1.0, **files.settings()))
+        state_dir=str(tmp_path / f"agent-{node_id}"), heartbeat_interval_s=0.2, stop_grace_s=1.0, single_tenant=True,
+        **files.settings()))
 
 
 @pytest.fixture

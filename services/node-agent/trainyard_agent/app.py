@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 
 import grpc.aio
 
@@ -36,6 +37,7 @@ from .nvml.fake import FakeNvml
 from .report import Backoff, ChannelFactory, ExitReporter, NodeView, Reporter
 from .settings import AgentSettings, state_path
 from .workers.fence import LeaderFence
+from .tenancy import Tenancy
 from .workers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,14 @@ class AgentApp:
         self.policy = load_policy(s.health_policy_file)  # checked with the settings already
         state_dir = state_path(s)
         module = self._open_nvml()
+        # First: an agent that cannot keep teams apart as configured starts nothing (TenancyError).
+        tenancy = Tenancy.decide(s.run_as, single_tenant=s.single_tenant, euid=os.geteuid())
+        if tenancy.single_tenant:
+            log.warning("single_tenant: every worker runs as the agent's own user, where jobs of different teams "
+                        "can read each other's files, logs and environment", extra={"uid": os.geteuid()})
+        else:
+            log.info("workers run as their team's Unix identity",
+                     extra={"run_as": {team: str(i) for team, i in tenancy.identities.items()}})
         assert self.adapter is not None
         self.adapter.open()  # raises NvmlUnavailable with what to do about it
         # Topology reads every GPU pair through the driver: seconds on a big host, so off the event loop.
@@ -155,6 +165,7 @@ class AgentApp:
             # NUMA-aware binding: each GPU's CPUs as the topology reports them.
             gpu_cpus={g.index: g.cpu_affinity for g in self.inventory.accelerators if g.cpu_affinity})
         self.exit_reporter.on_done = self.supervisor.mark_reported
+            tenancy=tenancy, workdir_root=Path(s.workdir_root),
         await self.supervisor.recover()
 
         servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)

@@ -9,7 +9,10 @@ scheduler's host), `worker_address` from `advertise_host`, `state_dir` under
 
 Files named by settings are read and validated here, so a mistake in them stops the agent at start-up
 with exit code 2 and a message naming the file and the entry: `topology_file` (its labels for this node
-are merged under `labels`), `health_policy_file` (checked here, loaded by the app).
+are merged under `labels`), `health_policy_file` (checked here, loaded by the app), `run_as_file` (its
+teams are merged under `run_as`, whose own entries win). Whether the agent can keep the teams apart as
+`run_as` and `single_tenant` say is decided at start (`tenancy.Tenancy.decide`): it needs root, and one
+of the two.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from trainyard_core.settings import BaseSettings
 from .health.policy import PolicyError, load_policy
 from .nvml.profiles import PROFILES
 from .site_topology import LABEL_KEY_RE, labels_for
+from .tenancy import check_run_as, read_run_as_file
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
@@ -98,6 +102,18 @@ class AgentSettings(BaseSettings):
     reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
     reconnect_max_s: float = Field(2.0, gt=0, le=600, description="Longest retry delay towards the scheduler "
                                    "(keep it under the scheduler's leader_grace_s)")
+    run_as: dict[str, str] = Field(default_factory=dict,
+                                   description="The Unix identity each team's workers run as, e.g. "
+                                               "ml=2001:2001,research=alice:research (uid:gid, user:group or a "
+                                               "user name; ids from 1000 up, one uid per team). Needs root")
+    run_as_file: str = Field("", description="Site file of the same mapping, one 'team uid:gid' per line, '#' "
+                                             "comments; run_as entries win")
+    single_tenant: bool = Field(False, description="Run every worker as the agent's own user (one team per host, "
+                                                   "or a development cluster); without it, or run_as, the agent "
+                                                   "does not start")
+    workdir_root: str = Field("", description="Where each job's working directory is made, <workdir_root>/<job_id> "
+                                              "(default <state_dir>/work); with run_as, every directory above it "
+                                              "must be passable by others (o+x)")
 
     @model_validator(mode="before")
     @classmethod
@@ -120,6 +136,11 @@ class AgentSettings(BaseSettings):
         topology = data.get("topology_file")
         if topology and isinstance(data["node_id"], str) and is_valid_id(data["node_id"]):
             # The file's labels first, so labels given in the settings themselves win.
+        if not data.get("workdir_root") and isinstance(data.get("state_dir"), str):
+            data["workdir_root"] = str(Path(data["state_dir"]).expanduser() / "work")
+        run_as_file = data.get("run_as_file")
+        if run_as_file and isinstance(run_as_file, str):
+            data["run_as"] = {**read_run_as_file(run_as_file), **dict(data.get("run_as") or {})}
             data["labels"] = {**labels_for(str(topology), data["node_id"]), **dict(data.get("labels") or {})}
         return data
 
@@ -183,6 +204,20 @@ class AgentSettings(BaseSettings):
     @field_validator("state_dir")
     @classmethod
     def _check_state_dir(cls, v: str) -> str:
+    @field_validator("run_as")
+    @classmethod
+    def _check_run_as(cls, v: dict[str, str]) -> dict[str, str]:
+        check_run_as(v)  # names are looked up here: a user missing on this host stops the agent at start
+        return v
+
+    @field_validator("workdir_root")
+    @classmethod
+    def _check_workdir_root(cls, v: str) -> str:
+        path = Path(v).expanduser().absolute()
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{v} exists and is not a directory")
+        return str(path)
+
         path = Path(v).expanduser()
         if path.exists() and not path.is_dir():
             raise ValueError(f"{v} exists and is not a directory")
@@ -198,6 +233,12 @@ class AgentSettings(BaseSettings):
     @model_validator(mode="after")
     def _check_tls_name(self) -> AgentSettings:
         if self.tls is not None:
+    @model_validator(mode="after")
+    def _check_tenancy(self) -> AgentSettings:
+        if self.single_tenant and self.run_as:
+            raise ValueError("single_tenant=true and run_as (or run_as_file) exclude each other: set one or the other")
+        return self
+
             try:
                 identity.node(self.node_id)
             except InvalidPrincipal as exc:

@@ -28,6 +28,8 @@ class NodeLaunch:
     env: dict[str, str]
     working_dir: str
     workers: tuple[WorkerPlan, ...]
+    # The job's team: the agent runs its workers as the Unix identity it maps the team to.
+    team: str = ""
 
 
 def checkpoint_env(job: Job, store_address: str) -> dict[str, str]:
@@ -72,5 +74,5 @@ def node_launches(job: Job, alloc: Allocation, checkpoint_store: str = "") -> li
             workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=()) for i, r in enumerate(a.ranks))
         out.append(NodeLaunch(node_id=a.node_id, job_id=job.id, attempt=alloc.attempt,
                               command=job.spec.command, env=env, working_dir=job.spec.working_dir,
-                              workers=workers))
+                              workers=workers, team=job.team))
     return out

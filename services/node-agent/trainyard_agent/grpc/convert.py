@@ -96,7 +96,7 @@ def exit_report(node_id: str, exit: WorkerExit) -> scheduler_pb2.ReportWorkerExi
 def launch_from_pb(req: agent_pb2.LaunchWorkersRequest) -> LaunchRequest:
     return LaunchRequest(
         job_id=req.job_id, attempt=req.attempt, command=tuple(req.command), env=dict(req.env),
-        working_dir=req.working_dir, leader_epoch=req.leader_epoch,
+        working_dir=req.working_dir, leader_epoch=req.leader_epoch, team=req.team,
         workers=tuple(WorkerSpec(rank=w.rank, local_rank=w.local_rank, gpu_indices=tuple(w.gpu_indices))
                       for w in req.workers))
 

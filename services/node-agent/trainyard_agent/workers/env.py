@@ -1,6 +1,8 @@
 """The environment of one worker process, layered from lowest to highest priority:
 
-1. the agent's own environment (PATH, HOME, ... of the host);
+1. the agent's own environment (PATH, HOME, ... of the host); for a worker that runs as its team's own
+   Unix user (`tenancy.py`), without what names the agent's user (HOME, USER, LOGNAME, MAIL, XDG_*_DIR)
+   and with HOME set to the job's working directory (a worker's tools write ~/.cache and the like);
 2. the agent's defaults for workers: PYTHONUNBUFFERED=1 (so logs stream instead of arriving at exit) and
    CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA numbers GPUs as NVML does; CUDA's default puts the fastest
    first, and CUDA_VISIBLE_DEVICES indices would then point at other GPUs than the scheduler chose);
@@ -18,6 +20,9 @@ from ..model import Vendor
 from .model import WorkerSpec
 
 AGENT_DEFAULTS = {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+# Variables of the agent's environment that name its own user: another user's worker must not get them.
+AGENT_USER_VARS = ("HOME", "USER", "LOGNAME", "MAIL", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
+                   "XDG_DATA_HOME", "XDG_STATE_HOME")
 
 
 def device_env(vendor: Vendor, gpu_indices: tuple[int, ...]) -> dict[str, str]:
@@ -38,7 +43,11 @@ def worker_env(
     worker: WorkerSpec,
     vendor: Vendor,
     node_id: str,
+    home: str = "",
 ) -> dict[str, str]:
+    """`home`: the worker runs as another user than the agent's, with this HOME unless the job sets one."""
+    if home:
+        base = {**{k: v for k, v in base.items() if k not in AGENT_USER_VARS}, "HOME": home}
     env = {**base, **AGENT_DEFAULTS, **site_defaults, **request_env}
     env.update(device_env(vendor, worker.gpu_indices))
     env["RANK"] = str(worker.rank)

@@ -6,6 +6,7 @@ import enum
 import re
 from dataclasses import dataclass
 
+from trainyard_core.contract import TEAM
 from trainyard_core.errors import InvalidArgument
 
 # Job ids become directory names: no separators, no leading dot, bounded length.
@@ -54,10 +55,14 @@ class LaunchRequest:
     working_dir: str
     workers: tuple[WorkerSpec, ...]
     leader_epoch: int = 0
+    # The job's team ("" from a scheduler that does not send it): whose Unix identity the workers run as.
+    team: str = ""
 
     def validate(self) -> None:
         """Checks that need no node state; raises InvalidArgument naming the problem."""
         check_job_id(self.job_id)
+        if not TEAM.or_empty.matches(self.team):
+            raise InvalidArgument(f"team {self.team!r} is invalid: use {TEAM.rule}")
         if self.attempt < 0:
             raise InvalidArgument(f"attempt must be >= 0, got {self.attempt}")
         if not self.command or not self.command[0]:

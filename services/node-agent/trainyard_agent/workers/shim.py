@@ -7,7 +7,11 @@ The shim
    not put on a command line anyone can read;
 2. binds itself to the spec's CPUs, if any (the worker inherits the binding), and starts the worker in a
    new session: its own process group (pgid == pid), stdin /dev/null, stdout and stderr on pipes the
-   shim reads;
+   shim reads, umask 077, and, when the spec names a uid (the job's team has one: `tenancy.py`), as that
+   uid and gid with no supplementary groups. Only the worker changes identity, in its child process right
+   before exec: the shim itself stays with the agent's (root), so that the worker can reach neither the
+   control pipe on the shim's stdin, nor the shim's memory, nor the log and status files it writes (in
+   the agent's 0700 directories; the shim's own umask is 077 too, so they are 0600);
 3. answers on stdout with one JSON line and closes stdout: `{"pid": N}`, `{"exec_error": "<strerror>"}`
    when the command cannot be started, or `{"error": "<message>"}` for any other failure;
 4. writes the worker's output to its rank log (bounded and rotated: `logwriter.RankLog`) as it comes,
@@ -48,6 +52,10 @@ from . import lease
 from .logwriter import LineSplitter, RankLog
 
 READ_CHUNK = 64 * 1024
+# The umask of every worker and of the shim: what they create is their owner's alone unless they say so.
+UMASK = 0o077
+# Spec uid/gid of a worker that runs as the shim's own user.
+SAME_USER = -1
 COMMIT = b"commit\n"
 # Without pidfds (Linux < 5.3), how often the shim looks whether the worker has ended.
 POLL_S = 0.1
@@ -68,6 +76,9 @@ class Spec(TypedDict):
     drain_timeout_s: float
     # The agent's lease (`lease.py`); "" for none. When it runs out, the worker is killed.
     lease_path: str
+    # The identity the worker runs as (no supplementary groups); SAME_USER: the shim's own.
+    uid: int
+    gid: int
 
 
 # --- the status file, shared with the agent ------------------------------------------------------------
@@ -117,9 +128,13 @@ def parse_spec(raw: bytes) -> Spec:
             raise ValueError(f"{key} must be an integer >= 0")
     if not isinstance(data.get("drain_timeout_s"), int | float) or data["drain_timeout_s"] < 0:
         raise ValueError("drain_timeout_s must be a number >= 0")
+    uid, gid = data.get("uid", SAME_USER), data.get("gid", SAME_USER)
+    if not all(isinstance(x, int) and x >= SAME_USER for x in (uid, gid)) or (uid == SAME_USER) != (gid == SAME_USER):
+        raise ValueError(f"uid and gid must both be ids >= 0, or both {SAME_USER}")
     return Spec(command=command, env=env, cwd=data["cwd"], cpus=cpus, log_path=data["log_path"],
                 max_bytes=data["max_bytes"], backups=data["backups"], status_path=data["status_path"],
-                drain_timeout_s=float(data["drain_timeout_s"]), lease_path=data.get("lease_path", ""))
+                drain_timeout_s=float(data["drain_timeout_s"]), lease_path=data.get("lease_path", ""),
+                uid=uid, gid=gid)
 
 
 class _Output:
@@ -364,9 +379,14 @@ def run(spec: Spec, control: _Control) -> int:
             out.write("agent", [f"[not bound to CPUs {spec['cpus']}: {exc.strerror}]".encode()])
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    # Set in the child after fork, before exec (setgroups, setregid, setreuid: real and effective ids both,
+    # so nothing is left to switch back to); from root this also drops every capability.
+    other = spec["uid"] != SAME_USER
     try:
         proc = subprocess.Popen(spec["command"], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                                cwd=spec["cwd"], env=spec["env"], start_new_session=True)
+                                cwd=spec["cwd"], env=spec["env"], start_new_session=True, umask=UMASK,
+                                user=spec["uid"] if other else None, group=spec["gid"] if other else None,
+                                extra_groups=[] if other else None)
     except OSError as exc:
         _answer({"exec_error": exc.strerror or str(exc)})
         return 3
@@ -383,6 +403,7 @@ def run(spec: Spec, control: _Control) -> int:
 
 
 def main() -> int:
+    os.umask(UMASK)  # the log and the status file: the agent's alone
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
     line, rest = _read_line(0)

@@ -29,6 +29,10 @@ each shim is told to commit; a shim not told (the launch failed, or the agent di
 worker. Stop is idempotent: concurrent stops of one allocation wait for the same termination; stopping
 unknown or finished workers stops nothing.
 
+Tenants: a launch runs as the Unix identity the agent's `Tenancy` gives its team (refused with
+FAILED_PRECONDITION when it has none), in `<workdir_root>/<job_id>` owned by that identity unless the job
+names a working_dir; logs, records and status files stay the agent's (`tenancy.py` says why).
+
 Writers: only the event loop touches this state. Record files: `records.py`. Logs: the shims write them,
 `logs.py` reads them.
 
@@ -63,6 +67,7 @@ from trainyard_core.logs import log_context
 from .. import metrics
 from ..model import Health, RunningAllocation, Vendor
 from ..notify import Notifier
+from ..tenancy import Identity, Tenancy, job_workdir, prepare_workdir_root
 from . import affinity, lease, logs, logwriter, process, records, shim, spawn
 from .env import worker_env
 from .fence import LeaderFence
@@ -154,7 +159,9 @@ class Supervisor:
     agent's settings choose (`adopt` by default), `stop` here (what agents did before shims) for callers
     that do not say. `gpu_cpus`: GPU index → the CPUs close to it (its NUMA affinity); with `cpu_binding`,
     a worker is bound to the CPUs of its GPUs (`affinity.py`). `shim_python`: the interpreter that runs
-    the shims, this one by default.
+    the shims, this one by default. `tenancy`: whose identity each team's workers run as (every worker as
+    this process's user by default); `workdir_root`: where jobs' working directories are made
+    (`<state_dir>/work` by default).
     """
 
     def __init__(
@@ -176,6 +183,8 @@ class Supervisor:
         gpu_cpus: Mapping[int, Iterable[int]] | None = None,
         cpu_binding: bool = True,
         shim_python: str = sys.executable,
+        tenancy: Tenancy | None = None,
+        workdir_root: Path | None = None,
     ) -> None:
         if stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {stop_grace_s}")
@@ -189,6 +198,9 @@ class Supervisor:
         self._shim_python = shim_python
         self.jobs_root = state_dir / "jobs"
         self.jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._tenancy = tenancy or Tenancy.single()
+        self.workdir_root = workdir_root or state_dir / "work"
+        prepare_workdir_root(self.workdir_root, shared=not self._tenancy.single_tenant)
         # The worker fence every shim watches (renewed by the agent's reporter; see lease.py).
         self.lease_path = state_dir / lease.LEASE_NAME
         self._node_id = node_id
@@ -234,21 +246,23 @@ class Supervisor:
                 if existing is not None:
                     log.info("launch retried; workers already started")
                     return LaunchResult(pids=existing, already_running=True)
+                ident = self._tenancy.identity_for(req.team)
                 self._check_gpus(req)
-                cwd = self._working_dir(req)
+                cwd = self._working_dir(req, ident)
                 adir = logs.attempt_dir(self.jobs_root, req.job_id, req.attempt)
                 try:
                     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
                 except OSError as exc:
                     raise FailedPrecondition(f"node {self._node_id} cannot create {adir}: {exc.strerror}") from exc
-                alloc = await self._spawn(req, adir, cwd)
+                alloc = await self._spawn(req, adir, cwd, ident)
                 self._allocs[alloc.key] = alloc
                 self._prune()
             for w in alloc.workers:
                 w.task = asyncio.create_task(self._supervise(alloc, w), name=f"worker-{req.job_id}-{w.spec.rank}")
             self._publish()
             log.info("workers started", extra={"pids": [w.record.pid for w in alloc.workers],
-                                               "ranks": [w.spec.rank for w in alloc.workers], "cwd": cwd})
+                                               "ranks": [w.spec.rank for w in alloc.workers], "cwd": cwd,
+                                               "team": req.team, "run_as": str(ident) if ident else "agent"})
             return LaunchResult(pids=tuple(w.record.pid for w in alloc.workers), already_running=False)
 
     def _existing(self, job_id: str, attempt: int) -> tuple[int, ...] | None:
@@ -277,7 +291,7 @@ class Supervisor:
                     raise FailedPrecondition(f"GPU {gpu} of node {self._node_id} is in use by job {job} "
                                              f"attempt {attempt}")
 
-    def _working_dir(self, req: LaunchRequest) -> str:
+    def _working_dir(self, req: LaunchRequest, ident: Identity | None) -> str:
         if req.working_dir:
             path = Path(req.working_dir)
             if not path.is_absolute():
@@ -285,21 +299,15 @@ class Supervisor:
             if not path.is_dir():
                 raise InvalidArgument(f"working_dir {req.working_dir} does not exist on node {self._node_id}")
             return str(path)
-        # Shared by the job's attempts, so a restarted attempt finds what the previous one left.
-        path = logs.job_dir(self.jobs_root, req.job_id) / "work"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise FailedPrecondition(f"node {self._node_id} cannot create {path}: {exc.strerror}") from exc
-        return str(path)
+        return str(job_workdir(self.workdir_root, req.job_id, ident))
 
-    async def _spawn(self, req: LaunchRequest, adir: Path, cwd: str) -> _Allocation:
+    async def _spawn(self, req: LaunchRequest, adir: Path, cwd: str, ident: Identity | None) -> _Allocation:
         """Start every worker or none: a gang with a missing rank would hang in its first collective."""
         rec = records.AllocationRecord(job_id=req.job_id, attempt=req.attempt, node_id=self._node_id,
                                        created_at=self._clock.now())
         alloc = _Allocation(job_id=req.job_id, attempt=req.attempt, dir=adir, record=rec)
         # The shims start at once: most of a launch is their interpreters starting.
-        results = await asyncio.gather(*(self._start_worker(req, spec, adir, cwd) for spec in req.workers),
+        results = await asyncio.gather(*(self._start_worker(req, spec, adir, cwd, ident) for spec in req.workers),
                                        return_exceptions=True)
         started = [r for r in results if isinstance(r, spawn.Started)]
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -325,10 +333,11 @@ class Supervisor:
             spawn.commit(st)
         return alloc
 
-    async def _start_worker(self, req: LaunchRequest, spec: WorkerSpec, adir: Path, cwd: str) -> spawn.Started:
+    async def _start_worker(self, req: LaunchRequest, spec: WorkerSpec, adir: Path, cwd: str,
+                            ident: Identity | None) -> spawn.Started:
         binding = self._binding(spec)
         env = worker_env(base=self._base_env, site_defaults=self._site_env, request_env=req.env, worker=spec,
-                         vendor=self._vendor, node_id=self._node_id)
+                         vendor=self._vendor, node_id=self._node_id, home=cwd if ident else "")
         status = records.status_path(adir, spec.rank)
         # Left by a launch of this attempt that was never recorded; a later life must not read it as this
         # worker's end.
@@ -337,7 +346,8 @@ class Supervisor:
             shim.Spec(command=list(req.command), env=env, cwd=cwd, cpus=sorted(binding.cpus),
                       log_path=str(logs.rank_log_path(adir, spec.rank)), max_bytes=self._log_max_bytes,
                       backups=self._log_backups, status_path=str(status), drain_timeout_s=DRAIN_TIMEOUT_S,
-                      lease_path=str(self.lease_path)),
+                      lease_path=str(self.lease_path), uid=ident.uid if ident else shim.SAME_USER,
+                      gid=ident.gid if ident else shim.SAME_USER),
             err_path=records.shim_err_path(adir, spec.rank), python=self._shim_python)
 
     def _binding(self, spec: WorkerSpec) -> affinity.Binding:

@@ -234,6 +234,6 @@ def node_to_pb(node: Node, *, alive: bool, allocated: set[int], last_heartbeat: 
 def launch_to_pb(launch: NodeLaunch, epoch: int) -> agent_pb2.LaunchWorkersRequest:
     return agent_pb2.LaunchWorkersRequest(
         job_id=launch.job_id, attempt=launch.attempt, command=list(launch.command), env=launch.env,
-        working_dir=launch.working_dir, leader_epoch=epoch,
+        working_dir=launch.working_dir, leader_epoch=epoch, team=launch.team,
         workers=[agent_pb2.WorkerSpec(rank=w.rank, local_rank=w.local_rank, gpu_indices=list(w.gpu_indices))
                  for w in launch.workers])
