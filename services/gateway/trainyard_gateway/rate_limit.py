@@ -63,9 +63,9 @@ class TokenBuckets:
         if not self.enabled:
             return 0.0
         now = self._clock.monotonic()
-        self._evict(now)
         bucket = self._buckets.get(key)
         if bucket is None:
+            self._evict(now)
             bucket = self._buckets[key] = _Bucket(tokens=float(self.burst), at=now)
         else:
             self._buckets.move_to_end(key)
@@ -76,8 +76,8 @@ class TokenBuckets:
         return (1.0 - bucket.tokens) / self.rate_per_s
 
     def _evict(self, now: float) -> None:
-        # Least recently used first: drop those full again (a new bucket starts full, so nothing is lost,
-        # even for the key about to be used), and below the bound the oldest whatever their level.
+        # Before a new bucket is added, least recently used first: drop those full again (a new bucket starts
+        # full, so nothing is lost), and while at the bound the oldest whatever its level.
         while self._buckets:
             oldest = next(iter(self._buckets.values()))
             if len(self._buckets) < self._max and self._refilled(oldest, now) < self.burst:
