@@ -28,6 +28,7 @@ from .settings import SchedulerSettings
 from .state.keys import Keys
 from .state.policy_repository import PolicyRepository
 from .state.repository import Repository, max_gang_nodes, placement_txn_ops
+from .worker_credentials import WorkerCredentials
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class SchedulerApp:
         self.clock = clock or SystemClock()
         self.keys = Keys(settings.etcd_prefix.rstrip("/"))
         self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s)
+        self._worker_credentials = WorkerCredentials.from_settings(settings)
         self.grpc_port = 0
         self.leadership = Leadership("")
         self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s)
@@ -118,7 +120,8 @@ class SchedulerApp:
                                            port_range=s.port_range, policy=s.policy(),
                                            checkpoint_store=s.checkpoint_store_address,
                                            max_infra_restarts=s.max_infra_restarts,
-                                           worker_fence_s=s.worker_fence_s))
+                                           worker_fence_s=s.worker_fence_s),
+                worker_env=self._worker_credentials.env)
             stop_term = asyncio.Event()
 
             async def watch_loss(stop_term: asyncio.Event = stop_term) -> None:

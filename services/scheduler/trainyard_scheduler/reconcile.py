@@ -196,8 +196,12 @@ class SnapshotBuilder:
 class Reconciler:
     def __init__(self, *, repo: Repository, mirror: PrefixMirror, liveness: NodeLiveness, agents: AgentPort,
                  profile: Profile, clock: Clock, epoch: Callable[[], int],
-                 settings: ReconcileSettings) -> None:
+                 settings: ReconcileSettings,
+                 worker_env: Callable[[str, int, str], Mapping[str, str]] | None = None) -> None:
         self._repo = repo
+        # (job id, attempt, team) → what a launch adds to its workers' env: the attempt's checkpoint-store
+        # credential (worker_credentials.py). Added to the agent request only, never stored.
+        self._worker_env = worker_env
         self._mirror = mirror
         self._snapshots = SnapshotBuilder(mirror, repo.keys)
         self._liveness = liveness
@@ -483,7 +487,7 @@ class Reconciler:
             launch = next(x for x in node_launches(job, current, self._settings.checkpoint_store)
                           if x.node_id == node_id)
             self._spawn((job.id, current.attempt, node_id, "launch"),
-                        functools.partial(self._launch, snap.nodes[node_id], launch))
+                        functools.partial(self._launch, snap.nodes[node_id], launch, job.team))
         for node_id in step.stop:
             self._spawn((job.id, current.attempt, node_id, "stop"),
                         functools.partial(self._stop, snap.nodes[node_id], current))
@@ -526,7 +530,10 @@ class Reconciler:
 
         self._inflight[key] = asyncio.create_task(runner(), name=f"{key[3]} {key[0]} on {key[2]}")
 
-    async def _launch(self, node: Node, launch: NodeLaunch) -> None:
+    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "") -> None:
+        if self._worker_env is not None:
+            # One mint per attempt (about 0.3 ms), shared by its nodes: cheap enough for the event loop.
+            launch = replace(launch, env={**launch.env, **self._worker_env(launch.job_id, launch.attempt, team)})
         try:
             await self._agents.launch(node, launch, self._epoch())
         except Unavailable as exc:

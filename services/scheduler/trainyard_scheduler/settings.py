@@ -62,6 +62,14 @@ class SchedulerSettings(EtcdSettings):
     agent_call_timeout_s: float = Field(10.0, gt=0)
     checkpoint_store_address: str = Field("", description="host:port of the checkpoint-store, given to every "
                                           "worker as TRAINYARD_CHECKPOINT_STORE; empty: none")
+    job_issuer_cert_file: str = Field("", description="the job issuer's certificate (an intermediate CA, "
+                                      "`make certs` writes deploy/pki/job-issuer.pem): each launched attempt gets "
+                                      "a trainyard://job/<id> credential for the checkpoint-store signed with it; "
+                                      "empty: none, and workers cannot reach a checkpoint-store on mTLS")
+    job_issuer_key_file: str = Field("", description="the job issuer's private key (PEM, unencrypted; keep it 0600)")
+    job_credential_ttl_s: int = Field(7 * 86400, ge=600, le=365 * 86400,
+                                      description="how long a job attempt's credential is valid; an attempt that "
+                                      "runs longer can no longer reach the checkpoint-store")
     # --- placement policy (queues and team quotas live in etcd, set through the gateway's admin API) ---
     speed_factors: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_SPEED_FACTORS),
@@ -107,6 +115,15 @@ class SchedulerSettings(EtcdSettings):
             tool, _, team = pair.partition(":")
             out.setdefault(tool, set()).add(team)
         return {t: frozenset(teams) for t, teams in out.items()}
+
+    @model_validator(mode="after")
+    def _job_issuer(self) -> SchedulerSettings:
+        if bool(self.job_issuer_cert_file) != bool(self.job_issuer_key_file):
+            raise ValueError("job_issuer_cert_file and job_issuer_key_file go together: set both or neither")
+        if self.job_issuer_cert_file and not self.tls_ca_file:
+            raise ValueError("job_issuer_cert_file needs the mTLS files (tls_ca_file is the CA bundle workers "
+                             "verify the checkpoint-store against)")
+        return self
 
     @field_validator("speed_factors")
     @classmethod
