@@ -187,7 +187,8 @@ def user_principal(team: str, user: str) -> str:
 class AuditFilter:
     """What a query keeps; every field given must match. `action` matches the whole action or its last part
     (`CancelJob` matches `/trainyard.scheduler.v1.JobService/CancelJob`); `user` matches the user of a
-    gateway user's principal, in any team (with `team`, in that one)."""
+    gateway user's principal, in any team (with `team`, in that one). `request_id` finds every service's
+    entries of one request."""
 
     principal: str = ""
     user: str = ""
@@ -195,6 +196,7 @@ class AuditFilter:
     action: str = ""
     target: str = ""
     result: str = ""
+    request_id: str = ""
     since: float | None = None
     until: float | None = None
 
@@ -211,6 +213,8 @@ class AuditFilter:
         if self.target and e.target != self.target:
             return False
         if self.result and e.result != self.result:
+            return False
+        if self.request_id and e.request_id != self.request_id:
             return False
         if self.since is not None and e.time < self.since:
             return False

@@ -13,6 +13,7 @@ import logging
 import grpc.aio
 
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store import Store
@@ -79,11 +80,13 @@ class CheckpointApp:
         try:
             self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                    service_names=[SERVICE_NAME], tls=s.tls,
-                                                   job_binding=CheckpointAccess(repo))
+                                                   job_binding=CheckpointAccess(repo), audit=audit,
+                                                   audit_service="checkpoint-store")
         except BaseException:
             await self._close_store()
             raise
         self.grpc_port = self._server.port
+            audit = AuditLog(store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self._clock)
         if s.gc_interval_s > 0:
             self._gc_task = asyncio.create_task(self.gc.run_forever(s.gc_interval_s, self._gc_stop),
                                                 name="checkpoint gc")

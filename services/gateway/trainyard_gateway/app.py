@@ -26,6 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from trainyard.gateway.v1 import gateway_pb2_grpc
+from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock
 from trainyard_core.contract import Role
 from trainyard_core.rpc.channels import Channels
@@ -34,11 +35,11 @@ from trainyard_core.security import identity
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 
-from . import http_errors, http_methods, openapi
+from . import audit_http, http_errors, http_methods, openapi
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
 from .rate_limit import TokenBuckets
-from .routers import health, jobs, nodes, queues, quotas, tokens
+from .routers import audit, health, jobs, nodes, queues, quotas, tokens
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
 from .tokens import TokenStore
@@ -64,7 +65,8 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     app.state.deps = deps
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
-    for module in (health, jobs, nodes, queues, quotas, tokens):
+    audit_http.install(app, deps.audit)  # outermost: the answer waits for its audit entry
+    for module in (health, jobs, nodes, queues, quotas, tokens, audit):
         app.include_router(module.router)
     openapi.install(app)
     return app
@@ -144,12 +146,15 @@ class GatewayApp:
                                     replicas=s.scheduler_address.split(","))
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
-                                                                     clock=self._clock))
+                                                                     clock=self._clock),
+                           audit=AuditLog(self._store, s.etcd_prefix, retention_s=s.audit_retention_s(),
+                                          clock=self._clock))
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)
         self._grpc = await start_grpc_server(
-            host=s.grpc_host, port=s.grpc_port, service_names=[SERVICE_NAME], tls=s.tls,
+            host=s.grpc_host, port=s.grpc_port, service_names=[SERVICE_NAME], tls=s.tls, audit=deps.audit,
+            audit_service="gateway",
             register=lambda server: gateway_pb2_grpc.add_TokenServiceServicer_to_server(servicer, server))
         self.grpc_port = self._grpc.port
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc.aio
 
 from trainyard.agent.v1 import agent_pb2_grpc
+from trainyard_core.audit import AuditFile
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 EXIT_FLUSH_S = 3.0
 # GPU findings that must survive an agent restart (XIDs, operator overrides), in the state dir.
 HEALTH_FILE = "gpu-health.json"
+# The audit log of calls this agent served (the cluster's own log, in etcd, is the scheduler's and gateway's).
+AUDIT_LOG_FILE = "audit.jsonl"
 # grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
 _SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
                               ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -169,8 +172,12 @@ class AgentApp:
         await self.supervisor.recover()
 
         servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)
+        # No etcd here: the agent's side of each mutating call goes to a local file (docs/security.md).
+        self.audit = AuditFile(state_dir / AUDIT_LOG_FILE, max_bytes=s.audit_max_bytes, backups=s.audit_backups,
+                               clock=self._clock)
         self.server = await start_grpc_server(
             host=s.listen_host, port=s.listen_port, service_names=[SERVICE_NAME], tls=s.tls,
+            audit=self.audit, audit_service=f"agent/{self.node_id}",
             register=lambda server: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server))
         self.grpc_port = self.server.port
         log.info("agent listening", extra={"address": s.agent_address(self.grpc_port)})

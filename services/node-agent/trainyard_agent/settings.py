@@ -93,6 +93,9 @@ class AgentSettings(BaseSettings):
     log_max_bytes: int = Field(16 * 1024 * 1024, ge=4096,
                                description="Size of one rank's log file before it is rotated")
     log_backups: int = Field(2, ge=0, le=100, description="Rotated log files kept per rank")
+    audit_max_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="Size of the agent's audit log "
+                                 "(<state_dir>/audit.jsonl) before it is rotated")
+    audit_backups: int = Field(5, ge=0, le=1000, description="Rotated audit log files kept")
     worker_restart_policy: Literal["adopt", "stop"] = Field(
         "adopt", description="What a restarted agent does with workers of its previous life that still run: "
         "adopt (keep them and supervise them again) or stop (SIGTERM, grace, SIGKILL, and report)")

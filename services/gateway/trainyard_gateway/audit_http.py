@@ -1,0 +1,180 @@
+"""The gateway's HTTP audit: one audit entry per request on /v1/... other than GET, HEAD and OPTIONS.
+
+The middleware sits outermost (outside the catch-all that turns a crash into a 500), holds the answer
+back until the entry is written (so a caller never hears of an action that the log does not hold; a
+failed write is logged and counted, and the caller still gets the true answer), and reads:
+- who: the token's record that `auth.current_principal` left in `request.state.principal`
+  (`user:<team>/<user>` and its role); `anonymous` when authentication failed (result unauthenticated);
+- what: the method and the route template (`POST /v1/jobs/{job_id}:cancel`), the raw path when no route
+  matched;
+- on what: the path parameters (`job/j-...`, `node/gpu-01/gpu/3`, `queue/batch`, `team/vision`,
+  `token/t-...`), or for a create the new object's id from the answer (a job's `id`, a token's
+  `token_id`). The answer's `team`, when it has one, is the entry's team (an operator cancelling team
+  vision's job is recorded under vision). The body of a request is never read, nor a token's secret kept;
+- the result: `ok` below 400, else the error body's code (`permission_denied`, `not_found`, ...).
+
+Every audited answer carries `X-Request-Id`: the caller's, when it sent a valid one, else a fresh one; the
+gateway's gRPC calls made for the request carry it as `x-request-id` metadata, so the scheduler's entry of
+the same action has the same request id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from trainyard_core.audit import (
+    ANONYMOUS,
+    REQUEST_ID_HEADER,
+    RESULT_OK,
+    AuditEntry,
+    AuditLog,
+    current_request_id,
+    record,
+    request_id_or_new,
+    user_principal,
+)
+from trainyard_core.clock import Clock, SystemClock
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SERVICE = "gateway"
+# Path parameter → the kind of thing it names. A GPU is named within its node.
+_PARAM_KINDS: Mapping[str, str] = {"job_id": "job", "node_id": "node", "token_id": "token", "team": "team",
+                                   "name": "queue"}
+# Creates: the new object's id is in the answer (kind, path into the JSON body).
+_CREATED: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("POST", "/v1/jobs"): ("job", ("id",)),
+    ("POST", "/v1/tokens"): ("token", ("token", "token_id")),
+}
+# Small fields of the answer worth keeping: a new token's owner and role, a job's name. Never the secret.
+_ANSWER_DETAIL: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]] = {
+    ("POST", "/v1/jobs"): {"name": ("name",), "user": ("user",)},
+    ("POST", "/v1/tokens"): {"user": ("token", "user"), "role": ("token", "role")},
+}
+
+
+def _dig(body: Any, path: tuple[str, ...]) -> str:
+    for part in path:
+        if not isinstance(body, dict):
+            return ""
+        body = body.get(part)
+    return str(body) if isinstance(body, str | int | float | bool) else ""
+
+
+def target_of(path_params: Mapping[str, Any], created: tuple[str, tuple[str, ...]] | None, body: Any) -> str:
+    if created is not None:
+        value = _dig(body, created[1])
+        return f"{created[0]}/{value}" if value else ""
+    if "gpu_index" in path_params and "node_id" in path_params:
+        return f"node/{path_params['node_id']}/gpu/{path_params['gpu_index']}"
+    for param, kind in _PARAM_KINDS.items():
+        if param in path_params:
+            return f"{kind}/{path_params[param]}"
+    return ""
+
+
+def result_of(status: int, body: Any) -> tuple[str, str]:
+    if status < 400:
+        return RESULT_OK, ""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        return str(error["code"]), str(error.get("message", ""))
+    return f"http_{status}", ""
+
+
+def _json_body(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> Any:
+    content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+    if not content_type.startswith(b"application/json"):
+        return None
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return None
+
+
+class HttpAudit:
+    """ASGI middleware; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, sink: AuditLog | None, clock: Clock | None = None) -> None:
+        self.app = app
+        self._sink = sink
+        self._clock = clock or SystemClock()
+
+    def entry(self, scope: Scope, status: int, body: Any, request_id: str) -> AuditEntry:
+        method = str(scope.get("method", ""))
+        route = scope.get("route")
+        template = str(getattr(route, "path", "") or scope.get("path", ""))
+        principal = scope.get("state", {}).get("principal")
+        team = str(getattr(principal, "team", "") or "")
+        who = user_principal(team, str(getattr(principal, "user", ""))) if principal is not None else ANONYMOUS
+        role = getattr(principal, "role", None)
+        if role is None and principal is not None:
+            role = "admin" if getattr(principal, "admin", False) else ""
+        path_params = scope.get("path_params") or {} if route is not None else {}
+        key = (method, template)
+        result, message = result_of(status, body)
+        detail: dict[str, object] = {"http_status": status}
+        if status < 400:
+            detail.update({name: v for name, path in _ANSWER_DETAIL.get(key, {}).items() if (v := _dig(body, path))})
+        return AuditEntry.make(
+            time=self._clock.now(), principal=who, role=str(role or ""), service=SERVICE,
+            action=f"{method} {template}", target=target_of(path_params, _CREATED.get(key), body),
+            result=result, message=message, request_id=request_id,
+            team=_dig(body, ("team",)) or str(path_params.get("team", "")) or team, detail=detail)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in READ_METHODS or not str(scope.get("path", "")) \
+                .startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or ()).get(REQUEST_ID_HEADER.encode())
+        request_id = request_id_or_new(sent.decode("latin-1") if sent else None)
+        current_request_id.set(request_id)
+        held: list[Message] = []
+        start: Message | None = None
+        chunks: list[bytes] = []
+        done = False
+
+        async def flush(status: int) -> None:
+            nonlocal done
+            done = True
+            headers = list(start["headers"]) if start is not None else []
+            await record(self._sink, self.entry(scope, status, _json_body(chunks, headers), request_id))
+
+        async def holding_send(message: Message) -> None:
+            nonlocal start
+            if done:
+                await send(message)
+                return
+            if message["type"] == "http.response.start":
+                start = {**message, "headers": [*message.get("headers", ()),
+                                                (b"x-request-id", request_id.encode())]}
+                return
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                held.append(message)
+                if message.get("more_body", False):
+                    return
+                assert start is not None
+                await flush(int(start["status"]))
+                await send(start)
+                for m in held:
+                    await send(m)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, holding_send)
+        except BaseException:
+            if not done:
+                await flush(500)
+            raise
+
+
+def install(app: FastAPI, sink: AuditLog | None, clock: Clock | None = None) -> None:
+    """Outermost middleware: call after every other `add_middleware` (http_errors.install included)."""
+    app.add_middleware(HttpAudit, sink=sink, clock=clock)

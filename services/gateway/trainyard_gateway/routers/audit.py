@@ -1,0 +1,65 @@
+"""/v1/audit: the audit log of every service in etcd, newest first, for cluster operators."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from trainyard_core import audit
+from trainyard_core import contract as c
+from trainyard_core.errors import InvalidArgument, Unavailable
+
+from ..auth import Deps, OperatorPrincipal
+from ..schemas.audit import AuditEntry, AuditPage
+from ..schemas.common import error_responses
+
+router = APIRouter(prefix="/v1/audit", tags=["audit"])
+
+_TEXT = {"max_length": audit.MAX_FIELD, "pattern": r"^[ -~]*$"}
+
+
+def _epoch(value: datetime | None, name: str) -> float | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise InvalidArgument(f"query parameter {name}: give a time zone (e.g. 2026-01-31T12:00:00Z)")
+    return value.timestamp()
+
+
+def to_schema(e: audit.AuditEntry) -> AuditEntry:
+    return AuditEntry(id=e.id, time=datetime.fromtimestamp(e.time, UTC), principal=e.principal, role=e.role,
+                      service=e.service, action=e.action, target=e.target, team=e.team, result=e.result,
+                      message=e.message, request_id=e.request_id, detail=dict(e.detail))
+
+
+@router.get("", response_model=AuditPage, summary="The audit log, newest first (operators)",
+            description="Every mutating call on every service that keeps state in etcd: the gateway's HTTP API, "
+                        "its TokenService, the scheduler, the checkpoint-store. Filters combine (all must match).",
+            responses=error_responses(400, 401, 403, 429, 503))
+async def list_audit(
+    _: OperatorPrincipal,
+    deps: Deps,
+    principal: Annotated[str, Query(description="exactly this principal: user:<team>/<user>, "
+                                                "trainyard://..., anonymous", **_TEXT)] = "",
+    user: Annotated[str, Query(pattern=c.USER.or_empty.pattern, description="a gateway user, in any team")] = "",
+    team: Annotated[str, Query(pattern=c.TEAM.or_empty.pattern, description="the team acted for")] = "",
+    action: Annotated[str, Query(description="the whole action, or its last part (CancelJob)", **_TEXT)] = "",
+    target: Annotated[str, Query(description="exactly this target, e.g. job/j-...", **_TEXT)] = "",
+    result: Annotated[str, Query(description="ok, or an error code", max_length=64,
+                                 pattern=r"^[a-z0-9_]*$")] = "",
+    since: Annotated[datetime | None, Query(description="only entries at or after this time (ISO 8601 with "
+                                                        "a time zone)")] = None,
+    until: Annotated[datetime | None, Query(description="only entries at or before this time")] = None,
+    page_size: Annotated[int, Query(ge=1, le=c.MAX_PAGE_SIZE, description="entries per page")] = c.DEFAULT_PAGE_SIZE,
+    page_token: Annotated[str, Query(max_length=64, description="next_page_token of the previous page")] = "",
+) -> AuditPage:
+    if deps.audit is None:
+        raise Unavailable("this gateway keeps no audit log")
+    flt = audit.AuditFilter(principal=principal, user=user, team=team, action=action, target=target,
+                            result=result, since=_epoch(since, "since"), until=_epoch(until, "until"))
+    if flt.since is not None and flt.until is not None and flt.since > flt.until:
+        raise InvalidArgument("query parameter since is after until: nothing can match")
+    page = await deps.audit.query(flt, page_size=page_size, page_token=page_token)
+    return AuditPage(entries=[to_schema(e) for e in page.entries], next_page_token=page.next_page_token)

@@ -1,0 +1,290 @@
+"""Every mutating RPC produces exactly one audit entry: a table over every method of `authz.AUDITED`, each
+called on the real service over mTLS (scheduler, node agent, checkpoint-store, the gateway's TokenService),
+with the principal, action, target and result checked against what the caller saw. Refused calls
+(PERMISSION_DENIED from the authorization table) and failed ones (NOT_FOUND, ...) are recorded too; reads
+are not. Each call carries its own `x-request-id`, which is how its entry is found among the services' own
+background calls (registration, launches, exits)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from pydantic import SecretStr
+
+from tests.scheduler.test_scheduler_tls import agent_settings, sched_settings
+from trainyard.agent.v1 import agent_pb2 as ag
+from trainyard.agent.v1 import agent_pb2_grpc
+from trainyard.checkpoint.v1 import checkpoint_pb2 as ck
+from trainyard.checkpoint.v1 import checkpoint_pb2_grpc
+from trainyard.common.v1 import types_pb2
+from trainyard.gateway.v1 import gateway_pb2 as gw
+from trainyard.gateway.v1 import gateway_pb2_grpc
+from trainyard.scheduler.v1 import policy_pb2 as po
+from trainyard.scheduler.v1 import policy_pb2_grpc, scheduler_pb2_grpc
+from trainyard.scheduler.v1 import scheduler_pb2 as sc
+from trainyard_agent.app import AgentApp
+from trainyard_checkpoint.app import CheckpointApp
+from trainyard_checkpoint.settings import CheckpointSettings
+from trainyard_core import audit
+from trainyard_core.audit import AuditEntry, AuditFilter, AuditLog
+from trainyard_core.rpc.server import secure_channel
+from trainyard_core.security import authz, identity, pki
+from trainyard_core.security.identity import Principal
+from trainyard_core.security.tls import ClientTls
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.wait import eventually
+from trainyard_gateway.app import GatewayApp
+from trainyard_gateway.settings import GatewaySettings
+from trainyard_gateway.tokens import new_secret
+from trainyard_scheduler.app import SchedulerApp
+
+from .test_security import _all_methods
+
+NODE_1, NODE_2, OPS = identity.node("node-1"), identity.node("node-2"), identity.tool("ops")
+
+
+def test_every_rpc_that_is_not_a_read_is_audited() -> None:
+    methods = _all_methods()
+    writes = {m for m in methods if not m.rsplit("/", 1)[1].startswith(authz.READ_PREFIXES)} - authz.LIVENESS
+    assert writes - set(authz.AUDITED) == set(), "mutating RPCs without an audit entry"
+    assert set(authz.AUDITED) - methods == set(), "audit rows for methods that do not exist"
+    assert set(authz.AUDITED) <= set(authz.RULES)
+    assert "/trainyard.scheduler.v1.NodeService/Heartbeat" in methods - set(authz.AUDITED)
+
+
+@dataclass
+class Services:
+    pki: Path
+    scheduler: SchedulerApp
+    agent: AgentApp
+    checkpoints: CheckpointApp
+    gateway: GatewayApp
+    log: AuditLog
+    # The team a tool acts for (checkpoint-store), the token a TokenService call is made with.
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def address(self, server: Principal) -> str:
+        port = {identity.SCHEDULER: self.scheduler.grpc_port, NODE_1: self.agent.grpc_port,
+                identity.CHECKPOINT_STORE: self.checkpoints.grpc_port, identity.GATEWAY: self.gateway.grpc_port}
+        return f"127.0.0.1:{port[server]}"
+
+    async def entries(self, server: Principal, request_id: str) -> list[AuditEntry]:
+        if server == NODE_1:
+            return [e for e in self.agent.audit.entries() if e.request_id == request_id]
+        return (await self.log.query(AuditFilter(request_id=request_id))).entries
+
+
+@pytest.fixture
+async def services(etcd_endpoint: str, key_prefix: str, pki_dir: Path, tmp_path: Path,
+                   etcd_store: EtcdStore) -> AsyncIterator[Services]:
+    prefix = key_prefix.rstrip("/")
+    files = {p: pki.files_for(pki_dir, p) for p in (identity.SCHEDULER, identity.GATEWAY,
+                                                     identity.CHECKPOINT_STORE, NODE_1)}
+    scheduler = SchedulerApp(sched_settings(etcd_endpoint, prefix, files[identity.SCHEDULER]))
+    await scheduler.start()
+    agent = AgentApp(agent_settings(tmp_path, "node-1", f"127.0.0.1:{scheduler.grpc_port}", files[NODE_1]))
+    checkpoints = CheckpointApp(CheckpointSettings.model_validate(dict(
+        listen_host="127.0.0.1", listen_port=0, storage_url=(tmp_path / "ckpt").as_uri(),
+        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, shutdown_grace_s=1.0, gc_interval_s=0,
+        **files[identity.CHECKPOINT_STORE].settings())))
+    (tmp_path / "ckpt").mkdir()
+    operator_token = new_secret()
+    gateway = GatewayApp(GatewaySettings.model_validate(dict(
+        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, http_port=0, grpc_port=0,
+        scheduler_address=f"127.0.0.1:{scheduler.grpc_port}", bootstrap_admin_token=SecretStr(operator_token),
+        **files[identity.GATEWAY].settings())))
+    try:
+        await agent.start()
+        await checkpoints.start()
+        await gateway.start()
+
+        async def leads() -> bool:
+            return scheduler.leadership.is_leader
+
+        await eventually(leads, what="the scheduler to lead")
+        yield Services(pki_dir, scheduler, agent, checkpoints, gateway, AuditLog(etcd_store, prefix),
+                       metadata=(("x-trainyard-team", "team-a"), ("authorization", f"Bearer {operator_token}")))
+    finally:
+        await gateway.stop()
+        await checkpoints.stop()
+        await agent.stop(kill_workers=True)
+        await scheduler.stop()
+
+
+Request = Callable[[dict[str, str]], Any]  # earlier answers (by name) → the request
+
+
+@dataclass(frozen=True)
+class Row:
+    server: Principal
+    method: str  # full method
+    stub: Callable[[grpc.aio.Channel], Any]
+    request: Request
+    caller: Principal = OPS
+    target: Callable[[dict[str, str], Any], str] = lambda _saved, _answer: ""
+    save: Callable[[Any], tuple[str, str]] | None = None  # remember (name, value) from a successful answer
+
+
+def _m(service: str, name: str) -> str:
+    return f"/{service}/{name}"
+
+
+def _job_spec() -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(name="audited", command=["true"], resources=types_pb2.Resources(nodes=1, gpus_per_node=1))
+
+
+S, A, C, G = identity.SCHEDULER, NODE_1, identity.CHECKPOINT_STORE, identity.GATEWAY
+JOBS = scheduler_pb2_grpc.JobServiceStub
+NODES = scheduler_pb2_grpc.NodeServiceStub
+POLICY = policy_pb2_grpc.PolicyServiceStub
+AGENT = agent_pb2_grpc.AgentServiceStub
+CKPT = checkpoint_pb2_grpc.CheckpointServiceStub
+TOKENS = gateway_pb2_grpc.TokenServiceStub
+
+
+def _fixed(value: str) -> Callable[[dict[str, str], Any], str]:
+    return lambda _saved, _answer: value
+
+
+def _saved(kind: str, name: str) -> Callable[[dict[str, str], Any], str]:
+    return lambda saved, _answer: f"{kind}/{saved[name]}" if name in saved else ""
+
+
+def _ck(saved: dict[str, str]) -> str:
+    return saved.get("checkpoint", "ck-missing")
+
+
+ROWS: list[Row] = [
+    # Refused by the authorization table: a node may not submit jobs.
+    Row(S, _m(authz.JOBS, "SubmitJob"), JOBS, lambda s: sc.SubmitJobRequest(spec=_job_spec(), team="team-a"),
+        caller=NODE_1),
+    Row(S, _m(authz.JOBS, "SubmitJob"), JOBS, lambda s: sc.SubmitJobRequest(spec=_job_spec(), team="team-a"),
+        target=lambda _s, answer: f"job/{answer.job.id}" if answer else "", save=lambda a: ("job", a.job.id)),
+    Row(S, _m(authz.JOBS, "CancelJob"), JOBS, lambda s: sc.CancelJobRequest(job_id=s["job"], team="team-a"),
+        target=_saved("job", "job")),
+    # Fails: no such job.
+    Row(S, _m(authz.JOBS, "CancelJob"), JOBS, lambda s: sc.CancelJobRequest(job_id="job-none", team="team-a"),
+        target=_fixed("job/job-none")),
+    Row(S, _m(authz.NODES, "RegisterNode"), NODES, lambda s: sc.RegisterNodeRequest(
+        node=types_pb2.Node(node_id="node-2", agent_address="127.0.0.1:1")), caller=NODE_2,
+        target=_fixed("node/node-2")),
+    Row(S, _m(authz.NODES, "ReportWorkerExit"), NODES, lambda s: sc.ReportWorkerExitRequest(
+        node_id="node-1", job_id="job-none", attempt=1), caller=NODE_1, target=_fixed("job/job-none")),
+    Row(S, _m(authz.NODES, "CordonNode"), NODES, lambda s: sc.CordonNodeRequest(node_id="node-1", cordoned=True,
+                                                                               reason="audit test"),
+        target=_fixed("node/node-1")),
+    Row(S, _m(authz.POLICY, "PutQueue"), POLICY, lambda s: po.PutQueueRequest(
+        queue=types_pb2.QueueConfig(name="batch")), target=_fixed("queue/batch")),
+    Row(S, _m(authz.POLICY, "DeleteQueue"), POLICY, lambda s: po.DeleteQueueRequest(name="batch"),
+        target=_fixed("queue/batch")),
+    Row(S, _m(authz.POLICY, "PutQuota"), POLICY, lambda s: po.PutQuotaRequest(quota=types_pb2.TeamQuota(team="team-a")),
+        target=_fixed("team/team-a")),
+    Row(S, _m(authz.POLICY, "DeleteQuota"), POLICY, lambda s: po.DeleteQuotaRequest(team="team-a"),
+        target=_fixed("team/team-a")),
+    # The agent: launch and stop come only from the scheduler; epoch 0 is below any leader's, so nothing runs.
+    Row(A, _m(authz.AGENT, "LaunchWorkers"), AGENT, lambda s: ag.LaunchWorkersRequest(job_id="job-x", attempt=1),
+        caller=S, target=_fixed("job/job-x")),
+    Row(A, _m(authz.AGENT, "LaunchWorkers"), AGENT, lambda s: ag.LaunchWorkersRequest(job_id="job-x", attempt=1),
+        caller=OPS, target=_fixed("job/job-x")),  # refused: tools may not launch
+    Row(A, _m(authz.AGENT, "StopWorkers"), AGENT, lambda s: ag.StopWorkersRequest(job_id="job-x", attempt=1),
+        caller=S, target=_fixed("job/job-x")),
+    Row(A, _m(authz.AGENT, "SetGpuHealth"), AGENT, lambda s: ag.SetGpuHealthRequest(
+        gpu_index=0, healthy=False, operator="ops", reason="audit test"), target=_fixed("gpu/0")),
+    Row(A, _m(authz.AGENT, "InjectFault"), AGENT, lambda s: ag.InjectFaultRequest(gpu_index=1, kind="xid", xid=79),
+        target=_fixed("gpu/1")),
+    # The checkpoint-store, as an operator's tool.
+    Row(C, _m(authz.CHECKPOINTS, "BeginCheckpoint"), CKPT, lambda s: ck.BeginCheckpointRequest(
+        job_id="job-ck", attempt=1, step=10, world_size=1),
+        target=lambda _s, answer: f"checkpoint/{answer.checkpoint.id}" if answer else "",
+        save=lambda a: ("checkpoint", a.checkpoint.id)),
+    Row(C, _m(authz.CHECKPOINTS, "TagCheckpoint"), CKPT, lambda s: ck.TagCheckpointRequest(
+        checkpoint_id=_ck(s), tag="best"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "UntagCheckpoint"), CKPT, lambda s: ck.UntagCheckpointRequest(
+        checkpoint_id=_ck(s), tag="best"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "CommitCheckpoint"), CKPT, lambda s: ck.CommitCheckpointRequest(
+        checkpoint_id=_ck(s)), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "AbortCheckpoint"), CKPT, lambda s: ck.AbortCheckpointRequest(
+        checkpoint_id=_ck(s), reason="audit test"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "ReportDamaged"), CKPT, lambda s: ck.ReportDamagedRequest(
+        checkpoint_id=_ck(s), reason="audit test"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "AcquireRestoreLease"), CKPT, lambda s: ck.AcquireRestoreLeaseRequest(
+        checkpoint_id=_ck(s), ttl_s=30, holder="audit"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "RenewRestoreLease"), CKPT, lambda s: ck.RenewRestoreLeaseRequest(
+        checkpoint_id=_ck(s), lease_id="lease-none"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "ReleaseRestoreLease"), CKPT, lambda s: ck.ReleaseRestoreLeaseRequest(
+        checkpoint_id=_ck(s), lease_id="lease-none"), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "SetRetention"), CKPT, lambda s: ck.SetRetentionRequest(
+        job_id="job-ck", policy=ck.RetentionPolicy(keep_last=3)), target=_fixed("job/job-ck")),
+    Row(C, _m(authz.CHECKPOINTS, "DeleteCheckpoint"), CKPT, lambda s: ck.DeleteCheckpointRequest(
+        checkpoint_id=_ck(s)), target=lambda s, _a: f"checkpoint/{_ck(s)}"),
+    Row(C, _m(authz.CHECKPOINTS, "RunGc"), CKPT, lambda s: ck.RunGcRequest(dry_run=True)),
+    # The gateway's TokenService: tools only.
+    Row(G, _m(authz.TOKENS, "CreateToken"), TOKENS, lambda s: gw.CreateTokenRequest(team="team-a", user="ann"),
+        target=lambda _s, answer: f"token/{answer.token.token_id}" if answer else "",
+        save=lambda a: ("token", a.token.token_id)),
+    Row(G, _m(authz.TOKENS, "RevokeToken"), TOKENS, lambda s: gw.RevokeTokenRequest(token_id=s.get("token", "tok-x")),
+        target=lambda s, _a: f"token/{s.get('token', 'tok-x')}"),
+    Row(G, _m(authz.TOKENS, "RevokeToken"), TOKENS, lambda s: gw.RevokeTokenRequest(token_id="tok-none"),
+        caller=NODE_1, target=_fixed("token/tok-none")),  # refused
+]
+
+
+async def _call(services: Services, row: Row, request: Any, request_id: str) -> tuple[grpc.StatusCode, Any]:
+    async with secure_channel(services.address(row.server), ClientTls(pki.files_for(services.pki, row.caller)),
+                              row.server) as channel:
+        method = getattr(row.stub(channel), row.method.rsplit("/", 1)[1])
+        try:
+            answer = await method(request, metadata=((audit.REQUEST_ID_HEADER, request_id), *services.metadata),
+                                  timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), None
+        return grpc.StatusCode.OK, answer
+
+
+def test_the_table_calls_every_audited_method() -> None:
+    assert {r.method for r in ROWS} == set(authz.AUDITED)
+
+
+async def test_every_mutating_call_produces_one_audit_entry(services: Services) -> None:
+    saved: dict[str, str] = {}
+    seen: dict[str, set[str]] = {}
+    for row in ROWS:
+        request_id = f"t-{uuid.uuid4().hex[:12]}"
+        code, answer = await _call(services, row, row.request(saved), request_id)
+        if answer is not None and row.save is not None:
+            name, value = row.save(answer)
+            saved[name] = value
+        entries = await services.entries(row.server, request_id)
+        assert len(entries) == 1, f"{row.method} as {row.caller}: {len(entries)} audit entries"
+        e = entries[0]
+        result = "ok" if code == grpc.StatusCode.OK else code.name.lower()
+        expected = (str(row.caller), row.method, row.target(saved, answer), result)
+        assert (e.principal, e.action, e.target, e.result) == expected, row.method
+        assert e.message == "" if result == "ok" else e.message, row.method
+        seen.setdefault(row.method, set()).add(result)
+    # The table covers a refusal and a failure, not only successes.
+    assert "permission_denied" in seen[_m(authz.JOBS, "SubmitJob")]
+    assert "not_found" in seen[_m(authz.JOBS, "CancelJob")]
+    assert seen[_m(authz.JOBS, "CancelJob")] >= {"ok", "not_found"}
+    assert "ok" in seen[_m(authz.TOKENS, "CreateToken")]
+
+
+async def test_reads_leave_no_entry(services: Services) -> None:
+    for server, row_stub, name, request in [
+        (S, JOBS, "ListJobs", sc.ListJobsRequest(team="team-a")),
+        (S, NODES, "ListNodes", sc.ListNodesRequest()),
+        (A, AGENT, "ListWorkers", ag.ListWorkersRequest()),
+        (G, TOKENS, "ListTokens", gw.ListTokensRequest()),
+    ]:
+        request_id = f"t-{uuid.uuid4().hex[:12]}"
+        row = Row(server, f"/x/{name}", row_stub, request=lambda _s: None)  # the request is passed below
+        code, _ = await _call(services, row, request, request_id)
+        assert code == grpc.StatusCode.OK, name
+        assert await services.entries(server, request_id) == [], name

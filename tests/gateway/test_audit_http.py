@@ -1,0 +1,165 @@
+"""The gateway's HTTP audit, against the real gateway, scheduler and agents: a table over every mutating
+route (each answered call leaves exactly one entry with the token's user and role, the route template, the
+target and the result), refusals (401 as `anonymous`, 403, 404) included, reads left out; the request id
+shared with the scheduler's own entry; and GET /v1/audit with its filters, paging and operator-only access."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from trainyard_core.audit import AuditFilter, AuditLog
+from trainyard_core.store.etcd import EtcdStore
+
+from .support import Cluster, RunningGateway
+
+JOB = {"name": "audited", "command": ["true"], "resources": {"nodes": 1, "gpus_per_node": 1}}
+QUOTA: dict[str, Any] = {"weight": 2.0, "limits": {"*": {"nominal": 8}}}
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    route: str  # the template, as recorded
+    path: Callable[[dict[str, str]], str]
+    token: str = "operator"  # which token makes the call: operator, member, none
+    body: Any = None
+    target: Callable[[dict[str, str]], str] = lambda _saved: ""
+    result: str = "ok"
+    save: Callable[[Any], tuple[str, str]] | None = None
+
+
+def fixed(text: str) -> Callable[[dict[str, str]], str]:
+    return lambda _saved: text
+
+
+CALLS: list[Call] = [
+    Call("POST", "/v1/jobs", fixed("/v1/jobs"), token="member", body=JOB,
+         target=lambda s: f"job/{s['job']}", save=lambda b: ("job", b["id"])),
+    Call("POST", "/v1/jobs/{job_id}:cancel", lambda s: f"/v1/jobs/{s['job']}:cancel", token="member",
+         target=lambda s: f"job/{s['job']}"),
+    Call("POST", "/v1/jobs/{job_id}:cancel", fixed("/v1/jobs/job-nope:cancel"), target=fixed("job/job-nope"),
+         result="not_found"),
+    Call("POST", "/v1/jobs", fixed("/v1/jobs"), token="none", body=JOB, result="unauthenticated"),
+    Call("POST", "/v1/nodes/{node_id}:cordon", fixed("/v1/nodes/node-a:cordon"), token="member",
+         target=fixed("node/node-a"), result="permission_denied"),
+    Call("POST", "/v1/nodes/{node_id}:cordon", fixed("/v1/nodes/node-a:cordon"), target=fixed("node/node-a")),
+    Call("POST", "/v1/nodes/{node_id}:uncordon", fixed("/v1/nodes/node-a:uncordon"), target=fixed("node/node-a")),
+    Call("POST", "/v1/nodes/{node_id}/gpus/{gpu_index}:set-health", fixed("/v1/nodes/node-b/gpus/1:set-health"),
+         body={"healthy": False, "reason": "audit test"}, target=fixed("node/node-b/gpu/1")),
+    Call("PUT", "/v1/queues/{name}", fixed("/v1/queues/batch"), body={"tier": 1}, target=fixed("queue/batch")),
+    Call("DELETE", "/v1/queues/{name}", fixed("/v1/queues/batch"), target=fixed("queue/batch")),
+    Call("PUT", "/v1/quotas/{team}", fixed("/v1/quotas/vision"), body=QUOTA, target=fixed("team/vision")),
+    Call("DELETE", "/v1/quotas/{team}", fixed("/v1/quotas/vision"), target=fixed("team/vision")),
+    Call("POST", "/v1/tokens", fixed("/v1/tokens"), body={"team": "vision", "user": "carol", "role": "viewer"},
+         target=lambda s: f"token/{s['token']}", save=lambda b: ("token", b["token"]["token_id"])),
+    Call("DELETE", "/v1/tokens/{token_id}", lambda s: f"/v1/tokens/{s['token']}",
+         target=lambda s: f"token/{s['token']}"),
+]
+
+
+def mutating_routes(gateway: RunningGateway) -> set[tuple[str, str]]:
+    """Every (method, template) of the API that is not a read, from its OpenAPI document."""
+    assert gateway.app.app is not None
+    paths = gateway.app.app.openapi()["paths"]
+    return {(m.upper(), path) for path, ops in paths.items() if path.startswith("/v1/")
+            for m in ops if m.upper() not in ("GET", "HEAD", "OPTIONS")}
+
+
+async def test_every_mutating_route_leaves_one_entry(cluster_gateway: RunningGateway, cluster: Cluster,
+                                                     etcd_store: EtcdStore) -> None:
+    assert mutating_routes(cluster_gateway) == {(c.method, c.route) for c in CALLS}
+    assert cluster_gateway.app._store is not None
+    log = AuditLog(cluster_gateway.app._store, cluster_gateway.app.settings.etcd_prefix)
+    member = await cluster_gateway.create_token("vision", "alice", role="member")
+    tokens = {"operator": cluster_gateway.admin_token, "member": member, "none": ""}
+    saved: dict[str, str] = {}
+    for call in CALLS:
+        request_id = f"t-{uuid.uuid4().hex[:12]}"
+        async with cluster_gateway.client(tokens[call.token] or None) as http:
+            reply = await http.request(call.method, call.path(saved), json=call.body,
+                                       headers={"X-Request-Id": request_id})
+        assert reply.headers["x-request-id"] == request_id
+        if reply.status_code < 400 and call.save is not None:
+            name, value = call.save(reply.json())
+            saved[name] = value
+        entries = [e for e in (await log.query(AuditFilter(request_id=request_id))).entries if e.service == "gateway"]
+        assert len(entries) == 1, (call.method, call.route, reply.status_code)
+        e = entries[0]
+        who = {"operator": ("user:admin/admin", "operator"), "member": ("user:vision/alice", "member"),
+               "none": ("anonymous", "")}[call.token]
+        assert (e.principal, e.role, e.action, e.target, e.result) == \
+            (*who, f"{call.method} {call.route}", call.target(saved), call.result), reply.text
+        assert e.detail["http_status"] == str(reply.status_code)
+        assert "secret" not in e.to_json().decode()
+
+
+async def test_the_scheduler_records_the_same_request(live_gateway: RunningGateway, scheduler: Cluster,
+                                                      etcd_store: EtcdStore) -> None:
+    token = await live_gateway.create_token("vision", "alice", role="member")
+    async with live_gateway.client(token) as http:
+        reply = await http.post("/v1/jobs", json=JOB, headers={"X-Request-Id": "req-shared-1"})
+    assert reply.status_code == 201
+    job_id = reply.json()["id"]
+    scheduler_log = AuditLog(etcd_store, scheduler.settings.etcd_prefix)
+    [seen] = (await scheduler_log.query(AuditFilter(request_id="req-shared-1"))).entries
+    assert (seen.service, seen.action, seen.target, seen.team) == \
+        ("scheduler", "/trainyard.scheduler.v1.JobService/SubmitJob", f"job/{job_id}", "vision")
+    assert seen.detail["user"] == "alice"
+
+
+async def test_reads_and_unversioned_paths_leave_no_entry(live_gateway: RunningGateway) -> None:
+    assert live_gateway.app._store is not None
+    log = AuditLog(live_gateway.app._store, live_gateway.app.settings.etcd_prefix)
+    before = len((await log.query(AuditFilter(), page_size=500)).entries)
+    async with live_gateway.client(live_gateway.admin_token) as http:
+        for method, path in [("GET", "/v1/jobs"), ("GET", "/v1/nodes"), ("HEAD", "/v1/jobs"), ("OPTIONS", "/v1/jobs"),
+                             ("GET", "/v1/audit"), ("GET", "/healthz"), ("POST", "/healthz")]:
+            await http.request(method, path)
+    assert len((await log.query(AuditFilter(), page_size=500)).entries) == before
+
+
+async def test_get_audit_filters_pages_and_is_for_operators(live_gateway: RunningGateway) -> None:
+    member = await live_gateway.create_token("vision", "alice", role="member")
+    async with live_gateway.client(member) as alice:
+        for _ in range(3):
+            assert (await alice.post("/v1/jobs", json=JOB)).status_code == 201
+        refused = await alice.get("/v1/audit")
+        assert refused.status_code == 403
+    async with live_gateway.client(live_gateway.admin_token) as op:
+        page = (await op.get("/v1/audit", params={"user": "alice", "action": "POST /v1/jobs",
+                                                  "page_size": 2})).json()
+        assert [e["principal"] for e in page["entries"]] == ["user:vision/alice"] * 2
+        assert page["entries"][0]["time"] >= page["entries"][1]["time"]
+        rest = (await op.get("/v1/audit", params={"user": "alice", "action": "POST /v1/jobs", "page_size": 2,
+                                                  "page_token": page["next_page_token"]})).json()
+        assert len(rest["entries"]) == 1
+        ids = {e["id"] for e in page["entries"] + rest["entries"]}
+        assert len(ids) == 3
+        # The operator's own token creation is there too, and the member's refused read of the log is not a
+        # mutating call.
+        created = (await op.get("/v1/audit", params={"action": "POST /v1/tokens", "result": "ok"})).json()
+        assert any(e["detail"].get("user") == "alice" for e in created["entries"])
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"page_token": "garbage"}, "page_token"), ({"page_size": 0}, "page_size"),
+            ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+            ({"since": "2026-01-01T00:00:00"}, "time zone"), ({"team": "Not A Team"}, "team")]
+        for params, problem in cases:
+            reply = await op.get("/v1/audit", params=params)
+            assert reply.status_code == 400, params
+            assert problem in reply.json()["error"]["message"], reply.text
+
+
+async def test_an_unauthenticated_write_is_recorded_as_anonymous(gateway: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as http:
+        reply = await http.delete("/v1/queues/batch", headers={"Authorization": "Bearer ty_not-a-token"})
+    assert reply.status_code == 401
+    assert gateway.app._store is not None
+    log = AuditLog(gateway.app._store, gateway.app.settings.etcd_prefix)
+    [e] = (await log.query(AuditFilter(request_id=reply.headers["x-request-id"]))).entries
+    assert (e.principal, e.action, e.target, e.result) == \
+        ("anonymous", "DELETE /v1/queues/{name}", "queue/batch", "unauthenticated")
