@@ -78,6 +78,7 @@ class CheckpointApp:
             pb_grpc.add_CheckpointServiceServicer_to_server(servicer, server)
 
         try:
+            audit = AuditLog(store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self._clock)
             self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                    service_names=[SERVICE_NAME], tls=s.tls,
                                                    job_binding=CheckpointAccess(repo), audit=audit,
@@ -86,7 +87,6 @@ class CheckpointApp:
             await self._close_store()
             raise
         self.grpc_port = self._server.port
-            audit = AuditLog(store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self._clock)
         if s.gc_interval_s > 0:
             self._gc_task = asyncio.create_task(self.gc.run_forever(s.gc_interval_s, self._gc_stop),
                                                 name="checkpoint gc")

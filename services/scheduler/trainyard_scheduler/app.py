@@ -89,11 +89,11 @@ class SchedulerApp:
 
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
+        audit = AuditLog(self.store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self.clock)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                service_names=names, tls=s.tls, audit=audit,
                                                audit_service="scheduler")
         self.grpc_port = self._server.port
-        audit = AuditLog(self.store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self.clock)
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"
         self.leadership.identity = identity
