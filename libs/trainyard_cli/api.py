@@ -117,9 +117,13 @@ class Api:
         result: list[dict[str, Any]] = self._json("GET", "/v1/nodes")["nodes"]
         return result
 
-    def create_token(self, *, team: str, user: str, admin: bool, description: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", "/v1/tokens", json={
-            "team": team, "user": user, "admin": admin, "description": description})
+    def create_token(self, *, team: str, user: str, role: str, ttl: str | None, scopes: list[str],
+                     description: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"team": team, "user": user, "role": role, "scopes": scopes,
+                                "description": description}
+        if ttl:
+            body["ttl"] = ttl
+        result: dict[str, Any] = self._json("POST", "/v1/tokens", json=body)
         return result
 
     def tokens(self, team: str = "") -> list[dict[str, Any]]:

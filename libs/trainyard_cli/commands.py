@@ -206,14 +206,16 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 def cmd_tokens_create(args: argparse.Namespace) -> int:
     with api_for(args) as api:
-        created = api.create_token(team=args.team, user=args.user, admin=args.admin,
-                                   description=args.description or "")
+        created = api.create_token(team=args.team, user=args.user, role=args.role, ttl=args.ttl,
+                                   scopes=sorted(set(args.scope or [])), description=args.description or "")
     if _json_wanted(args):
         output.print_json(created)
         return 0
     token = created["token"]
     print(f"token id:  {token['token_id']}")
-    print(f"team/user: {token['team']}/{token['user']}" + (" (admin)" if token["admin"] else ""))
+    print(f"team/user: {token['team']}/{token['user']}")
+    print(f"role:      {token['role']}" + (f" (scopes {', '.join(token['scopes'])})" if token["scopes"] else ""))
+    print(f"expires:   {_expiry(token)}")
     print(f"secret:    {created['secret']}")
     print("The secret is shown only now. Use it as TRAINYARD_TOKEN or `Authorization: Bearer <secret>`.",
           file=sys.stderr)
@@ -226,10 +228,16 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
     if _json_wanted(args):
         output.print_json({"tokens": tokens})
         return 0
-    rows = [[t["token_id"], t["team"], t["user"], "yes" if t["admin"] else "", output.age(t["created_at"]),
-             t["description"]] for t in tokens]
-    output.table(["TOKEN ID", "TEAM", "USER", "ADMIN", "AGE", "DESCRIPTION"], rows)
+    rows = [[t["token_id"], t["team"], t["user"], t["role"], ",".join(t["scopes"]) or "-", _expiry(t),
+             output.age(t["created_at"]), t["description"]] for t in tokens]
+    output.table(["TOKEN ID", "TEAM", "USER", "ROLE", "SCOPES", "EXPIRES", "AGE", "DESCRIPTION"], rows)
     return 0
+
+
+def _expiry(token: dict[str, Any]) -> str:
+    if token.get("expires_at"):
+        return output.local_time(token["expires_at"])
+    return "never (legacy)" if token.get("legacy") else "never"
 
 
 def cmd_tokens_revoke(args: argparse.Namespace) -> int:

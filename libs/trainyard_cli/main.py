@@ -50,7 +50,7 @@ examples:
   trainyard queues set batch --tier -10 --max-gpus 64 --node-label pool=spot --description "cheap, preemptible"
   trainyard queues delete batch
 
-`set` replaces the whole queue (flags not given go back to their defaults). Changes need an admin token.
+`set` replaces the whole queue (flags not given go back to their defaults). Changes need an operator token.
 """
 
 QUOTAS_EPILOG = """\
@@ -62,7 +62,7 @@ examples:
 
 --limit MODEL=NOMINAL[:BORROW_LIMIT]: NOMINAL GPUs of MODEL are guaranteed to the team; it may borrow idle
 GPUs up to BORROW_LIMIT more (no :BORROW_LIMIT: no limit), and borrowed gangs are reclaimed first. '*'
-covers every model without a limit of its own. `set` replaces the whole quota. Changes need an admin token.
+covers every model without a limit of its own. `set` replaces the whole quota. Changes need an operator token.
 """
 TIERS = list(contract.TOPOLOGY_TIERS)
 SIGNALS = list(contract.PREEMPTION_SIGNALS)
@@ -209,14 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
     p.set_defaults(func=commands.cmd_nodes)
 
-    queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (admin)",
+    queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (operator)",
                             description="List the queues (the default action), or create, replace and delete them.",
                             epilog=QUEUES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     queues.set_defaults(func=commands.cmd_queues_list)
     qsub = queues.add_subparsers(dest="queues_command", metavar="ACTION")
     p = qsub.add_parser("list", parents=[common], help="list queues (the default)")
     p.set_defaults(func=commands.cmd_queues_list)
-    p = qsub.add_parser("set", parents=[common], help="create or replace a queue (admin)")
+    p = qsub.add_parser("set", parents=[common], help="create or replace a queue (operator)")
     p.add_argument("name")
     p.add_argument("--tier", type=int, default=0,
                    help=f"{contract.MIN_QUEUE_TIER}..{contract.MAX_QUEUE_TIER}: higher tiers go first and may "
@@ -227,13 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the queue's jobs only on nodes with this label (repeatable: all of them)")
     p.add_argument("--description")
     p.set_defaults(func=commands.cmd_queues_set)
-    p = qsub.add_parser("delete", parents=[common], help="delete a queue no unfinished job uses (admin)")
+    p = qsub.add_parser("delete", parents=[common], help="delete a queue no unfinished job uses (operator)")
     p.add_argument("name")
     p.set_defaults(func=commands.cmd_queues_delete)
 
-    quotas = sub.add_parser("quotas", parents=[common], help="show team quotas, or manage them (admin)",
-                            description="List quotas (the default action; non-admins see their own team's), show "
-                                        "one, or create, replace and delete them.",
+    quotas = sub.add_parser("quotas", parents=[common], help="show team quotas, or manage them (operator)",
+                            description="List quotas (the default action; tokens other than operators see their "
+                                        "own team's), show one, or create, replace and delete them.",
                             epilog=QUOTAS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     quotas.set_defaults(func=commands.cmd_quotas_list)
     qsub = quotas.add_subparsers(dest="quotas_command", metavar="ACTION")
@@ -242,26 +242,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = qsub.add_parser("get", parents=[common], help="one team's quota")
     p.add_argument("team")
     p.set_defaults(func=commands.cmd_quotas_get)
-    p = qsub.add_parser("set", parents=[common], help="create or replace a team's quota (admin)")
+    p = qsub.add_parser("set", parents=[common], help="create or replace a team's quota (operator)")
     p.add_argument("team")
     p.add_argument("--limit", action="append", default=[], metavar="MODEL=NOMINAL[:BORROW]",
                    help="GPUs of MODEL ('*': any model) guaranteed, and borrowable above that (repeatable)")
     p.add_argument("--weight", type=float, help="fair-share weight (default 1)")
     p.set_defaults(func=commands.cmd_quotas_set)
-    p = qsub.add_parser("delete", parents=[common], help="delete a team's quota (admin)")
+    p = qsub.add_parser("delete", parents=[common], help="delete a team's quota (operator)")
     p.add_argument("team")
     p.set_defaults(func=commands.cmd_quotas_delete)
 
-    tokens = sub.add_parser("tokens", help="manage API tokens (admin)")
+    tokens = sub.add_parser("tokens", help="manage API tokens (team admin: its team's; operator: any)")
     tsub = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)
     p = tsub.add_parser("create", parents=[common], help="create a token; its secret is printed once")
     p.add_argument("--team", required=True)
     p.add_argument("--user", required=True)
-    p.add_argument("--admin", action="store_true", help="an admin token (sees every team, manages tokens)")
+    p.add_argument("--role", choices=contract.ROLES, default=contract.DEFAULT_ROLE.value,
+                   help="viewer, member (default), admin of the team, or operator of the cluster (only an "
+                        "operator grants it; a team admin grants up to admin)")
+    p.add_argument("--ttl", help=f"lifetime, {contract.TTL.rule}; default the gateway's "
+                                 f"({contract.DEFAULT_TOKEN_TTL} unless configured)")
+    p.add_argument("--scope", action="append", choices=contract.SCOPES, default=None,
+                   help="only this kind of action (repeatable); default everything the role allows")
     p.add_argument("--description", help="what the token is for")
     p.set_defaults(func=commands.cmd_tokens_create)
     p = tsub.add_parser("list", parents=[common], help="list tokens (never their secrets)")
-    p.add_argument("--team", help="only this team's tokens")
+    p.add_argument("--team", help="only this team's tokens (a team admin sees only its own)")
     p.set_defaults(func=commands.cmd_tokens_list)
     p = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     p.add_argument("token_id")

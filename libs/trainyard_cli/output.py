@@ -110,6 +110,7 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
          + (" — cancel requested" if job.get("cancel_requested") and job["state"] not in
             ("cancelled", "succeeded", "failed") else "")),
         ("team/user", f"{job['team']}/{job['user']}"),
+        *([("cancelled by", job["cancelled_by"])] if job.get("cancelled_by") else []),
         ("resources", f"{r.get('nodes')} node(s) x {r.get('gpus_per_node')} GPU(s) of {accelerators(r)}"
          + (f", {r['cpus_per_node']} CPUs per node" if r.get("cpus_per_node") else "")),
         ("queue", (spec.get("queue") or "default")

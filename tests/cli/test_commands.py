@@ -105,6 +105,8 @@ async def test_status_cancel_and_watch(cli: Any, gateway: RunningGateway, schedu
     r = await cli("cancel", other.id, "--reason", "typo")
     assert (r.rc, r.out.strip()) == (0, f"job {other.id} cancelled")
     assert (await scheduler.job(other.id)).message == "typo"
+    r = await cli("status", other.id)
+    assert "cancelled by: admin" in r.out  # the local bootstrap token's user
 
     watch = asyncio.create_task(cli("status", job.id, "--watch", "--interval", "0.05"))
 
@@ -179,18 +181,29 @@ async def test_nodes_table(cli: Any, gateway: RunningGateway, scheduler: Cluster
 
 
 async def test_tokens(cli: Any, gateway: RunningGateway) -> None:
-    r = await cli("tokens", "create", "--team", "vision", "--user", "alice", "--description", "laptop")
+    r = await cli("tokens", "create", "--team", "vision", "--user", "alice", "--description", "laptop",
+                  "--role", "admin", "--ttl", "7d", "--scope", "tokens:write", "--scope", "nodes:read",
+                  "--scope", "tokens:read")
     assert r.rc == 0, r.err
     fields = dict(line.split(":", 1) for line in r.out.splitlines())
     secret, token_id = fields["secret"].strip(), fields["token id"].strip()
     assert secret.startswith("ty_") and "shown only now" in r.err
+    assert fields["role"].strip() == "admin (scopes nodes:read, tokens:read, tokens:write)"
+    assert fields["expires"].strip()[:4].isdigit()  # a local time, seven days on
 
     r = await cli("nodes", "--token", secret)
     assert r.rc == 0
     r = await cli("tokens", "list", "--team", "vision")
-    assert token_id in r.out and "laptop" in r.out and secret not in r.out
+    header, row = r.out.splitlines()
+    assert header.split()[:6] == ["TOKEN", "ID", "TEAM", "USER", "ROLE", "SCOPES"]
+    assert row.split()[:5] == [token_id, "vision", "alice", "admin", "nodes:read,tokens:read,tokens:write"]
+    assert "laptop" in r.out and secret not in r.out
     r = await cli("tokens", "create", "--team", "x", "--user", "y", "--token", secret)
-    assert r.rc == 1 and "admin token" in r.err
+    assert r.rc == 1 and "only for its own team (vision)" in r.err
+    r = await cli("tokens", "create", "--team", "vision", "--user", "y", "--role", "operator", "--token", secret)
+    assert r.rc == 1 and "up to admin" in r.err
+    r = await cli("jobs", "--token", secret)
+    assert r.rc == 1 and "jobs.read needs the scope jobs:read" in r.err
     r = await cli("tokens", "revoke", token_id)
     assert r.out.strip() == f"revoked token {token_id} (vision/alice)"
     r = await cli("nodes", "--token", secret)

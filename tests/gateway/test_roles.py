@@ -195,10 +195,10 @@ async def test_member_cancels_only_its_own_jobs_and_the_cancel_names_its_user(
         assert "CancelJob" not in scheduler.calls.methods
         assert (await scheduler.job(bobs.id)).state == types_pb2.JOB_STATE_PENDING
 
-        mine = await http.post(f"/v1/jobs/{alices.id}:cancel", json={"reason": "wrong data"})
+        mine = await http.post(f"/v1/jobs/{alices.id}:cancel")
         assert mine.status_code == 200, mine.text
         assert mine.json()["state"] == "cancelled" and mine.json()["cancelled_by"] == "alice"
-        assert "cancelled by alice" in mine.json()["message"]
+        assert mine.json()["message"] == "cancelled by alice"
     stored = await scheduler.job(alices.id)
     assert stored.cancelled_by == "alice" and stored.state == types_pb2.JOB_STATE_CANCELLED
     assert [r.user for r in scheduler.calls.requests("CancelJob")] == ["alice"]

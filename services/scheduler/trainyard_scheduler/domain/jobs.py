@@ -85,8 +85,6 @@ def request_cancel(job: Job, now: float, reason: str, by: str = "") -> Job:
     if job.state.terminal or job.cancel_requested:
         return job
     why = reason or (f"cancelled by {by}" if by else "cancelled by user")
-    if by and reason:
-        why = f"{reason} (cancelled by {by})"
     job = replace(job, cancelled_by=by)
     if job.state in (JobState.PENDING, JobState.RESTARTING):
         return transition(job, JobState.CANCELLED, now, why)
