@@ -16,7 +16,8 @@ from .errors import TrainyardError
 from .logs import setup_logging
 from .security.tls import TlsConfigError
 from .security.tls import load as load_tls
-from .settings import BaseSettings, SettingsError, load_settings, redacted
+from .settings import BaseSettings, EtcdSettings, SettingsError, load_settings, redacted
+from .store.etcd_options import file_problems
 
 S = TypeVar("S", bound=BaseSettings)
 log = logging.getLogger(__name__)
@@ -46,6 +47,29 @@ def check_transport(settings: BaseSettings) -> str:
     return ""
 
 
+def check_etcd(settings: BaseSettings) -> str:
+    """Why the service must not start with these etcd settings ("" when it may): TLS files that load, and
+    plaintext only when a setting asks for it (etcd_insecure_plaintext, or insecure_plaintext for a
+    development setup without any TLS). Whether etcd takes the credential is checked once connected
+    (`store.etcd_check.check_access`)."""
+    if not isinstance(settings, EtcdSettings):
+        return ""
+    options = settings.etcd_options()
+    if not options.tls:
+        if not (settings.etcd_insecure_plaintext or settings.insecure_plaintext):
+            return ("no TLS to etcd: set etcd_ca_file with etcd_cert_file/etcd_key_file (or etcd_user/"
+                    "etcd_password) as docs/security.md (etcd) says, or set etcd_insecure_plaintext=true for a "
+                    "development etcd without TLS")
+        log.warning("PLAINTEXT etcd: %s is set, so this service talks to etcd without TLS; anyone on the path "
+                    "reads and changes its state", "etcd_insecure_plaintext" if settings.etcd_insecure_plaintext
+                    else "insecure_plaintext")
+        return ""
+    problem = file_problems(options)
+    if not problem:
+        log.info("etcd over TLS", extra=options.describe())
+    return problem
+
+
 def run(
     *,
     service: str,
@@ -63,7 +87,7 @@ def run(
         return 2
     setup_logging(service, settings.log_level, settings.log_format)
     log.info("starting", extra={"settings": redacted(settings)})
-    problem = check_transport(settings)
+    problem = check_transport(settings) or check_etcd(settings)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         log.error("cannot start: %s", problem)
@@ -81,6 +105,10 @@ def run(
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    except SettingsError as e:  # found once connected, e.g. etcd refusing the credential (etcd_check)
+        print(f"error: {e.message}", file=sys.stderr)
+        log.error("cannot start: %s", e.message)
+        return 2
     except (OSError, TrainyardError) as e:
         log.error("cannot start: %s", e)
         return 1

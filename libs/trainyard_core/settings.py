@@ -35,6 +35,7 @@ from .errors import InvalidArgument
 from .files import read_structured
 from .security.identity import Principal
 from .security.pki import CertFiles
+from .store.etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,39 @@ class EtcdSettings(BaseSettings):
 
     etcd_endpoints: str = Field("127.0.0.1:2379", description="etcd client endpoints, comma-separated host:port")
     etcd_prefix: str = Field("/trainyard", description="every key lives under this prefix")
+    etcd_ca_file: str = Field("", description="CA bundle (PEM) that etcd's server certificates chain to; "
+                              "setting it turns TLS to etcd on")
+    etcd_cert_file: str = Field("", description="client certificate (PEM) presented to etcd (mTLS); under etcd's "
+                                "--client-cert-auth its CN is the etcd user when no etcd_password is given")
+    etcd_key_file: str = Field("", description="the etcd client certificate's private key (PEM, unencrypted, 0600)")
+    etcd_user: str = Field("", description="etcd user to log in as with etcd_password (etcd's own auth)")
+    etcd_password: SecretStr | None = Field(None, description="etcd_user's password; prefer the environment or "
+                                            "the config file to a flag; never logged")
+    etcd_insecure_plaintext: bool = Field(False, description="talk to etcd without TLS: development only, "
+                                          "refused unless set explicitly (or insecure_plaintext), logged as a "
+                                          "warning")
+
+    @model_validator(mode="after")
+    def _etcd_security_complete(self) -> EtcdSettings:
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise ValueError("etcd_cert_file and etcd_key_file go together: set both or neither")
+        if self.etcd_cert_file and not self.etcd_ca_file:
+            raise ValueError("etcd_cert_file needs etcd_ca_file (the CA bundle etcd's certificate is verified "
+                             "against): a client certificate is only sent over TLS")
+        if bool(self.etcd_user) != (self.etcd_password is not None and bool(self.etcd_password.get_secret_value())):
+            raise ValueError("etcd_user and etcd_password go together: set both, or neither (a client "
+                             "certificate alone logs in as its CN)")
+        if self.etcd_ca_file and self.etcd_insecure_plaintext:
+            raise ValueError("etcd_insecure_plaintext and etcd_ca_file exclude each other: set one or the other")
+        return self
+
+    def etcd_options(self) -> EtcdOptions:
+        """How the store reaches etcd (`EtcdStore.from_options`): endpoints, TLS files, the credential."""
+        def path(value: str) -> Path | None:
+            return Path(value) if value else None
+        return EtcdOptions(endpoints=self.etcd_endpoints, ca_file=path(self.etcd_ca_file),
+                           cert_file=path(self.etcd_cert_file), key_file=path(self.etcd_key_file),
+                           user=self.etcd_user, password=self.etcd_password if self.etcd_user else None)
     audit_retention_days: int = Field(30, ge=1, le=3650, description="how long audit entries stay in etcd "
                                       "(<etcd_prefix>/audit/); each expires between this and one hour more")
 

@@ -72,11 +72,58 @@ def _kv(raw: rpc.KeyValue) -> KeyValue:
 
 
 def _unavailable(exc: BaseException, endpoint: str) -> Unavailable:
-    return Unavailable(f"etcd at {endpoint} is unavailable: {type(exc).__name__}: {exc}")
+    # gRPC's own str() is a multi-line dump; its code and details are what a reader needs.
+    what = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else \
+        f"{type(exc).__name__}: {exc}"
+    return Unavailable(f"etcd at {endpoint} is unavailable: {what}")
 
 
 _CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError,
                       aetcd.exceptions.InternalError, grpc.aio.AioRpcError, OSError, asyncio.TimeoutError)
+
+
+# The request is filled in place (`.add()` on its repeated fields): a gang's transaction carries one
+# compare and one write per node, and building each message separately cost the leader about twice
+# as much CPU per operation (measured with the scheduler benchmark's commit arm).
+def _add_op(ops: Any, op: Op) -> None:
+    if isinstance(op, Put):
+        put = ops.add().request_put
+        put.key = op.key.encode()
+        put.value = op.value
+        if op.lease:
+            put.lease = op.lease
+        return
+    delete = ops.add().request_delete_range
+    delete.key = op.key.encode()
+    if op.prefix:
+        delete.range_end = prefix_end(op.key).encode(errors="surrogateescape")
+
+
+def _add_compare(compares: Any, c: Compare) -> None:
+    msg = compares.add()
+    msg.key = c.key.encode()
+    msg.target = _TARGETS[c.target]
+    msg.result = _OPS[c.op]
+    if c.target == "value":
+        msg.value = c.value if isinstance(c.value, bytes) else str(c.value).encode()
+    elif c.target == "version":
+        msg.version = int(c.value)
+    elif c.target == "mod":
+        msg.mod_revision = int(c.value)
+    else:
+        msg.create_revision = int(c.value)
+
+
+def _txn_request(compares: Sequence[Compare], success: Sequence[Op],
+                 failure: Sequence[Op] = ()) -> rpc.TxnRequest:
+    request = rpc.TxnRequest()
+    for c in compares:
+        _add_compare(request.compare, c)
+    for o in success:
+        _add_op(request.success, o)
+    for o in failure:
+        _add_op(request.failure, o)
+    return request
 
 
 def _first_key(*groups: Sequence[Op | Compare]) -> str:
@@ -145,6 +192,18 @@ class EtcdStore:
                     self._client = client
         return self._client
 
+    async def _renew(self, client: Client, stale: Any) -> None:
+        before = client.logins
+        try:
+            await client.renew_token(stale)
+        except grpc.aio.AioRpcError as exc:
+            if is_login_refused(exc):
+                raise LoginRefused(f"etcd at {self.endpoint} refused the login of etcd_user "
+                                   f"{self._options.user!r}: {exc.details()}") from exc
+            raise
+        finally:
+            self.logins += client.logins - before
+
     async def _call(self, what: str, key: str, call: Callable[[Client], Awaitable[T]]) -> T:
         """`call` on the current client. A token etcd no longer knows is renewed and the call made once more
         (etcd refused it before applying anything); a refusal of the user's role is PermissionDenied."""
@@ -157,15 +216,7 @@ class EtcdStore:
                 raise denied(what, key, self._options, exc) from exc
             if not (client.uses_token and is_stale_token(exc)):
                 raise
-        before = client.logins
-        try:
-            await client.renew_token(stale)
-        except grpc.aio.AioRpcError as exc:
-            if is_login_refused(exc):
-                raise LoginRefused(f"etcd at {self.endpoint} refused the login of etcd_user "
-                                   f"{self._options.user!r}: {exc.details()}") from exc
-            raise
-        self.logins += client.logins - before
+        await self._renew(client, stale)
         try:
             return await call(client)
         except _RPC_ERRORS as exc:
@@ -285,53 +336,9 @@ class EtcdStore:
             raise await self._fail(exc, generation) from exc
         return bool(resp.deleted)
 
-    # The request is filled in place (`.add()` on its repeated fields): a gang's transaction carries one
-    # compare and one write per node, and building each message separately cost the leader about twice
-    # as much CPU per operation (measured with the scheduler benchmark's commit arm).
-    @staticmethod
-    def _add_op(ops: Any, op: Op) -> None:
-        if isinstance(op, Put):
-            put = ops.add().request_put
-            put.key = op.key.encode()
-            put.value = op.value
-            if op.lease:
-                put.lease = op.lease
-            return
-        delete = ops.add().request_delete_range
-        delete.key = op.key.encode()
-        if op.prefix:
-            delete.range_end = prefix_end(op.key).encode(errors="surrogateescape")
-
-    @staticmethod
-    def _add_compare(compares: Any, c: Compare) -> None:
-        msg = compares.add()
-        msg.key = c.key.encode()
-        msg.target = _TARGETS[c.target]
-        msg.result = _OPS[c.op]
-        if c.target == "value":
-            msg.value = c.value if isinstance(c.value, bytes) else str(c.value).encode()
-        elif c.target == "version":
-            msg.version = int(c.value)
-        elif c.target == "mod":
-            msg.mod_revision = int(c.value)
-        else:
-            msg.create_revision = int(c.value)
-
-    @classmethod
-    def _txn_request(cls, compares: Sequence[Compare], success: Sequence[Op],
-                     failure: Sequence[Op] = ()) -> rpc.TxnRequest:
-        request = rpc.TxnRequest()
-        for c in compares:
-            cls._add_compare(request.compare, c)
-        for o in success:
-            cls._add_op(request.success, o)
-        for o in failure:
-            cls._add_op(request.failure, o)
-        return request
-
     async def _txn_impl(self, compares: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = ()) -> TxnResult:
-        request = self._txn_request(compares, success, failure)
+        request = _txn_request(compares, success, failure)
         generation = self._generation
         try:
             resp = await self._call("a transaction", _first_key(success, failure, compares), lambda client:
@@ -358,8 +365,8 @@ class EtcdStore:
                 first = await asyncio.wait_for(anext(stream), self._timeout)
                 break
             except WatchRefused as refused:
-                if client.uses_token and not renewed and is_stale_token(Unavailable(refused.reason)):
-                    await client.renew_token(stale)
+                if client.uses_token and not renewed and is_stale_token(refused):
+                    await self._renew(client, stale)
                     renewed = True
                     continue
                 if "permission denied" in refused.reason.lower():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aetcd
@@ -40,13 +40,13 @@ def _text(exc: BaseException) -> str:
 
 def is_stale_token(exc: BaseException) -> bool:
     """etcd refused the call's token (expired, from before a restart, or from before an auth change)."""
-    return isinstance(exc, grpc.aio.AioRpcError | aetcd.exceptions.ClientError) and \
+    return isinstance(exc, grpc.aio.AioRpcError | aetcd.exceptions.ClientError | WatchRefused) and \
         any(s in _text(exc) for s in _STALE_TOKEN)
 
 
 def is_permission_denied(exc: BaseException) -> bool:
     if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code() == grpc.StatusCode.PERMISSION_DENIED
+        return bool(exc.code() == grpc.StatusCode.PERMISSION_DENIED)
     return isinstance(exc, aetcd.exceptions.ClientError) and "permission denied" in str(exc)
 
 
@@ -96,15 +96,20 @@ def _credentials(options: EtcdOptions) -> grpc.ChannelCredentials:
                                         certificate_chain=cert)
 
 
-class Client(aetcd.Client):
+class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type information
     """aetcd's client over TLS (when `options` say so) with a renewable login token."""
+
+    # aetcd's own attributes this class reads and sets
+    _is_connecting: bool
+    metadata: Any
+    channel: Any
 
     def __init__(self, host: str, port: int, options: EtcdOptions, *, timeout: float) -> None:
         password = options.password.get_secret_value() if options.password is not None else None
         use_password = options.auth_mode == "password"
         super().__init__(host=host, port=port, username=options.user if use_password else None,
-                         password=password if use_password else None, timeout=timeout,  # type: ignore[arg-type]
-                         connect_wait_timeout=timeout)  # type: ignore[arg-type]
+                         password=password if use_password else None, timeout=timeout,
+                         connect_wait_timeout=timeout)
         self._etcd_options = options
         self._login_lock = asyncio.Lock()
         self.watchstub: Any = None
@@ -167,7 +172,7 @@ class WatchRefused(Exception):
 
 
 async def watch_responses(client: Client, key: bytes, range_end: bytes,
-                          start_revision: int) -> AsyncIterator[rpc.WatchResponse]:
+                          start_revision: int) -> AsyncGenerator[Any, None]:
     """One watch on a stream of its own, with the client's current token (aetcd's shared watch stream keeps
     the token it was opened with, and a watch etcd cancels at creation, e.g. for that token having expired,
     leaves aetcd's caller waiting forever). Raises WatchRefused when etcd cancels the watch as it creates it."""

@@ -32,7 +32,7 @@ def _once(call: object, request: object) -> None:
     try:
         call(request, timeout=10)  # type: ignore[operator]
     except grpc.RpcError as exc:
-        details = exc.details() or ""  # type: ignore[attr-defined]
+        details = exc.details() or ""
         if not any(s in details for s in _DONE_BEFORE):
             raise
 

@@ -18,6 +18,7 @@ from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_check import check_access
 
 from .access import CheckpointAccess
 from .domain.gc import GcTiming
@@ -62,8 +63,14 @@ class CheckpointApp:
         except BaseException:
             await self._close_storage()
             raise
-        store: Store = self._given_store if self._given_store is not None else EtcdStore(s.etcd_endpoints)
+        store: Store = self._given_store if self._given_store is not None else EtcdStore.from_options(s.etcd_options())
         self._store = store
+        if isinstance(store, EtcdStore) and self._given_store is None:
+            try:
+                await check_access(store, s.etcd_prefix)  # a wrong etcd credential stops the start here
+            except BaseException:
+                await self._close_store()
+                raise
         repo = CheckpointRepository(store, s.etcd_prefix)
         verifier = ShardVerifier(storage, mode=s.commit_verify, concurrency=s.verify_concurrency)
         manager = CheckpointManager(repo, storage, self._clock, verifier=verifier)

@@ -34,6 +34,7 @@ from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.security import identity
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_check import check_access
 
 from . import audit_http, http_errors, http_methods, openapi
 from .clients import AgentClients, SchedulerClient
@@ -130,7 +131,8 @@ class GatewayApp:
     async def _start(self) -> None:
         s = self.settings
         if self._store is None:
-            self._store = EtcdStore(s.etcd_endpoints)
+            self._store = EtcdStore.from_options(s.etcd_options())
+            await check_access(self._store, s.etcd_prefix)  # a wrong etcd credential stops the start here
         token_store = TokenStore(self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock,
                                  default_ttl_s=s.token_default_ttl_s, max_ttl_s=s.token_max_ttl_s)
         if s.bootstrap_admin_token is not None:

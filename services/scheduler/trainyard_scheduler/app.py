@@ -14,6 +14,7 @@ from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store.api import KeyValue, Store
 from trainyard_core.store.election import LeaderElection
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_check import check_access
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.store.mirror import PrefixMirror
 
@@ -39,12 +40,12 @@ class SchedulerApp:
                  agents: AgentPort | None = None) -> None:
         self.settings = settings
         self._own_store = store is None
-        self.store: Store = store or EtcdStore(settings.etcd_endpoints)
+        self.store: Store = store or EtcdStore.from_options(settings.etcd_options())
         # The election has its own client with calls bounded by half the lease TTL: a standby whose etcd
         # member hangs (no quorum, catching up) moves to the next member in time to take over within about
         # one TTL, instead of waiting out the main client's longer deadline.
-        self._election_store: Store = store or EtcdStore(settings.etcd_endpoints,
-                                                         timeout=max(0.5, settings.leader_ttl_s / 2))
+        self._election_store: Store = store or EtcdStore.from_options(settings.etcd_options(),
+                                                                      timeout=max(0.5, settings.leader_ttl_s / 2))
         self.clock = clock or SystemClock()
         self.keys = Keys(settings.etcd_prefix.rstrip("/"))
         self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s)
@@ -61,6 +62,8 @@ class SchedulerApp:
 
     async def start(self) -> None:
         s = self.settings
+        if isinstance(self.store, EtcdStore):
+            await check_access(self.store, s.etcd_prefix)  # a wrong etcd credential stops the start here
         await self._mirror.start()
         largest_gang_ops = placement_txn_ops(contract.MAX_NODES)
         txn_ops = await txn_ops_limit(self.store, self.keys.leader, largest_gang_ops)
