@@ -238,7 +238,12 @@ class LocalCluster:
         gw = self._proc("gateway", "trainyard_gateway.main", "TRAINYARD_GATEWAY_", {
             **common, "http_port": str(gw_port), "grpc_port": "0", "scheduler_address": self.scheduler_address,
             **self._tls(identity.GATEWAY)})
+        # The one place a bootstrap token exists: an operator token for the developer (production creates its
+        # first token with `python -m trainyard_gateway.tokens_admin`). The rate limit per token stays on, far
+        # above what a sandbox sends (the benchmarks poll a job every 5 ms with this token).
         gw.env["TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN"] = self.token
+        gw.env["TRAINYARD_GATEWAY_RATE_LIMIT_PER_S"] = "1000"
+        gw.env["TRAINYARD_GATEWAY_RATE_LIMIT_BURST"] = "2000"
         self.procs["gateway"] = gw
         for node_id, profile in self.nodes:
             self.procs[node_id] = self._agent_proc(node_id, profile)
@@ -362,7 +367,7 @@ def up(args: argparse.Namespace) -> int:
                   f"{len(nodes)} simulated node(s): {', '.join(f'{n} ({p})' for n, p in nodes)} ...", flush=True)
             cluster.start()
             env_file = cluster.write_env_file()
-            print(f"\nTrainyard is up.\n  gateway:  {cluster.url}\n  token:    {cluster.token}\n"
+            print(f"\nTrainyard is up.\n  gateway:  {cluster.url}\n  token:    {cluster.token} (operator)\n"
                   f"  checkpoint-store: {cluster.checkpoint_store_address}\n"
                   f"  logs:     {workdir / 'logs'}/\n  env file: {env_file}\n\n"
                   "In another terminal:\n  source .trainyard/local.env\n  .venv/bin/trainyard nodes\n\n"
