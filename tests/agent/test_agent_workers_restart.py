@@ -342,7 +342,7 @@ async def start_agent(tmp_path: Path, scheduler: Scheduler, agents: list[AgentPr
     try:
         proc = await asyncio.create_subprocess_exec(
             PY, "-m", "trainyard_agent.main", "--worker-restart-policy", policy, "--gpu-profile", "a100x4",
-            "--node-id", "node-main", "--insecure-plaintext",
+            "--node-id", "node-main", "--insecure-plaintext", "--single-tenant",
             "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready), "--scheduler-address",
             scheduler.address, "--stop-grace-s", "2", "--heartbeat-interval-s", "0.2", stderr=err)
     finally:
