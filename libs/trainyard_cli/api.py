@@ -135,6 +135,11 @@ class Api:
         result: dict[str, Any] = self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")
         return result
 
+    # -- audit ------------------------------------------------------------------------------------
+    def audit(self, params: dict[str, str | int]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/v1/audit", params=params)
+        return result
+
     # -- queues and quotas -----------------------------------------------------------------------
     def queues(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._json("GET", "/v1/queues")["queues"]

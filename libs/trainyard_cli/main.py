@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from trainyard_core import contract
 
-from . import commands
+from . import audit, commands
 from .errors import CliError, UsageError
 from .spec import parse_duration
 
@@ -208,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
     p.set_defaults(func=commands.cmd_nodes)
+
+    audit.add_parser(sub, common)
 
     queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (operator)",
                             description="List the queues (the default action), or create, replace and delete them.",
