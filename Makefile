@@ -66,12 +66,16 @@ chaos: deps proto
 	CHAOS_DURATION_S=$(CHAOS_DURATION_S) $(PY) -m pytest tests/chaos
 
 # A development PKI for deploy/ (docs/security.md says how to bring your own CA instead): the services, a
-# tool certificate for operators' scripts, and one certificate per node named in NODES. Idempotent.
+# tool certificate for operators' scripts, one certificate per node named in NODES, and the job issuer the
+# scheduler mints workers' checkpoint-store credentials with. Idempotent.
 NODES ?=
 .PHONY: certs
+# etcd's server certificate names ETCD_HOSTS; etcd-user-trainyard (the services) and etcd-user-root (the
+# operator's etcdctl) are client certificates whose CN is the etcd user (docs/security.md, etcd).
+ETCD_HOSTS ?= etcd1 etcd2 etcd3
 certs: deps
-	$(PY) -m trainyard_core.security.pki --dir deploy/pki scheduler gateway checkpoint-store tool/admin \
-	  $(foreach n,$(NODES),node/$(n))
+	$(PY) -m trainyard_core.security.pki --dir deploy/pki --job-issuer scheduler gateway checkpoint-store tool/admin \
+	  $(foreach n,$(NODES),node/$(n)) --etcd-user trainyard --etcd-user root $(foreach h,$(ETCD_HOSTS),--etcd-server-dns $(h))
 
 clean:
 	rm -rf gen .trainyard .pytest_cache .mypy_cache .ruff_cache bench/results

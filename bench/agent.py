@@ -131,7 +131,8 @@ def run(config: Config = Config()) -> dict[str, float]:
             def tls(p: Principal) -> dict[str, str]:
                 return certs[p].settings()
             scheduler = _proc(work, "scheduler", "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
-                "etcd_endpoints": etcd.endpoint, "listen_port": str(port), **config.scheduler_settings(),
+                "etcd_endpoints": etcd.endpoint, "etcd_insecure_plaintext": "true", "listen_port": str(port),
+                **config.scheduler_settings(),
                 **tls(identity.SCHEDULER)})
             agent = _proc(work, "agent", "trainyard_agent.main", "TRAINYARD_AGENT_", {
                 "node_id": NODE, "gpu_profile": "h100x8", "scheduler_address": f"127.0.0.1:{port}",

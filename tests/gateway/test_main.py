@@ -75,7 +75,7 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_endpoint: str,
     env = {**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": secret}
     proc = subprocess.Popen(
         [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--ready-file", str(ready),
-         "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", key_prefix.rstrip("/"),
+         "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", key_prefix.rstrip("/"), "--etcd-insecure-plaintext",
          "--scheduler-address", f"127.0.0.1:{free_port()}", *_tls(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -103,7 +103,7 @@ def test_unreachable_etcd_is_a_clean_start_failure(tmp_path: Path) -> None:
     env = {**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()}
     proc = subprocess.run(
         [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", f"127.0.0.1:{free_port()}",
-         *_tls(tmp_path)],
+         "--etcd-insecure-plaintext", *_tls(tmp_path)],
         env=env, capture_output=True, timeout=60)
     assert proc.returncode == 1
     err = proc.stderr.decode()

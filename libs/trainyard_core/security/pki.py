@@ -184,16 +184,18 @@ def etcd_user_files(directory: Path, user: str) -> CertFiles:
                      ca=directory / "ca.pem")
 
 
-def _cn_still_good(path: Path, ca: x509.Certificate, common_name: str, ips: Sequence[str] = ()) -> bool:
+def _cn_still_good(path: Path, ca: x509.Certificate, common_name: str, dns: Sequence[str] = (),
+                   ips: Sequence[str] = ()) -> bool:
     try:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
         cert.verify_directly_issued_by(ca)
         names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         if [n.value for n in names] != [common_name] or cert.not_valid_after_utc - RENEW_BEFORE <= _now():
             return False
-        if ips:
+        if dns or ips:
             san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-            return {str(a) for a in san.get_values_for_type(x509.IPAddress)} >= set(ips)
+            return set(san.get_values_for_type(x509.DNSName)) >= set(dns) and \
+                {str(a) for a in san.get_values_for_type(x509.IPAddress)} >= set(ips)
         return True
     except Exception:  # unreadable, another CA's, no SANs: re-issue
         return False
@@ -212,7 +214,8 @@ def ensure_etcd(directory: Path, users: Iterable[str] = (), *, server_dns: Seque
             raise ValueError(f"etcd user {user!r} must be {DNS_LABEL.rule}")
         wanted.append((etcd_user_files(directory, user), user, False))
     for files, cn, server in wanted:
-        if not (files.key.exists() and _cn_still_good(files.cert, ca_cert, cn, server_ips if server else ())):
+        if not (files.key.exists() and _cn_still_good(files.cert, ca_cert, cn, server_dns if server else (),
+                                                      server_ips if server else ())):
             cert_pem, key_pem = issue_etcd(ca_cert, ca_key, cn, server=server,
                                            dns=server_dns if server else (), ips=server_ips if server else ())
             _write_key(files.key, key_pem)
