@@ -54,7 +54,8 @@ async def test_a_refused_registration_ends_the_process_with_code_3(tmp_path: Pat
     script.write_text(SKEWED_AGENT)
     proc = await asyncio.create_subprocess_exec(
         PY, str(script), "--gpu-profile", "cpu", "--node-id", "Node-Main", "--insecure-plaintext",
-        "--single-tenant", "--state-dir", str(tmp_path / "state"), "--scheduler-address", scheduler.address, "--log-format", "text",
+        "--single-tenant", "--state-dir", str(tmp_path / "state"), "--scheduler-address", scheduler.address,
+        "--log-format", "text",
         stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 3
