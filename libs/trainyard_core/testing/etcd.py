@@ -62,10 +62,21 @@ class EtcdProcess:
     proc: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
     tls: CertFiles | None = None  # etcd's server certificate and the CA its clients' certificates chain to
+    admin: CertFiles | None = None  # the client certificate tools use (CN root once auth is on)
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"{'https' if self.tls is not None else 'http'}://{self.endpoint}"
+
+    def etcdctl_tls(self) -> list[str]:
+        """etcdctl's flags to reach this member as `admin` ([] for a plaintext member)."""
+        if self.tls is None or self.admin is None:
+            return []
+        return ["--cacert", str(self.tls.ca), "--cert", str(self.admin.cert), "--key", str(self.admin.key)]
 
     def _tls_args(self) -> list[str]:
         if self.tls is None:
@@ -123,7 +134,8 @@ def start_single(workdir: Path | None = None, host: str = "127.0.0.1", *, tls: C
     return member
 
 
-def start_cluster(size: int = 3, workdir: Path | None = None, *, tls: CertFiles | None = None) -> list[EtcdProcess]:
+def start_cluster(size: int = 3, workdir: Path | None = None, *, tls: CertFiles | None = None,
+                  admin: CertFiles | None = None) -> list[EtcdProcess]:
     """`size` etcd members forming one cluster, member i on 127.0.0.(i+1) (the whole 127/8 is loopback
     on Linux), each on free ports; data directories on tmpfs unless `workdir` is given. Returns once
     every member listens; the cluster has a leader shortly after (short raft timers)."""
@@ -133,7 +145,7 @@ def start_cluster(size: int = 3, workdir: Path | None = None, *, tls: CertFiles 
         host = f"127.0.0.{i + 1}"
         members.append(EtcdProcess(name=f"m{i + 1}", host=host, client_port=free_port(host),
                                    peer_port=free_port(host), data_dir=base / f"m{i + 1}" / "data",
-                                   log_path=base / f"m{i + 1}.log", tls=tls))
+                                   log_path=base / f"m{i + 1}.log", tls=tls, admin=admin))
     for m in members:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
     initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
