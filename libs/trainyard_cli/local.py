@@ -8,6 +8,10 @@ mTLS is on, as in production: a development CA and one certificate per principal
 simulated node, and `trainyard://tool/local` for tests and drills) are kept under <workdir>/pki/ (created
 once, renewed when near expiry). The checkpoint-store alone still serves plaintext: workers reach it
 without a certificate until per-job worker credentials exist (issue 12); it says so in its log.
+
+etcd serves TLS only and requires client certificates, with auth on: the services log in as `trainyard`, the
+CN of <workdir>/pki/etcd-user-trainyard.pem, whose role reads and writes /trainyard/ only; tests and drills
+reach every key as `root` (etcd-user-root.pem, `etcd_options()`). No password exists anywhere.
 """
 
 from __future__ import annotations
@@ -34,12 +38,18 @@ from trainyard_core.rpc.server import CHANNEL_OPTIONS, secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
 from trainyard_core.security.tls import ClientTls, target_name_option
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
+from trainyard_core.testing.etcd_auth import ROOT, enable_auth
 from trainyard_core.testing.netns import HostNetwork
 
 # Two nodes of one model, so a newcomer's first multi-node job (the minimal spec, one model per gang) runs,
 # and one of another model, so heterogeneous placement is on show.
 DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "h100x8"), ("node-3", "a100x4"))
+# The etcd user every service of the local cluster logs in as (its client certificate's CN), and the prefix
+# its role may read and write.
+ETCD_USER = "trainyard"
+ETCD_PREFIX = "/trainyard"
 
 
 @dataclass
@@ -156,6 +166,20 @@ class LocalCluster:
             return {"insecure_plaintext": "true"}
         return pki.files_for(self.pki_dir, principal).settings()
 
+    def _etcd_settings(self) -> dict[str, str]:
+        if not self.tls:
+            return {"etcd_insecure_plaintext": "true"}
+        files = pki.etcd_user_files(self.pki_dir, ETCD_USER)
+        return {"etcd_prefix": ETCD_PREFIX, "etcd_ca_file": str(files.ca), "etcd_cert_file": str(files.cert),
+                "etcd_key_file": str(files.key)}
+
+    def etcd_options(self, user: str = ROOT) -> EtcdOptions:
+        """How tests and drills reach this cluster's etcd: as `root` (every key) or as the services' user."""
+        if not self.tls:
+            return EtcdOptions(endpoints=self.etcd_endpoints)
+        files = pki.etcd_user_files(self.pki_dir, user)
+        return EtcdOptions(endpoints=self.etcd_endpoints, ca_file=files.ca, cert_file=files.cert, key_file=files.key)
+
     @property
     def tool_files(self) -> pki.CertFiles:
         """The certificate of `trainyard://tool/local`, for tests and drills that call services directly."""
@@ -199,17 +223,26 @@ class LocalCluster:
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         pki.ensure(self.pki_dir, self._principals())
         self.pki_dir.chmod(0o700)
+        # etcd as production runs it (docs/security.md, etcd): TLS only, client certificates required, auth on,
+        # the services logging in as the CN of their etcd client certificate, whose role has the prefix only.
+        etcd_tls, etcd_admin = None, None
+        if self.tls:
+            etcd_tls, users = pki.ensure_etcd(self.pki_dir, [ROOT, ETCD_USER])
+            etcd_admin = users[ROOT]
         if self.etcd_members == 1:
             self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
                                     data_dir=self.workdir / "etcd" / "data",
-                                    log_path=self.workdir / "logs" / "etcd.log")
+                                    log_path=self.workdir / "logs" / "etcd.log", tls=etcd_tls, admin=etcd_admin)
             self.etcd.start()
             self.etcd.wait_ready()
             self.etcd_cluster = [self.etcd]
         else:
-            self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd")
+            self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd", tls=etcd_tls,
+                                              admin=etcd_admin)
             self.etcd = self.etcd_cluster[0]
-        common = {"etcd_endpoints": self.etcd_endpoints}
+        if etcd_admin is not None:
+            enable_auth(self.etcd.endpoint, etcd_admin, ETCD_PREFIX + "/", {ETCD_USER: None})
+        common = {"etcd_endpoints": self.etcd_endpoints, **self._etcd_settings()}
 
         if self.netns:
             self.network = HostNetwork([n for n, _ in self.nodes]).create()
