@@ -78,7 +78,7 @@ async def test_invariants_hold_under_random_faults(chaos_settings: ChaosSettings
     started = time.monotonic()
     await asyncio.to_thread(cluster.start)
     try:
-        store = EtcdStore(cluster.etcd_endpoints, timeout=2.0)
+        store = EtcdStore.from_options(cluster.etcd_options(), timeout=2.0)  # as root: TLS, auth on
         http = httpx.AsyncClient(base_url=cluster.url, headers={"Authorization": f"Bearer {cluster.token}"},
                                  timeout=10)
         try:

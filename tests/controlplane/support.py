@@ -210,8 +210,10 @@ class Etcd:
         return [m for m in self.members if m.proc is not None and m.proc.poll() is None]
 
     def ctl(self, *args: str, endpoints: Iterable[EtcdProcess] | None = None, timeout: float = 5.0) -> str:
-        eps = ",".join(m.endpoint for m in (endpoints if endpoints is not None else self.up()))
-        r = subprocess.run(["etcdctl", f"--endpoints={eps}", "--dial-timeout=1s", "--command-timeout=2s", *args],
+        members = list(endpoints if endpoints is not None else self.up())
+        eps = ",".join(m.client_url for m in members)
+        tls = members[0].etcdctl_tls() if members else []  # as root: the local cluster's etcd has TLS and auth on
+        r = subprocess.run(["etcdctl", f"--endpoints={eps}", *tls, "--dial-timeout=1s", "--command-timeout=2s", *args],
                            env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True,
                            timeout=timeout)
         if r.returncode != 0:
