@@ -71,13 +71,10 @@ class RunningGateway:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30.0)
 
-    async def create_token(self, team: str, user: str, *, role: str = "member", admin: bool = False,
-                           **more: Any) -> str:
-        """A new token made with the bootstrap (operator) token; `admin=True` is the operator role (the
-        cluster-wide admin of before roles). `more`: ttl, scopes, description."""
+    async def create_token(self, team: str, user: str, *, role: str = "member", **more: Any) -> str:
+        """A new token made with the bootstrap (operator) token. `more`: ttl, scopes, description."""
         async with self.client(self.admin_token) as http:
-            reply = await http.post("/v1/tokens", json={"team": team, "user": user,
-                                                        "role": "operator" if admin else role, **more})
+            reply = await http.post("/v1/tokens", json={"team": team, "user": user, "role": role, **more})
         reply.raise_for_status()
         return str(reply.json()["secret"])
 

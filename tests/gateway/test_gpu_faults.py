@@ -22,7 +22,7 @@ async def _inject(cluster: Cluster, node_id: str, gpu: int, xid: int) -> None:
 
 async def test_xid_79_stops_the_job_on_that_gpu_and_cordons_the_node(cluster: Cluster,
                                                                       cluster_gateway: RunningGateway) -> None:
-    admin = await cluster_gateway.create_token("ops", "root", admin=True)
+    admin = await cluster_gateway.create_token("ops", "root", role="operator")
     async with cluster_gateway.client(admin) as http:
         job = (await http.post("/v1/jobs", json={"name": "victim", "command": python("import time; time.sleep(600)"),
                                                  "resources": {"nodes": 1, "gpus_per_node": 4}})).json()

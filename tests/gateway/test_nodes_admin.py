@@ -11,7 +11,7 @@ from .support import Cluster, RunningGateway, python
 async def test_cordon_needs_admin_and_keeps_jobs_off_the_node(cluster: Cluster,
                                                               cluster_gateway: RunningGateway) -> None:
     user = await cluster_gateway.create_token("vision", "alice")
-    admin = await cluster_gateway.create_token("ops", "root", admin=True)
+    admin = await cluster_gateway.create_token("ops", "root", role="operator")
     async with cluster_gateway.client(user) as http:
         refused = await http.post("/v1/nodes/node-a:cordon", json={"reason": "x"})
         assert refused.status_code == 403, refused.text
@@ -44,7 +44,7 @@ async def test_cordon_needs_admin_and_keeps_jobs_off_the_node(cluster: Cluster,
 async def test_gpu_health_takes_only_a_json_boolean(cluster: Cluster, cluster_gateway: RunningGateway) -> None:
     """Issue 11: `{"healthy": 0}` took a GPU out of service (lax bool coercion). Anything but true/false is
     refused with 400 naming the field, and the agent is never asked."""
-    admin = await cluster_gateway.create_token("ops", "root", admin=True)
+    admin = await cluster_gateway.create_token("ops", "root", role="operator")
     async with cluster_gateway.client(admin) as http:
         for healthy in (0, 1, "false", "true", None, 0.0):
             cluster.agent_calls["node-a"].clear()

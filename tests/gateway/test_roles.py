@@ -14,7 +14,7 @@ from trainyard_core.errors import PermissionDenied
 from trainyard_gateway import roles
 from trainyard_gateway.roles import RULES, Action
 
-from .support import Cluster, RunningGateway
+from .support import Cluster, RunningGateway, python
 
 
 @dataclass(frozen=True)
@@ -275,3 +275,17 @@ async def test_only_operators_see_where_nodes_are_and_cordon_them(cluster: Clust
                 assert cordon.status_code == 403, (role, cordon.text)
     cordoned = [n for n in await cluster.list_nodes() if n.cordoned]
     assert [(n.node_id, n.cordon_reason) for n in cordoned] == [("node-a", "by operator")]
+
+
+async def test_logs_of_an_unreachable_node_do_not_show_its_address(cluster: Cluster,
+                                                                   cluster_gateway: RunningGateway) -> None:
+    job = await cluster.submit(python("print('hi')"), nodes=2, gpus=1, team="vision", user="alice")
+    await cluster.wait_state(job.id, types_pb2.JOB_STATE_SUCCEEDED)
+    address = f"127.0.0.1:{cluster.agents['node-b'].grpc_port}"
+    await cluster.stop_agent("node-b")
+    member = await cluster_gateway.create_token("vision", "alice", role="member")
+    async with cluster_gateway.client(member) as http:
+        reply = await http.get(f"/v1/jobs/{job.id}/logs")
+    assert reply.status_code == 200, reply.text
+    assert "[gateway] no logs for ranks 1 on node node-b: the node agent of node-b is unavailable" in reply.text
+    assert address not in reply.text and "127.0.0.1" not in reply.text

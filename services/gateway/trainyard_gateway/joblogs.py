@@ -4,7 +4,9 @@ The job's placement (from the scheduler) names the nodes and their ranks; the no
 node's agent address; every agent is asked in parallel for its workers' lines. A node that cannot be
 reached does not fail the whole answer: its ranks are named in a trailing `[gateway]` note, and only
 when no node answers at all is the request failed (Unavailable → 503). An agent that has no workers of
-the job yet (NOT_FOUND: placed but not launched) contributes no lines.
+the job yet (NOT_FOUND: placed but not launched) contributes no lines. Why a node did not answer names its
+agent's address (gRPC's own messages do), so only callers who may see addresses (operators) get the
+reason; everyone else gets the kind of failure.
 """
 
 from __future__ import annotations
@@ -49,8 +51,16 @@ def render(results: Iterable[NodeLogs], *, max_lines: int) -> str:
     return "".join(line + "\n" for line in out)
 
 
+def _failure(exc: TrainyardError, node_id: str, show_addresses: bool) -> str:
+    if show_addresses:
+        return exc.message
+    if isinstance(exc, Unavailable):
+        return f"the node agent of {node_id} is unavailable"
+    return f"the node agent of {node_id} failed ({type(exc).__name__})"
+
+
 async def job_logs(scheduler: SchedulerClient, agents: AgentClients, *, job_id: str, team: str,
-                   tail_lines: int, attempt: int | None, max_lines: int) -> str:
+                   tail_lines: int, attempt: int | None, max_lines: int, show_addresses: bool) -> str:
     """The merged logs of `job_id` (of `attempt`, default the current one; 0: every attempt)."""
     job = await scheduler.get_job(job_id, team=team)
     if not job.placement:
@@ -68,7 +78,7 @@ async def job_logs(scheduler: SchedulerClient, agents: AgentClients, *, job_id: 
         except NotFound:
             return NodeLogs(assignment, [])  # placed, but the agent has not started these workers yet
         except TrainyardError as exc:
-            return NodeLogs(assignment, [], exc.message)
+            return NodeLogs(assignment, [], _failure(exc, assignment.node_id, show_addresses))
         return NodeLogs(assignment, lines)
 
     results = await asyncio.gather(*(fetch(a) for a in job.placement))

@@ -91,5 +91,6 @@ async def get_job_logs(
                                                                            "one, 0 for every attempt")] = None,
 ) -> PlainTextResponse:
     text = await job_logs(deps.scheduler, deps.agents, job_id=job_id, team=team_scope(principal),
-                          tail_lines=tail, attempt=attempt, max_lines=deps.settings.max_log_lines)
+                          tail_lines=tail, attempt=attempt, max_lines=deps.settings.max_log_lines,
+                          show_addresses=roles.allows(principal, roles.Action.NODES_ADDRESSES))
     return PlainTextResponse(text)
