@@ -288,3 +288,20 @@ async def test_reads_leave_no_entry(services: Services) -> None:
         code, _ = await _call(services, row, request, request_id)
         assert code == grpc.StatusCode.OK, name
         assert await services.entries(server, request_id) == [], name
+
+
+async def test_the_schedulers_launches_are_in_both_logs_under_one_request_id(services: Services) -> None:
+    async with secure_channel(services.address(S), ClientTls(pki.files_for(services.pki, OPS)), S) as channel:
+        job = (await JOBS(channel).SubmitJob(sc.SubmitJobRequest(spec=_job_spec(), team="team-a"),
+                                             metadata=services.metadata)).job
+    launch = _m(authz.AGENT, "LaunchWorkers")
+
+    async def launched() -> list[AuditEntry]:
+        return (await services.log.query(AuditFilter(action=launch, target=f"job/{job.id}"))).entries
+
+    [ours] = await eventually(launched, timeout=20, what="the scheduler's record of the launch")
+    assert (ours.principal, ours.service, ours.result, ours.detail["callee"]) == \
+        ("trainyard://scheduler", "scheduler", "ok", "node/node-1")
+    [theirs] = await services.entries(NODE_1, ours.request_id)
+    assert (theirs.principal, theirs.action, theirs.target, theirs.result) == \
+        ("trainyard://scheduler", launch, f"job/{job.id}", "ok")

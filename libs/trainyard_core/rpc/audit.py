@@ -139,3 +139,26 @@ class RequestIdClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type:
             metadata.add(REQUEST_ID_HEADER, request_id)
             client_call_details = client_call_details._replace(metadata=metadata)
         return await continuation(client_call_details, request)
+
+
+async def record_call(sink: AuditSink | None, *, principal: str, service: str, method: str, request: Any,
+                      callee: str, failure: BaseException | None = None, response: Any | None = None,
+                      request_id: str = "", clock: Clock | None = None) -> None:
+    """The caller's side of an audited call it made to a service without etcd (the scheduler's launches and
+    stops on an agent): one entry naming the callee in `detail["callee"]`, the result as the caller saw it."""
+    spec = AUDITED.get(method)
+    if sink is None or spec is None:
+        return
+    if failure is None:
+        result, message = RESULT_OK, ""
+    elif isinstance(failure, grpc.aio.AioRpcError):
+        result, message = _code_name(failure.code()), str(failure.details() or "")
+    else:
+        result, message = outcome(failure, None)
+    detail = {**_safe(lambda: dict(spec.detail(request)) if spec.detail else {}, {}), "callee": callee}
+    await record(sink, AuditEntry.make(
+        time=(clock or SystemClock()).now(), principal=principal, service=service, action=method,
+        target=_safe(lambda: spec.target(request, response), ""), result=result, message=message,
+        request_id=request_id or current_request_id.get(),
+        team=_safe(lambda: spec.team(request) if spec.team else "", ""),
+        detail=detail))

@@ -48,7 +48,10 @@ class SchedulerApp:
                                                                       timeout=max(0.5, settings.leader_ttl_s / 2))
         self.clock = clock or SystemClock()
         self.keys = Keys(settings.etcd_prefix.rstrip("/"))
-        self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s)
+        # Every mutating call this replica serves, and its own launches and stops on agents.
+        self.audit = AuditLog(self.store, settings.etcd_prefix, retention_s=settings.audit_retention_s(),
+                              clock=self.clock)
+        self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s, audit=self.audit)
         self._worker_credentials = WorkerCredentials.from_settings(settings)
         self.grpc_port = 0
         self.leadership = Leadership("")
@@ -92,9 +95,8 @@ class SchedulerApp:
 
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
-        audit = AuditLog(self.store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self.clock)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
-                                               service_names=names, tls=s.tls, audit=audit,
+                                               service_names=names, tls=s.tls, audit=self.audit,
                                                audit_service="scheduler")
         self.grpc_port = self._server.port
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import grpc.aio
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
+from trainyard_core.audit import REQUEST_ID_HEADER, AuditSink, new_request_id
 from trainyard_core.errors import FailedPrecondition
+from trainyard_core.rpc.audit import record_call
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.security import identity
@@ -27,10 +29,23 @@ from .convert import launch_to_pb
 _UNCHECKED = identity.node("plaintext")
 
 
+LAUNCH = "/trainyard.agent.v1.AgentService/LaunchWorkers"
+STOP = "/trainyard.agent.v1.AgentService/StopWorkers"
+
+
 class GrpcAgents:
-    def __init__(self, tls: CertFiles | None, call_timeout_s: float = 10.0) -> None:
+    """`audit`: where the scheduler's side of each launch and stop is recorded (the agent keeps its own side in
+    its state directory, out of the operators' reach through the gateway)."""
+
+    def __init__(self, tls: CertFiles | None, call_timeout_s: float = 10.0, audit: AuditSink | None = None) -> None:
         self._channels = Channels(tls)
         self._timeout = call_timeout_s
+        self._audit = audit
+
+    async def _record(self, method: str, request: object, node: Node, failure: BaseException | None,
+                      request_id: str) -> None:
+        await record_call(self._audit, principal=str(identity.SCHEDULER), service="scheduler", method=method,
+                          request=request, callee=f"node/{node.node_id}", failure=failure, request_id=request_id)
 
     def _expected(self, node: Node) -> Principal:
         try:
@@ -45,19 +60,29 @@ class GrpcAgents:
         return agent_pb2_grpc.AgentServiceStub(self._channels.get(node.agent_address, self._expected(node)))
 
     async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None:
+        request = launch_to_pb(launch, epoch)
+        # One request id for both sides: the agent's entry of this launch and the scheduler's.
+        request_id = new_request_id()
         try:
-            await self._stub(node).LaunchWorkers(launch_to_pb(launch, epoch), timeout=self._timeout)
+            await self._stub(node).LaunchWorkers(request, timeout=self._timeout,
+                                                 metadata=((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AioRpcError as exc:
+            await self._record(LAUNCH, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
+        await self._record(LAUNCH, request, node, None, request_id)
 
     async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int,
                    signal: str = "") -> None:
         request = agent_pb2.StopWorkersRequest(job_id=job_id, attempt=attempt, grace_period_ms=int(grace_s * 1000),
                                                reason=reason, leader_epoch=epoch, signal=signal)
+        request_id = new_request_id()
         try:
-            await self._stub(node).StopWorkers(request, timeout=grace_s + self._timeout)
+            await self._stub(node).StopWorkers(request, timeout=grace_s + self._timeout,
+                                               metadata=((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AioRpcError as exc:
+            await self._record(STOP, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
+        await self._record(STOP, request, node, None, request_id)
 
     async def close(self) -> None:
         await self._channels.close()
