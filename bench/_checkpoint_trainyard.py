@@ -97,7 +97,7 @@ def _gang(mode: str, world: int, job_id: str, address: str, config: Config) -> f
                "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "TRAINYARD_CHECKPOINT_STORE": address,
                "TRAINYARD_JOB_ID": job_id, "TRAINYARD_ATTEMPT": "1", "OMP_NUM_THREADS": "1",
-               "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT": "1"}
+               "TRAINYARD_CHECKPOINT_PLAINTEXT": "1"}
         procs.append(subprocess.Popen([sys.executable, "-m", "bench._ckpt_worker", mode, str(config.reshard_gib),
                                        str(config.tensors)], env=env, stdout=subprocess.PIPE, text=True))
     seconds = []

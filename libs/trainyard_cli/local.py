@@ -6,8 +6,8 @@ checkpoint-store, the gateway and simulated GPU nodes — each as its own proces
 
 mTLS is on, as in production: a development CA and one certificate per principal (each service, each
 simulated node, and `trainyard://tool/local` for tests and drills) are kept under <workdir>/pki/ (created
-once, renewed when near expiry). The checkpoint-store alone still serves plaintext: workers reach it
-without a certificate until per-job worker credentials exist (issue 12); it says so in its log.
+once, renewed when near expiry), with the job issuer the scheduler mints each job attempt's
+checkpoint-store credential with, so workers reach the checkpoint-store over mTLS too.
 
 etcd serves TLS only and requires client certificates, with auth on: the services log in as `trainyard`, the
 CN of <workdir>/pki/etcd-user-trainyard.pem, whose role reads and writes /trainyard/ only; tests and drills
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import os
@@ -37,6 +38,7 @@ import grpc.aio
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
+from trainyard_core.security.job_credentials import JobCredential, JobIssuer
 from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
@@ -166,6 +168,21 @@ class LocalCluster:
             return {"insecure_plaintext": "true"}
         return pki.files_for(self.pki_dir, principal).settings()
 
+    def _job_issuer(self) -> dict[str, str]:
+        """The scheduler's job issuer settings (none without TLS: workers are then told the store is
+        plaintext)."""
+        if not self.tls:
+            return {}
+        cert, key = pki.job_issuer_files(self.pki_dir)
+        return {"job_issuer_cert_file": str(cert), "job_issuer_key_file": str(key)}
+
+    def job_credential(self, job_id: str, attempt: int, team: str) -> JobCredential:
+        """A checkpoint-store credential for `job_id` minted with this cluster's job issuer, as the scheduler
+        mints its workers' (for tests and drills that read a job's checkpoints as its workers do)."""
+        cert, key = pki.job_issuer_files(self.pki_dir)
+        issuer = JobIssuer(cert, key, self.pki_dir / "ca.pem", ttl_s=3600)
+        return issuer.credential(job_id, attempt, team, dt.datetime.now(dt.UTC))
+
     def _etcd_settings(self) -> dict[str, str]:
         if not self.tls:
             return {"etcd_insecure_plaintext": "true"}
@@ -221,7 +238,7 @@ class LocalCluster:
         find_etcd()
         for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        pki.ensure(self.pki_dir, self._principals())
+        pki.ensure(self.pki_dir, self._principals(), job_issuer=True)
         self.pki_dir.chmod(0o700)
         # etcd as production runs it (docs/security.md, etcd): TLS only, client certificates required, auth on,
         # the services logging in as the CN of their etcd client certificate, whose role has the prefix only.
@@ -258,12 +275,13 @@ class LocalCluster:
                 **common, "listen_host": host, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
                 "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
-                "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER)})
+                "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER),
+                **self._job_issuer()})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",
             {**common, "listen_host": host, "listen_port": str(ckpt_port),
              "storage_url": (self.workdir / "checkpoints").as_uri(),
-             "insecure_plaintext": "true"})
+             **self._tls(identity.CHECKPOINT_STORE)})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
             print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)

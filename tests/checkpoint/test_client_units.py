@@ -147,7 +147,7 @@ def test_errors_cross_process_boundaries_intact() -> None:
 def test_settings_come_from_the_environment_and_name_what_is_missing() -> None:
     env = {"TRAINYARD_CHECKPOINT_STORE": "10.0.0.5:50053", "TRAINYARD_JOB_ID": "job-a", "TRAINYARD_ATTEMPT": "2",
            "TRAINYARD_CHECKPOINT_THREADS": "4", "TRAINYARD_CHECKPOINT_KEEP_LAST": "3",
-           "TRAINYARD_TEST_KILL_AT": "1:17", "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT": "1"}
+           "TRAINYARD_TEST_KILL_AT": "1:17", "TRAINYARD_CHECKPOINT_PLAINTEXT": "1"}
     s = ClientSettings.from_env(env)
     assert (s.store_address, s.job_id, s.attempt, s.thread_count) == ("10.0.0.5:50053", "job-a", 2, 4)
     assert s.retention is not None and s.retention.keep_last == 3

@@ -257,7 +257,7 @@ async def test_the_real_client_saves_and_loads_with_a_minted_credential(
         tls_app: CheckpointApp, issuer: JobIssuer, job_pki: Path, tmp_path: Path, zygote: Zygote) -> None:
     cred = issuer.credential("job-e2e", 0, "ml", _now())
     env = job_env(f"127.0.0.1:{tls_app.grpc_port}", "job-e2e")
-    del env["TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT"]
+    del env["TRAINYARD_CHECKPOINT_PLAINTEXT"]
     env.update(cred.env())
     saved = await run_gang(zygote, ["save", "1", "2"], world_size=2, env=env, out=tmp_path / "save")
     assert [r["step"] for r in saved[0]["saved"]] == [1, 2]

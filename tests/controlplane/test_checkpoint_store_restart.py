@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard_checkpoint.client.env import WorkerTls
 from trainyard_checkpoint.client.service import ServiceClient
 from trainyard_cli.local import LocalCluster
 
@@ -83,7 +84,10 @@ def test_checkpoint_store_restart_leaves_a_saving_job_undisturbed(cluster: Local
     # The one worker that ever ran for the job is the one that ran before the fault.
     assert [(w.attempt, w.pid) for w in agents.workers(job["id"])] == [(1, workers[0].pid)]
     assert sorted(saved) == begun == list(range(1, len(begun) + 1))
-    service = ServiceClient(cluster.checkpoint_store_address, timeout_s=10)
+    # Read back as the job's workers do, with a credential of its job issuer (the store serves mTLS).
+    cred = cluster.job_credential(job["id"], done["attempt"], done["team"])
+    service = ServiceClient(cluster.checkpoint_store_address, tls=WorkerTls(cred.cert_chain, cred.key, cred.ca),
+                            timeout_s=10)
     try:
         states = {c.id: (c.step, c.state) for c in service.list_all(job["id"])}
         latest = service.latest(job["id"])

@@ -21,7 +21,9 @@ import pytest
 
 from trainyard.checkpoint.v1 import checkpoint_pb2 as ckpt_pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as ckpt_grpc
+from trainyard_checkpoint.access import TEAM_HEADER
 from trainyard_cli.local import LocalCluster
+from trainyard_core.security import identity
 from trainyard_core.testing.wait import until
 
 from .conftest import Api, local_cluster
@@ -45,13 +47,17 @@ def api3(cluster3: LocalCluster) -> Iterator[Api]:
     a.http.close()
 
 
-def _latest_step(cluster: LocalCluster, job_id: str) -> int:
-    with grpc.insecure_channel(cluster.checkpoint_store_address) as ch:
+def _latest_step(cluster: LocalCluster, job: dict[str, Any]) -> int:
+    # As the cluster's tool, for the job's team (the store shows a tool only its team's jobs).
+    with cluster.sync_channel(cluster.checkpoint_store_address, identity.CHECKPOINT_STORE) as ch:
         try:
             resp = ckpt_grpc.CheckpointServiceStub(ch).GetLatestCheckpoint(
-                ckpt_pb.GetLatestCheckpointRequest(job_id=job_id), timeout=5)
-        except grpc.RpcError:
-            return 0
+                ckpt_pb.GetLatestCheckpointRequest(job_id=job["id"]), timeout=5,
+                metadata=[(TEAM_HEADER, job["team"])])
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return 0
+            raise
         return int(resp.checkpoint.step)
 
 
@@ -79,7 +85,7 @@ def test_a_job_resumes_on_healthy_nodes_after_one_of_its_nodes_dies(api3: Api, c
 
     job = _submit(api3, "survivor", f"exec {base} --step-time 0.25 --out {resumed_out}")
     running = api3.wait(job["id"], {"running"}, timeout=60)
-    until(lambda: _latest_step(cluster3, job["id"]) >= 8, 60, "a checkpoint at step 8 or later")
+    until(lambda: _latest_step(cluster3, job) >= 8, 60, "a checkpoint at step 8 or later")
     # The node of rank 0 (the rendezvous master) dies: agent, shims and workers.
     victim = next(a["node_id"] for a in running["placement"] if a["node_rank"] == 0)
     killed = cluster3.kill_node(victim)

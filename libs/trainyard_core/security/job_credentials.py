@@ -43,7 +43,9 @@ CERT_ENV = "TRAINYARD_CHECKPOINT_CERT"
 KEY_ENV = "TRAINYARD_CHECKPOINT_KEY"
 CA_ENV = "TRAINYARD_CHECKPOINT_CA"
 # Set instead of the three above when the deployment runs without TLS (the scheduler's insecure_plaintext).
-PLAINTEXT_ENV = "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT"
+# Not ..._INSECURE_PLAINTEXT: under the checkpoint-store's old settings prefix that is the store's own
+# insecure_plaintext setting, which a store started from a worker's environment would take.
+PLAINTEXT_ENV = "TRAINYARD_CHECKPOINT_PLAINTEXT"
 NOT_BEFORE_SKEW = dt.timedelta(minutes=1)
 MAX_ATTEMPT = 2**31 - 1
 
@@ -193,8 +195,8 @@ def mint(issuer_cert: x509.Certificate, issuer_key: ec.EllipticCurvePrivateKey, 
 class JobIssuer:
     """The scheduler's job issuer: mints one credential per (job, attempt), kept for the attempt's launches
     on every node (bounded: the oldest are forgotten first). Files rotated on disk are taken at the next
-    mint. Thread-safe. One mint costs about 0.3 ms (a P-256 key and one signature), so it runs on the event
-    loop."""
+    mint. Thread-safe. A fresh credential costs under 1 ms (0.96 ms measured on the shared development
+    machine: a P-256 key, one signature, three stats), a cached one 0.06 ms, so it runs on the event loop."""
 
     CACHE_MAX = 4096
 

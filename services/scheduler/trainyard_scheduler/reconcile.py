@@ -532,7 +532,7 @@ class Reconciler:
 
     async def _launch(self, node: Node, launch: NodeLaunch, team: str = "") -> None:
         if self._worker_env is not None:
-            # One mint per attempt (about 0.3 ms), shared by its nodes: cheap enough for the event loop.
+            # One mint per attempt (under 1 ms), shared by its nodes: cheap enough for the event loop.
             launch = replace(launch, env={**launch.env, **self._worker_env(launch.job_id, launch.attempt, team)})
         try:
             await self._agents.launch(node, launch, self._epoch())

@@ -37,7 +37,7 @@ def job_env(store_address: str, job_id: str, **extra: str) -> dict[str, str]:
                 "PYTHONUNBUFFERED": "1",
                 # The store of these tests serves plaintext (tests/checkpoint/test_job_credentials.py runs the
                 # client with a job credential against an mTLS one).
-                "TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT": "1"})
+                "TRAINYARD_CHECKPOINT_PLAINTEXT": "1"})
     env.update(extra)
     return env
 

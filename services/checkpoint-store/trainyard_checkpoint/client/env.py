@@ -5,7 +5,7 @@
 | `TRAINYARD_CHECKPOINT_STORE` | host:port of the checkpoint-store (required) |
 | `TRAINYARD_CHECKPOINT_CERT`, `..._KEY` | the job's worker credential: certificate chain and key (PEM) |
 | `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (PEM, or a file's path) |
-| `TRAINYARD_CHECKPOINT_INSECURE_PLAINTEXT` | `1`: a store that serves plaintext, no credential |
+| `TRAINYARD_CHECKPOINT_PLAINTEXT` | `1`: a store that serves plaintext, no credential |
 | `TRAINYARD_JOB_ID` | the job the checkpoints belong to (required) |
 | `TRAINYARD_ATTEMPT` | the job's restart count (default 0) |
 | `TRAINYARD_CHECKPOINT_THREADS` | writer threads (files) per rank (default 2) |
