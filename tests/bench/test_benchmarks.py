@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent, checkpoint, e2e_latency, recovery, scheduler
+from bench import agent, checkpoint, e2e_latency, heartbeat, recovery, scheduler
 from trainyard_scheduler.sim.simulator import BUCKETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,12 @@ FIGURES: dict[str, set[str]] = {
     },
     "e2e_latency": {
         "submit_to_running_p50_s", "submit_to_running_p95_s", "direct_spawn_p50_s",
-        "submit_to_running_p50_vs_direct_spawn", "jobs",
+        "submit_to_running_p50_vs_direct_spawn", "tls_vs_plaintext_p50", "jobs",
+    },
+    "heartbeat": {
+        "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
+        "scheduler_idle_cpu_percent_tls", "scheduler_idle_cpu_percent_plaintext",
+        "beat_ack_p50_ms_plaintext", "beat_ack_p50_tls_vs_plaintext", "nodes", "interval_ms", "windows",
     },
     "recovery": {
         "rounds", "detect_s", "detect_s_median", "detect_to_running_s", "detect_to_running_s_median",
@@ -58,6 +63,7 @@ FIGURES: dict[str, set[str]] = {
         "p99_decision_ms_128node_saturated", "p99_decision_ms_128node_burst", "samples_128node_burst",
         "commit_per_s", "etcd_txn_per_s", "etcd_txn_with_encode_per_s", "commit_vs_etcd_txn_with_encode",
         "commits_each", "etcd_txn_with_holdings_per_s", "holdings_txn_vs_etcd_txn",
+        "commit_per_s_tls_etcd", "commit_per_s_plaintext_etcd",
         "commit_vs_etcd_txn_with_holdings", "commits_on_node_copies", "jct_s", "jct_s_fifo", "fifo_pending_growth",
         "jct_vs_fifo_high_load",
         "allocation_percent_main", "allocation_percent_saturated", "saturated_share_of_window",
@@ -73,6 +79,8 @@ COUNTS: dict[str, dict[str, float]] = {
     "agent": {"xid_injections": agent.TINY.injections, "heartbeat_interval_ms": agent.TINY.heartbeat_interval_ms},
     "checkpoint": {"state_gib": checkpoint.TINY.gib, "reshard_state_gib": checkpoint.TINY.reshard_gib},
     "e2e_latency": {"jobs": e2e_latency.TINY.jobs},
+    "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
+                  "windows": heartbeat.TINY.rounds},
     "recovery": {"rounds": recovery.TINY.rounds},
     "scheduler": {
         "fleet_nodes": scheduler.TINY.nodes, "fleet_gpus": scheduler.TINY.nodes * scheduler.GPUS_PER_NODE,
@@ -82,7 +90,7 @@ COUNTS: dict[str, dict[str, float]] = {
     },
 }
 
-SLOW_CLUSTER = {"e2e_latency", "recovery"}  # they start the whole local cluster
+SLOW_CLUSTER = {"e2e_latency", "heartbeat", "recovery"}  # they start the whole local cluster
 
 
 def test_every_benchmark_has_a_tiny_run() -> None:

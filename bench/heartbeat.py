@@ -1,0 +1,190 @@
+"""What a heartbeat costs the scheduler with mTLS on, against the same with every service on plaintext, same run.
+
+Two local clusters (real etcd, scheduler, gateway; no agents) run side by side, one with mTLS and the
+authorization table, one with insecure_plaintext. A swarm in this process speaks the agent's protocol to each:
+`nodes` simulated nodes register (8 GPUs each, as an H100 host) and keep one Heartbeat stream open, beating
+every `interval_ms` with 8 GPUs' metrics, as the agent does; on the TLS side each node presents its own node
+certificate, so the interceptor checks every beat against the node it names. Both swarms beat at once for
+`rounds` windows of `window_s`; in each window the scheduler's CPU time (utime + stime of its process, from
+/proc), less what the same scheduler spent idle over as long a window before any node registered (its reconcile
+loop and election), is divided by the beats it acknowledged.
+
+Figures: `heartbeat_cpu_us_tls`, `heartbeat_cpu_us_plaintext` (medians over the windows),
+`heartbeat_cpu_tls_vs_plaintext` (the ratio of the two; target <= 1.2), `scheduler_idle_cpu_percent_tls` /
+`_plaintext` (the idle baseline, % of a core), `beat_ack_p50_ms_tls` /
+`_plaintext` (beat sent → its ack seen by the swarm) and their ratio. The fleet benchmark of issue 13 will
+measure the scheduler at 10k nodes; this one isolates what transport security adds to each beat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc.aio
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_cli.local import LocalCluster
+from trainyard_core.rpc.server import insecure_channel, secure_channel
+from trainyard_core.security import identity, pki
+from trainyard_core.security.tls import ClientTls
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: int = 100
+    interval_ms: int = 500
+    rounds: int = 6
+    window_s: float = 5.0
+
+
+TINY = Config(nodes=4, interval_ms=200, rounds=2, window_s=1.0)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _node(node_id: str) -> types_pb2.Node:
+    gpus = [types_pb2.Gpu(index=i, uuid=f"GPU-{node_id}-{i}", vendor="nvidia", model="H100", memory_mb=81559,
+                          pci_bus_id=f"0000:{i + 1:02x}:00.0", compute_capability="9.0",
+                          health=types_pb2.GPU_HEALTH_HEALTHY,
+                          numa_node=i // 4, nvlink_island=0)
+            for i in range(8)]
+    return types_pb2.Node(node_id=node_id, hostname=node_id, agent_address="127.0.0.1:9", worker_address="127.0.0.1",
+                          gpus=gpus, cpus=64, memory_mb=1024 * 1024)
+
+
+def _metrics() -> list[types_pb2.GpuMetrics]:
+    return [types_pb2.GpuMetrics(index=i, utilization_percent=97, memory_used_mb=70_000, temperature_c=61,
+                                 power_w=650, sm_clock_mhz=1980, memory_clock_mhz=2619) for i in range(8)]
+
+
+class SimNode:
+    """One simulated agent: registers, then beats on one stream and records beat → ack latency."""
+
+    def __init__(self, node_id: str, channel: grpc.aio.Channel, interval_s: float) -> None:
+        self.node_id = node_id
+        self.channel = channel
+        self.interval_s = interval_s
+        self.acked = 0
+        self.latencies_ms: list[float] = []
+        self._sent: dict[int, float] = {}
+        self.recording = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        stub = scheduler_pb2_grpc.NodeServiceStub(self.channel)
+        await stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=_node(self.node_id)), timeout=30)
+        metrics = _metrics()
+
+        async def beats() -> AsyncIterator[scheduler_pb2.HeartbeatRequest]:
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                now = time.time()
+                ts = Timestamp()
+                ts.FromNanoseconds(int(now * 1e9))
+                self._sent[seq] = time.perf_counter()
+                yield scheduler_pb2.HeartbeatRequest(node_id=self.node_id, seq=seq, sent_at=ts, gpu_metrics=metrics)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+
+        async for ack in stub.Heartbeat(beats()):
+            sent = self._sent.pop(ack.ack_seq, None)
+            if sent is not None and self.recording:
+                self.acked += 1
+                self.latencies_ms.append((time.perf_counter() - sent) * 1e3)
+
+
+async def _swarm(cluster: LocalCluster, count: int, interval_s: float, tls: bool) -> list[SimNode]:
+    address = cluster.scheduler_addresses[0]
+    nodes = []
+    for i in range(count):
+        principal = identity.node(f"swarm-{i}")
+        channel = (secure_channel(address, ClientTls(pki.files_for(cluster.pki_dir, principal)), identity.SCHEDULER)
+                   if tls else insecure_channel(address))
+        nodes.append(SimNode(principal.name, channel, interval_s))
+    return nodes
+
+
+async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[str, float]:
+    pids = {tls: c.procs["scheduler"].popen.pid for tls, c in clusters.items() if c.procs["scheduler"].popen}
+    before = {tls: _cpu_s(pid) for tls, pid in pids.items()}
+    await asyncio.sleep(config.window_s)
+    idle = {tls: (_cpu_s(pid) - before[tls]) / config.window_s for tls, pid in pids.items()}  # CPU s per s
+    stop = asyncio.Event()
+    swarms = {tls: await _swarm(c, config.nodes, config.interval_ms / 1000, tls) for tls, c in clusters.items()}
+    tasks = [asyncio.create_task(n.run(stop)) for swarm in swarms.values() for n in swarm]
+    per_beat: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        await asyncio.sleep(max(1.0, 2 * config.interval_ms / 1000))  # registered, streams open, first beats in
+        for task in tasks:
+            if task.done():
+                task.result()  # a node that could not register or beat is a failed benchmark, not a figure
+        for _ in range(config.rounds):
+            before = {tls: _cpu_s(pid) for tls, pid in pids.items()}
+            for swarm in swarms.values():
+                for n in swarm:
+                    n.acked, n.recording = 0, True
+            started = time.perf_counter()
+            await asyncio.sleep(config.window_s)
+            took = time.perf_counter() - started
+            for tls, swarm in swarms.items():
+                for n in swarm:
+                    n.recording = False
+                beats = sum(n.acked for n in swarm)
+                if beats:
+                    busy = _cpu_s(pids[tls]) - before[tls] - idle[tls] * took
+                    per_beat[tls].append(busy / beats * 1e6)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for swarm in swarms.values():
+            for n in swarm:
+                await n.channel.close()
+    tls_us, plain_us = statistics.median(per_beat[True]), statistics.median(per_beat[False])
+    ack = {tls: statistics.median([v for n in swarm for v in n.latencies_ms]) for tls, swarm in swarms.items()}
+    return {
+        "heartbeat_cpu_us_tls": tls_us,
+        "heartbeat_cpu_us_plaintext": plain_us,
+        "heartbeat_cpu_tls_vs_plaintext": tls_us / plain_us,
+        "scheduler_idle_cpu_percent_tls": idle[True] * 100,
+        "scheduler_idle_cpu_percent_plaintext": idle[False] * 100,
+        "beat_ack_p50_ms_tls": ack[True],
+        "beat_ack_p50_ms_plaintext": ack[False],
+        "beat_ack_p50_tls_vs_plaintext": ack[True] / ack[False],
+        "nodes": float(config.nodes),
+        "interval_ms": float(config.interval_ms),
+        "windows": float(config.rounds),
+    }
+
+
+def run(config: Config = Config()) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
+        clusters = {tls: LocalCluster(Path(tmp) / ("tls" if tls else "plaintext"), gateway_port=0, nodes=[],
+                                      tls=tls, node_timeout_s=max(2.5, 5 * config.interval_ms / 1000),
+                                      heartbeat_interval_ms=config.interval_ms)
+                    for tls in (True, False)}
+        try:
+            for c in clusters.values():
+                c.start()
+            pki.ensure(clusters[True].pki_dir, [identity.node(f"swarm-{i}") for i in range(config.nodes)])
+            return asyncio.run(_measure(config, clusters))
+        finally:
+            for c in clusters.values():
+                c.stop()
