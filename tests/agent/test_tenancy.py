@@ -134,9 +134,10 @@ class Host:
     def channel(self, caller: Principal) -> grpc.aio.Channel:
         return secure_channel(self.address, ClientTls(pki.files_for(self.pki_dir, caller)), NODE)
 
-    async def launch(self, job_id: str, team: str, mode: str, env: dict[str, str] | None = None) -> int:
+    async def launch(self, job_id: str, team: str, mode: str, env: dict[str, str] | None = None,
+                     working_dir: str = "") -> int:
         request = agent_pb2.LaunchWorkersRequest(
-            job_id=job_id, attempt=1, team=team, leader_epoch=EPOCH, env=env or {},
+            job_id=job_id, attempt=1, team=team, leader_epoch=EPOCH, env=env or {}, working_dir=working_dir,
             command=[self.python, str(self.script), mode],
             workers=[agent_pb2.WorkerSpec(rank=0, local_rank=0)])
         async with self.channel(identity.SCHEDULER) as ch:
@@ -270,6 +271,19 @@ async def test_a_launch_for_a_team_without_identity_is_refused(host: Host) -> No
         assert expected in (info.value.details() or "")
         assert not await host.running(f"job-{team or 'none'}")
         assert not (host.workdir_root / f"job-{team or 'none'}").exists()
+
+
+@needs_root
+async def test_a_working_dir_the_teams_uid_may_not_enter_is_refused(host: Host, public_tmp: Path) -> None:
+    # The kernel decides, as the worker's uid: the agent (root) could enter it, and did before.
+    theirs = public_tmp / "research-data"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, RESEARCH.uid, RESEARCH.gid)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await host.launch("job-w", "ml", "victim", working_dir=str(theirs))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"in {theirs}: uid {ML.uid} may not enter the working directory" in (info.value.details() or "")
+    assert not await host.running("job-w")
 
 
 @needs_root

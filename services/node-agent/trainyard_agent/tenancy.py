@@ -23,8 +23,8 @@ Who runs as whom, and why (`shim.py` starts the worker):
   uid:gid with mode 0700. `workdir_root` is the agent's, mode 0711: others may pass through it to their
   own directory, but not list it (no job ids of other teams) or replace an entry. Every directory above
   it must be searchable by others, or a worker could not open a path of its own working directory by its
-  absolute name; the agent checks that at start. A job's own `working_dir` is used as it is: the worker
-  reaches only what its uid may there.
+  absolute name; the agent checks that at start. A job's own `working_dir` is entered by the worker's
+  child after the switch, as the team's uid: one that uid may not enter is refused (INVALID_ARGUMENT).
 - Staging of async checkpoints (`trainyard_checkpoint.client.staging`) is an anonymous memfd handed to the
   saver process over a socketpair: no path exists; /proc/<pid>/fd of the job's processes is readable by
   its uid only.
@@ -33,8 +33,7 @@ Why root and not capabilities: an agent of another uid holding CAP_SETUID/CAP_SE
 shims only as ambient capabilities (they are lost at exec otherwise), and an ambient set survives a
 change from one non-zero uid to another and the exec of the worker: the worker would hold CAP_SETUID
 and could become anyone. Root, by contrast, loses every capability when it sets all of its uids to a
-non-zero one. The chdir into the team's 0700 directory also happens before the uid changes, which an
-unprivileged agent cannot do without CAP_DAC_READ_SEARCH. So a separating agent runs as root.
+non-zero one. So a separating agent runs as root.
 
 `single_tenant=true` keeps every worker as the agent's own user (one team per host, or the local
 development cluster, where one person is every team); the agent says so with a warning at start. With

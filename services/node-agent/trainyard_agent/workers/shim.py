@@ -380,15 +380,24 @@ def run(spec: Spec, control: _Control) -> int:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     # Set in the child after fork, before exec (setgroups, setregid, setreuid: real and effective ids both,
-    # so nothing is left to switch back to); from root this also drops every capability.
+    # so nothing is left to switch back to); from root this also drops every capability. Popen's own cwd is
+    # entered before the ids change, as root: a worker of another uid enters it after, as itself (preexec_fn
+    # runs after the switch; the shim has no threads, so it is safe here), and a directory its uid may not
+    # enter is refused instead of handed over.
     other = spec["uid"] != SAME_USER
+    cwd = spec["cwd"]
     try:
         proc = subprocess.Popen(spec["command"], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                                cwd=spec["cwd"], env=spec["env"], start_new_session=True, umask=UMASK,
+                                cwd=None if other else cwd, env=spec["env"], start_new_session=True, umask=UMASK,
                                 user=spec["uid"] if other else None, group=spec["gid"] if other else None,
-                                extra_groups=[] if other else None)
+                                extra_groups=[] if other else None,
+                                preexec_fn=(lambda: os.chdir(cwd)) if other else None)
     except OSError as exc:
         _answer({"exec_error": exc.strerror or str(exc)})
+        return 3
+    except subprocess.SubprocessError:
+        # Only the chdir runs in preexec_fn; Popen reports its failure without the errno.
+        _answer({"exec_error": f"uid {spec['uid']} may not enter the working directory"})
         return 3
     finally:
         os.close(out_w)
