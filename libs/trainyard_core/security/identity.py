@@ -61,7 +61,10 @@ class Principal:
     @property
     def dns_name(self) -> str:
         """`<name>.<kind>.trainyard.internal`, or `<kind>.trainyard.internal`: in the certificate's DNS SANs,
-        and the name a client expects of the server it calls (gRPC's target name override)."""
+        and the name a client expects of the server it calls (gRPC's target name override). A job principal
+        never serves and has none (ValueError)."""
+        if self.kind in CLIENT_ONLY:
+            raise ValueError(f"{self} is a client-only principal: it has no DNS name")
         return f"{self.name}.{self.kind}.{DNS_SUFFIX}" if self.name else f"{self.kind}.{DNS_SUFFIX}"
 
     def __str__(self) -> str:

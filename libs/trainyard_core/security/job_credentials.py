@@ -204,8 +204,8 @@ class JobIssuer:
         self._paths = (cert_file, key_file, ca_file)
         self._ttl = dt.timedelta(seconds=ttl_s)
         self._lock = threading.Lock()
+        self._material = load_issuer(*self._paths)  # a bad issuer at start fails the start, naming the file
         self._sig = _signature(self._paths)
-        self._material = load_issuer(*self._paths)  # a bad issuer at start fails the start
         self._cache: OrderedDict[tuple[str, int], JobCredential] = OrderedDict()
 
     @property
