@@ -19,6 +19,11 @@ Parts, all in one run:
    `Repository.commit_placement` of the same decisions (job records created first); both with
    COMMIT_CONCURRENCY in flight (asyncio.gather behind a semaphore, as the reconciler commits),
    alternating rounds of (a) and (b) so noise hits both.
+5. Commit over TLS: `Repository.commit_placement` of the same decisions to a plaintext etcd and to one that
+   serves TLS only, requires client certificates and has auth on (the services' user logging in as its
+   certificate's CN, role limited to the prefix, as the local cluster and deploy/ run it), in alternating
+   rounds: `commit_tls_vs_plaintext` = TLS commits/s / plaintext commits/s, the median over the rounds of
+   each round's ratio (`_overall`: of the totals).
 
 The sizes (fleet, trace lengths, burst, backlog, commits) are `Config`; TINY runs every part on a 1,024-node
 fleet in seconds, for tests/bench/, and its figures say nothing about the targets.
@@ -31,16 +36,21 @@ import functools
 import gc
 import math
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import cast
 
+from trainyard_core.security import pki
 from trainyard_core.store import Compare, KeyValue, Put, absent, mod_revision_is
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.testing import etcd as etcd_proc
+from trainyard_core.testing.etcd_auth import ROOT, enable_auth
 from trainyard_scheduler import gc_tuning
 from trainyard_scheduler.domain.jobs import admit
 from trainyard_scheduler.domain.models import Allocation, Job, JobSpec, JobState, Node, Resources, TopologyRequest
@@ -74,11 +84,13 @@ SAT_LOAD = 1.2
 BIG_NODES = 128
 ROUNDS = 8                 # the commits of each arm are made in this many alternating rounds
 COMMIT_CONCURRENCY = 64
+TLS_ROUNDS = 24            # the TLS comparison's rounds (fewer when there are too few commits to fill them)
 
 TARGETS = {
     "decisions_per_s": (">=", 1000.0),
     "p99_decision_ms_128node": ("<=", 100.0),
     "commit_vs_etcd_txn": (">=", 0.8),
+    "commit_tls_vs_plaintext": (">=", 1 / 1.2),
     "jct_vs_fifo": ("<=", 1 / 1.5),
     "allocation_percent": (">=", 90.0),
 }
@@ -318,6 +330,73 @@ async def _commit_bench(records: list[tuple[Job, Job, Allocation]], endpoint: st
         await store.close()
 
 
+async def _commit_tls_bench(records: list[tuple[Job, Job, Allocation]], plain: EtcdOptions,
+                            tls: EtcdOptions, prefix: str) -> dict[str, float]:
+    """`Repository.commit_placement` of the same decisions through a store to the plaintext etcd and one to
+    the TLS etcd, each under its own prefix, in alternating rounds (the order flipped every round)."""
+    stores = {"plaintext": EtcdStore.from_options(plain), "tls": EtcdStore.from_options(tls)}
+    thresholds = gc.get_threshold()
+    gc_tuning.tune()
+    try:
+        async def fresh_prefix(key: str) -> KeyValue | None:
+            return None
+        repos: dict[str, Repository] = {}
+        revs: dict[str, dict[str, int]] = {}
+        for arm, store in stores.items():
+            keys = Keys(f"{prefix}{arm}")
+            repo = repos[arm] = Repository(store, keys, holdings_source=fresh_prefix,
+                                           max_txn_ops=await txn_ops_limit(store, keys.leader, 10_000))
+
+            async def create(i: int, repo: Repository = repo) -> None:
+                await repo.create_job(records[i][0])
+            await _gather(len(records), create)  # setup, not timed
+            page = await store.range(keys.jobs)
+            revs[arm] = {kv.key.rsplit("/", 1)[1]: kv.mod_revision for kv in page.kvs}
+
+        def committer(arm: str) -> Callable[[int], Awaitable[None]]:
+            async def commit(i: int) -> None:
+                _, admitted, alloc = records[i]
+                await repos[arm].commit_placement(admitted, revs[arm][admitted.id], alloc)
+            return commit
+        took = dict.fromkeys(stores, 0.0)
+        ratios = []  # per round: this machine's noise comes in bursts, and a burst hits one round of each arm
+        rounds = TLS_ROUNDS if len(records) >= TLS_ROUNDS * COMMIT_CONCURRENCY else ROUNDS
+        per_round = len(records) // rounds
+        for r in range(rounds):
+            this = {}
+            for arm in (list(stores) if r % 2 == 0 else list(reversed(stores))):
+                this[arm] = await _gather(per_round, functools.partial(_offset, committer(arm), r * per_round))
+                took[arm] += this[arm]
+            ratios.append(this["plaintext"] / this["tls"])
+        n = per_round * rounds
+        return {"commit_per_s_plaintext_etcd": n / took["plaintext"], "commit_per_s_tls_etcd": n / took["tls"],
+                "commit_tls_vs_plaintext": statistics.median(ratios),
+                "commit_tls_vs_plaintext_overall": took["plaintext"] / took["tls"],
+                "commit_tls_rounds": float(rounds)}
+    finally:
+        gc.set_threshold(*thresholds)
+        for store in stores.values():
+            await store.close()
+
+
+def commit_over_tls(records: list[tuple[Job, Job, Allocation]]) -> dict[str, float]:
+    """Part 5 on its own etcd pair: one plaintext member, one with TLS, client certificates and auth on."""
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-pki-") as tmp:
+        server, users = pki.ensure_etcd(Path(tmp), [ROOT, "trainyard"])
+        plain = etcd_proc.start_single()
+        secure = etcd_proc.start_single(tls=server)
+        try:
+            enable_auth(secure.endpoint, users[ROOT], "/bench/", {"trainyard": None})
+            mine = users["trainyard"]
+            return asyncio.run(_commit_tls_bench(
+                records, EtcdOptions(endpoints=plain.endpoint),
+                EtcdOptions(endpoints=secure.endpoint, ca_file=mine.ca, cert_file=mine.cert, key_file=mine.key),
+                f"/bench/tls-{uuid.uuid4().hex[:8]}/"))
+        finally:
+            etcd_proc.stop_and_clean(plain)
+            etcd_proc.stop_and_clean(secure)
+
+
 # --- the run -------------------------------------------------------------------------------------------
 
 def _kept_index_place() -> PlaceFn:
@@ -429,6 +508,8 @@ def run(size: Config = Config()) -> dict[str, float]:
         etcd = asyncio.run(_commit_bench(records, member.endpoint))
     finally:
         etcd_proc.stop_and_clean(member)
+    # 5. The same commits over TLS with auth, against plaintext.
+    etcd.update(commit_over_tls(records))
 
     big = main_big + sat_big + burst_big
     figures: dict[str, float] = {
@@ -554,6 +635,9 @@ def _print(f: dict[str, float]) -> None:
         ("holdings_txn_vs_etcd_txn", "  raw txn with holdings / raw txn without: the GPU guard's etcd cost"),
         ("etcd_txn_with_holdings_per_s", "  raw txns / s with one holdings compare and write per node"),
         ("commit_per_s", "  commits / s (64 in flight)"),
+        ("commit_tls_vs_plaintext", "commits / s to etcd with TLS + auth / to plaintext etcd (same decisions)"),
+        ("commit_per_s_tls_etcd", "  commits / s, etcd with TLS, client certificates and auth on"),
+        ("commit_per_s_plaintext_etcd", "  commits / s, plaintext etcd"),
         ("etcd_txn_per_s", "  raw txns / s (64 in flight, records encoded beforehand)"),
         ("etcd_txn_with_encode_per_s", "  raw txns / s with the JSON encoding inside"),
         ("commit_vs_etcd_txn_with_encode", "  commits / raw txns with encoding"),
