@@ -188,10 +188,21 @@ async def host(pki_dir: Path, public_tmp: Path) -> AsyncIterator[Host]:
                               **pki.files_for(pki_dir, NODE).settings())
     app = AgentApp(settings)
     await app.start()
+    host = Host(app=app, pki_dir=pki_dir, python=_worker_python(), script=script, workdir_root=workdir_root)
     try:
-        yield Host(app=app, pki_dir=pki_dir, python=_worker_python(), script=script, workdir_root=workdir_root)
+        yield host
     finally:
-        await app.stop(kill_workers=True)
+        await host.app.stop(kill_workers=True)  # the one running now: a test may have restarted it
+
+
+def _uid_of(pid: int) -> int | None:
+    """The real uid of a live process; None once it is gone (a zombie counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return None if fields["State"].strip().startswith("Z") else int(fields["Uid"].split()[0])
 
 
 def _environ_of(pid: int) -> bytes:
@@ -271,6 +282,27 @@ async def test_a_launch_for_a_team_without_identity_is_refused(host: Host) -> No
         assert expected in (info.value.details() or "")
         assert not await host.running(f"job-{team or 'none'}")
         assert not (host.workdir_root / f"job-{team or 'none'}").exists()
+
+
+@needs_root
+async def test_a_restarted_agent_adopts_and_stops_another_uids_worker(host: Host) -> None:
+    pid = await host.launch("job-r", "research", "victim")
+    assert (await host.report("job-r"))["uid"] == RESEARCH.uid
+    await host.app.stop()  # workers keep running under their shims
+    host.app = AgentApp(host.app.settings)
+    await host.app.start()
+
+    async def adopted() -> bool:
+        return await host.running("job-r")
+
+    await eventually(adopted, timeout=30, what="the new agent to report the worker as running")
+    assert _uid_of(pid) == RESEARCH.uid
+    async with host.channel(identity.SCHEDULER) as ch:
+        stopped: agent_pb2.StopWorkersResponse = await agent_pb2_grpc.AgentServiceStub(ch).StopWorkers(
+            agent_pb2.StopWorkersRequest(job_id="job-r", attempt=1, leader_epoch=EPOCH, grace_period_ms=2000),
+            timeout=30)
+    assert stopped.stopped == 1 and not await host.running("job-r")
+    assert _uid_of(pid) is None
 
 
 @needs_root
