@@ -64,7 +64,6 @@ FIGURES: dict[str, set[str]] = {
         "commit_per_s", "etcd_txn_per_s", "etcd_txn_with_encode_per_s", "commit_vs_etcd_txn_with_encode",
         "commits_each", "etcd_txn_with_holdings_per_s", "holdings_txn_vs_etcd_txn",
         "commit_per_s_tls_etcd", "commit_per_s_plaintext_etcd",
-        "commit_per_s_tls_etcd", "commit_per_s_plaintext_etcd",
         "commit_vs_etcd_txn_with_holdings", "commits_on_node_copies", "jct_s", "jct_s_fifo", "fifo_pending_growth",
         "jct_vs_fifo_high_load",
         "allocation_percent_main", "allocation_percent_saturated", "saturated_share_of_window",
