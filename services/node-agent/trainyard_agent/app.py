@@ -37,8 +37,8 @@ from .nvml.adapter import NvmlAdapter, NvmlModule
 from .nvml.fake import FakeNvml
 from .report import Backoff, ChannelFactory, ExitReporter, NodeView, Reporter
 from .settings import AgentSettings, state_path
-from .workers.fence import LeaderFence
 from .tenancy import Tenancy
+from .workers.fence import LeaderFence
 from .workers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,6 @@ class AgentApp:
 
     async def _start(self) -> None:
         s = self.settings
-        self.policy = load_policy(s.health_policy_file)  # checked with the settings already
-        state_dir = state_path(s)
-        module = self._open_nvml()
         # First: an agent that cannot keep teams apart as configured starts nothing (TenancyError).
         tenancy = Tenancy.decide(s.run_as, single_tenant=s.single_tenant, euid=os.geteuid())
         if tenancy.single_tenant:
@@ -141,6 +138,9 @@ class AgentApp:
         else:
             log.info("workers run as their team's Unix identity",
                      extra={"run_as": {team: str(i) for team, i in tenancy.identities.items()}})
+        self.policy = load_policy(s.health_policy_file)  # checked with the settings already
+        state_dir = state_path(s)
+        module = self._open_nvml()
         assert self.adapter is not None
         self.adapter.open()  # raises NvmlUnavailable with what to do about it
         # Topology reads every GPU pair through the driver: seconds on a big host, so off the event loop.
@@ -165,10 +165,10 @@ class AgentApp:
             stop_grace_s=s.stop_grace_s, log_max_bytes=s.log_max_bytes, log_backups=s.log_backups,
             fence=self.fence, exits=self.exit_reporter, clock=self._clock,
             restart_policy=s.worker_restart_policy, cpu_binding=s.worker_cpu_binding,
+            tenancy=tenancy, workdir_root=Path(s.workdir_root),
             # NUMA-aware binding: each GPU's CPUs as the topology reports them.
             gpu_cpus={g.index: g.cpu_affinity for g in self.inventory.accelerators if g.cpu_affinity})
         self.exit_reporter.on_done = self.supervisor.mark_reported
-            tenancy=tenancy, workdir_root=Path(s.workdir_root),
         await self.supervisor.recover()
 
         servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)

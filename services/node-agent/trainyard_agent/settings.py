@@ -102,9 +102,6 @@ class AgentSettings(BaseSettings):
     worker_cpu_binding: bool = Field(True, description="Bind each worker to the CPUs near its GPUs (NUMA affinity)")
     kill_workers_on_stop: bool = Field(False, description="Stop running workers when the agent shuts down "
                                                           "(local cluster); off so an agent restart keeps jobs")
-    reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
-    reconnect_max_s: float = Field(2.0, gt=0, le=600, description="Longest retry delay towards the scheduler "
-                                   "(keep it under the scheduler's leader_grace_s)")
     run_as: dict[str, str] = Field(default_factory=dict,
                                    description="The Unix identity each team's workers run as, e.g. "
                                                "ml=2001:2001,research=alice:research (uid:gid, user:group or a "
@@ -117,6 +114,9 @@ class AgentSettings(BaseSettings):
     workdir_root: str = Field("", description="Where each job's working directory is made, <workdir_root>/<job_id> "
                                               "(default <state_dir>/work); with run_as, every directory above it "
                                               "must be passable by others (o+x)")
+    reconnect_initial_s: float = Field(0.2, gt=0, le=60, description="First retry delay towards the scheduler")
+    reconnect_max_s: float = Field(2.0, gt=0, le=600, description="Longest retry delay towards the scheduler "
+                                   "(keep it under the scheduler's leader_grace_s)")
 
     @model_validator(mode="before")
     @classmethod
@@ -136,14 +136,14 @@ class AgentSettings(BaseSettings):
             data["worker_address"] = data["advertise_host"]
         if not data.get("state_dir") and isinstance(data["node_id"], str):
             data["state_dir"] = str(Path("~/.local/state/trainyard/agent").expanduser() / data["node_id"])
-        topology = data.get("topology_file")
-        if topology and isinstance(data["node_id"], str) and is_valid_id(data["node_id"]):
-            # The file's labels first, so labels given in the settings themselves win.
         if not data.get("workdir_root") and isinstance(data.get("state_dir"), str):
             data["workdir_root"] = str(Path(data["state_dir"]).expanduser() / "work")
         run_as_file = data.get("run_as_file")
         if run_as_file and isinstance(run_as_file, str):
             data["run_as"] = {**read_run_as_file(run_as_file), **dict(data.get("run_as") or {})}
+        topology = data.get("topology_file")
+        if topology and isinstance(data["node_id"], str) and is_valid_id(data["node_id"]):
+            # The file's labels first, so labels given in the settings themselves win.
             data["labels"] = {**labels_for(str(topology), data["node_id"]), **dict(data.get("labels") or {})}
         return data
 
@@ -204,9 +204,6 @@ class AgentSettings(BaseSettings):
                 raise ValueError(e.message) from None
         return v
 
-    @field_validator("state_dir")
-    @classmethod
-    def _check_state_dir(cls, v: str) -> str:
     @field_validator("run_as")
     @classmethod
     def _check_run_as(cls, v: dict[str, str]) -> dict[str, str]:
@@ -221,6 +218,9 @@ class AgentSettings(BaseSettings):
             raise ValueError(f"{v} exists and is not a directory")
         return str(path)
 
+    @field_validator("state_dir")
+    @classmethod
+    def _check_state_dir(cls, v: str) -> str:
         path = Path(v).expanduser()
         if path.exists() and not path.is_dir():
             raise ValueError(f"{v} exists and is not a directory")
@@ -234,14 +234,14 @@ class AgentSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _check_tls_name(self) -> AgentSettings:
-        if self.tls is not None:
-    @model_validator(mode="after")
     def _check_tenancy(self) -> AgentSettings:
         if self.single_tenant and self.run_as:
             raise ValueError("single_tenant=true and run_as (or run_as_file) exclude each other: set one or the other")
         return self
 
+    @model_validator(mode="after")
+    def _check_tls_name(self) -> AgentSettings:
+        if self.tls is not None:
             try:
                 identity.node(self.node_id)
             except InvalidPrincipal as exc:
