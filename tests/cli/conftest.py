@@ -61,7 +61,7 @@ async def scheduler(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> Asyn
 @pytest.fixture
 async def gateway(etcd_endpoint: str, key_prefix: str, scheduler: Cluster,
                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
-    """A gateway the CLI finds through TRAINYARD_URL / TRAINYARD_TOKEN (the bootstrap admin token)."""
+    """A gateway the CLI finds through TRAINYARD_URL / TRAINYARD_TOKEN (the bootstrap operator token)."""
     async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
                                scheduler_address=scheduler.address) as gw:
         monkeypatch.setenv("TRAINYARD_URL", gw.url)

@@ -43,7 +43,7 @@ async def test_queues(cli: Any, policy_gateway: RunningGateway) -> None:
 
     alice = await policy_gateway.create_token("vision", "alice")
     r = await cli("queues", "set", "mine", "--token", alice)
-    assert r.rc == 1 and "admin token" in r.err
+    assert r.rc == 1 and "queues.write needs the operator role" in r.err
     r = await cli("queues", "--token", alice)
     assert r.rc == 0 and "batch" in r.out  # anyone may list them
 
@@ -68,7 +68,7 @@ async def test_quotas(cli: Any, policy_gateway: RunningGateway) -> None:
     r = await cli("quotas", "get", "nlp", "--token", alice)
     assert r.rc == 1 and "only that team's quota" in r.err
     r = await cli("quotas", "set", "vision", "--weight", "9", "--token", alice)
-    assert r.rc == 1 and "admin token" in r.err
+    assert r.rc == 1 and "quotas.write needs the operator role" in r.err
 
     r = await cli("quotas", "set", "vision", "--weight", "0")
     assert r.rc == 1 and r.err.startswith("error: weight:")

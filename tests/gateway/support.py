@@ -82,7 +82,7 @@ class RunningGateway:
 @contextlib.asynccontextmanager
 async def running_gateway(*, etcd_endpoints: str, etcd_prefix: str, scheduler_address: str,
                           **overrides: Any) -> AsyncIterator[RunningGateway]:
-    """A GatewayApp on free ports with a fresh bootstrap admin token."""
+    """A GatewayApp on free ports with a fresh bootstrap (operator) token."""
     admin = new_secret()
     settings = GatewaySettings(etcd_endpoints=etcd_endpoints, etcd_prefix=etcd_prefix, http_port=0, grpc_port=0,
                                scheduler_address=scheduler_address,
