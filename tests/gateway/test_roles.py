@@ -4,6 +4,7 @@ real gateway and a real scheduler, for a token of each role."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,14 @@ import pytest
 from trainyard.common.v1 import types_pb2
 from trainyard_core.contract import ROLES, Role, Scope
 from trainyard_core.errors import PermissionDenied
+from trainyard_core.security import identity, pki
+from trainyard_core.testing.wait import eventually
 from trainyard_gateway import roles
 from trainyard_gateway.roles import RULES, Action
+from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.settings import SchedulerSettings
 
-from .support import Cluster, RunningGateway, python
+from .support import Cluster, RunningGateway, python, running_gateway
 
 
 @dataclass(frozen=True)
@@ -289,3 +294,38 @@ async def test_logs_of_an_unreachable_node_do_not_show_its_address(cluster: Clus
     assert reply.status_code == 200, reply.text
     assert "[gateway] no logs for ranks 1 on node node-b: the node agent of node-b is unavailable" in reply.text
     assert address not in reply.text and "127.0.0.1" not in reply.text
+
+
+async def test_roles_over_mtls_against_the_real_scheduler(etcd_endpoint: str, key_prefix: str,
+                                                          pki_dir: Path) -> None:
+    """The whole path with TLS on, as deployed: the gateway's certificate is what makes the scheduler take the
+    team and the user (submitter, canceller) the gateway names for its tokens."""
+    prefix = key_prefix.rstrip("/")
+    scheduler = SchedulerApp(SchedulerSettings.model_validate(dict(
+        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix + "/scheduler", listen_port=0, leader_ttl_s=2,
+        reconcile_interval_s=0.2, **pki.files_for(pki_dir, identity.SCHEDULER).settings())))
+    await scheduler.start()
+    try:
+        async def leads() -> bool:
+            return scheduler.leadership.is_leader
+
+        await eventually(leads, what="the scheduler to lead")
+        async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=prefix,
+                                   scheduler_address=f"127.0.0.1:{scheduler.grpc_port}",
+                                   **pki.files_for(pki_dir, identity.GATEWAY).settings()) as gw:
+            alice = await gw.create_token("vision", "alice", role="member")
+            bob = await gw.create_token("vision", "bob", role="member")
+            ada = await gw.create_token("vision", "ada", role="admin")
+            spec = ROUTES[0][2]
+            async with gw.client(alice) as a, gw.client(bob) as b, gw.client(ada) as admin:
+                first = (await a.post("/v1/jobs", json=spec)).json()
+                second = (await a.post("/v1/jobs", json=spec)).json()
+                assert (first["team"], first["user"]) == ("vision", "alice")
+                refused = await b.post(f"/v1/jobs/{first['id']}:cancel")
+                assert refused.status_code == 403, refused.text
+                own = await a.post(f"/v1/jobs/{first['id']}:cancel")
+                assert (own.status_code, own.json()["cancelled_by"]) == (200, "alice")
+                by_admin = await admin.post(f"/v1/jobs/{second['id']}:cancel")
+                assert (by_admin.status_code, by_admin.json()["cancelled_by"]) == (200, "ada")
+    finally:
+        await scheduler.stop()
