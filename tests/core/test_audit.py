@@ -213,3 +213,34 @@ async def test_the_file_sink_counts_a_write_it_cannot_make(tmp_path: Path, monke
     before = failures("file")
     assert not await sink.append(entry(T0))
     assert failures("file") == before + 1
+
+
+async def test_the_schedulers_mirror_leaves_the_audit_log_out(etcd_store: EtcdStore, key_prefix: str) -> None:
+    """The scheduler mirrors everything under its prefix but the audit log: neither loaded (a paged load
+    jumps over it) nor kept from the watch, and an audit write alone does not wake the reconcile loop."""
+    from trainyard_core.store.mirror import PrefixMirror
+
+    log = AuditLog(etcd_store, key_prefix)
+    base = key_prefix.rstrip("/")
+    await etcd_store.put(f"{base}/allocations/a", b"1")
+    for i in range(7):
+        assert await log.append(entry(T0 + i))
+    await etcd_store.put(f"{base}/jobs/j", b"2")
+    mirror = PrefixMirror(etcd_store, base + "/", page_size=3, exclude=(log.prefix,))
+    await mirror.start()
+    try:
+        assert sorted(mirror.items) == [f"{base}/allocations/a", f"{base}/jobs/j"]
+        mirror.changed.clear()
+        assert await log.append(entry(T0 + 10))
+        revision = (await etcd_store.range(log.prefix, limit=1)).revision
+        assert await mirror.wait_for(revision)
+        assert not mirror.changed.is_set()
+        assert sorted(mirror.items) == [f"{base}/allocations/a", f"{base}/jobs/j"]
+        await etcd_store.put(f"{base}/jobs/k", b"3")
+
+        async def woke() -> bool:
+            return mirror.changed.is_set()
+
+        await eventually(woke, what="a job write to wake the mirror's reader")
+    finally:
+        await mirror.stop()

@@ -3,6 +3,10 @@
 Load once (paged range), then apply watch events from the load's revision on. After a broken watch or a
 compaction, reload. `revision` tells how far the copy has caught up; `changed` is set on every applied
 batch, so a reconcile loop can sleep until something happens.
+
+`exclude`: sub-prefixes left out of the copy (the audit log under `<prefix>/audit/`, which grows with every
+mutating call): their keys are neither loaded nor kept, and a batch of only such keys moves `revision` on
+without setting `changed`.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from ..errors import Unavailable
 from .api import KeyValue, Store, WatchCompacted
 
 log = logging.getLogger(__name__)
+_TOP = "\U0010ffff"
 
 
 class PrefixMirror:
-    def __init__(self, store: Store, prefix: str, *, page_size: int = 1000) -> None:
+    def __init__(self, store: Store, prefix: str, *, page_size: int = 1000, exclude: tuple[str, ...] = ()) -> None:
         self._store = store
         self._prefix = prefix
         self._page = page_size
+        self._exclude = exclude
         self._items: dict[str, KeyValue] = {}
         self.revision = 0
         self.changed = asyncio.Event()
@@ -66,16 +72,22 @@ class PrefixMirror:
             page = await self._store.range(self._prefix, start_after=after, limit=self._page)
             revision = revision or page.revision
             for kv in page.kvs:
-                items[kv.key] = kv
+                if not kv.key.startswith(self._exclude):
+                    items[kv.key] = kv
             if not page.more:
                 break
             after = page.kvs[-1].key
+            skipped = next((x for x in self._exclude if after.startswith(x)), None)
+            if skipped is not None:
+                # Every key of the excluded range sorts before this one (the highest code point after it).
+                after = max(after, skipped + _TOP)
         self._items = items
         self._set_revision(revision)
 
-    def _set_revision(self, revision: int) -> None:
+    def _set_revision(self, revision: int, notify: bool = True) -> None:
         self.revision = max(self.revision, revision)
-        self.changed.set()
+        if notify:
+            self.changed.set()
         still = []
         for rev, fut in self._rev_waiters:
             if rev <= self.revision:
@@ -93,7 +105,11 @@ class PrefixMirror:
                 self._ready.set()
                 backoff = 0.1
                 async for batch in self._store.watch(self._prefix, start_revision=self.revision + 1):
+                    kept = 0
                     for ev in batch:
+                        if ev.key.startswith(self._exclude):
+                            continue
+                        kept += 1
                         if ev.kind == "put":
                             old = self._items.get(ev.key)
                             self._items[ev.key] = KeyValue(
@@ -102,7 +118,7 @@ class PrefixMirror:
                                 mod_revision=ev.mod_revision, version=(old.version + 1) if old else 1)
                         else:
                             self._items.pop(ev.key, None)
-                    self._set_revision(max(ev.mod_revision for ev in batch))
+                    self._set_revision(max(ev.mod_revision for ev in batch), notify=kept > 0)
             except asyncio.CancelledError:
                 raise
             except (Unavailable, WatchCompacted) as exc:
