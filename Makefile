@@ -75,7 +75,7 @@ NODES ?=
 ETCD_HOSTS ?= etcd1 etcd2 etcd3
 certs: deps
 	$(PY) -m trainyard_core.security.pki --dir deploy/pki --job-issuer scheduler gateway checkpoint-store tool/admin \
-	  $(foreach n,$(NODES),node/$(n)) --etcd-user trainyard --etcd-user root $(foreach h,$(ETCD_HOSTS),--etcd-server-dns $(h))
+	  $(foreach n,$(NODES),node/$(n)) --etcd-client trainyard --etcd-client root $(foreach h,$(ETCD_HOSTS),--etcd-server-dns $(h))
 
 clean:
 	rm -rf gen .trainyard .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -330,15 +330,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--job-issuer", action="store_true",
                         help="also the job issuer (job-issuer.pem/.key): the intermediate CA the scheduler mints "
                         "per-job worker credentials with (its job_issuer_cert_file/job_issuer_key_file)")
-    parser.add_argument("--etcd-user", action="append", default=[], metavar="USER",
+    parser.add_argument("--etcd-client", action="append", default=[], metavar="USER",
                         help="also etcd's server certificate and a client certificate whose CN is this etcd "
                         "user (repeatable), for etcd's --client-cert-auth")
     parser.add_argument("--etcd-server-dns", action="append", default=[], metavar="NAME",
                         help="a DNS name of the etcd members for their server certificate (repeatable; "
                         "localhost and 127.0.0.1-3 are always in it)")
     args = parser.parse_args(argv)
-    if not args.principals and not args.etcd_user and not args.job_issuer:
-        parser.error("name at least one PRINCIPAL, --job-issuer or --etcd-user")
+    if not args.principals and not args.etcd_client and not args.job_issuer:
+        parser.error("name at least one PRINCIPAL, --job-issuer or --etcd-client")
     try:
         wanted = [Principal.parse(p if p.startswith(SCHEME) else SCHEME + p) for p in args.principals]
     except InvalidPrincipal as exc:
@@ -354,9 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.job_issuer:
         issuer_cert, issuer_key = job_issuer_files(args.dir)
         print(f"job issuer\t{issuer_cert}\t{issuer_key}")
-    if args.etcd_user:
+    if args.etcd_client:
         try:
-            server, users = ensure_etcd(args.dir, args.etcd_user, server_dns=["localhost", *args.etcd_server_dns])
+            server, users = ensure_etcd(args.dir, args.etcd_client, server_dns=["localhost", *args.etcd_server_dns])
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
