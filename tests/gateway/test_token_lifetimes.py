@@ -192,3 +192,26 @@ def test_tokens_admin_creates_a_token_offline(etcd_endpoint: str, key_prefix: st
     with pytest.raises(SystemExit) as usage:  # a flag that is no gateway setting: argparse's usage error
         tokens_admin.main(["create", "--team", "ops", "--user", "bob", "--no-such-setting", "1"], env={})
     assert usage.value.code == 2
+
+
+async def test_an_unreadable_record_is_refused_cleanly(gateway: RunningGateway, etcd_store: EtcdStore,
+                                                       key_prefix: str) -> None:
+    """A record this version cannot read (a role from a newer gateway): 401 for its token, left out of the
+    listing, a 409 naming why for its revocation; never a 500."""
+    secret = new_secret()
+    digest = hash_secret(secret)
+    future = {"token_id": "tok-future-1", "team": "vision", "user": "new", "role": "auditor",
+              "created_at": 1_800_000_000.0, "expires_at": None, "scopes": [], "description": ""}
+    await etcd_store.put(f"{key_prefix}gateway/tokens/{digest}", json.dumps(future).encode())
+    await etcd_store.put(f"{key_prefix}gateway/token-ids/tok-future-1", digest.encode())
+    async with gateway.client(secret) as http:
+        reply = await http.get("/v1/jobs")
+    assert reply.status_code == 401 and "cannot be read" in reply.json()["error"]["message"]
+    async with gateway.client(gateway.admin_token) as admin:
+        listed = await admin.get("/v1/tokens")
+        assert listed.status_code == 200 and "tok-future-1" not in listed.text
+        revoke = await admin.delete("/v1/tokens/tok-future-1")
+        assert revoke.status_code == 409 and "cannot be read" in revoke.json()["error"]["message"]
+        duplicated = await admin.post("/v1/tokens", json={"team": "vision", "user": "a",
+                                                          "scopes": ["jobs:read", "jobs:read"]})
+        assert duplicated.status_code == 400 and "jobs:read given more than once" in duplicated.text

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import secrets
 from collections import OrderedDict
@@ -31,10 +32,11 @@ from typing import Any
 from trainyard_core import contract
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.contract import Role, Scope
-from trainyard_core.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
+from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from trainyard_core.ids import new_id
 from trainyard_core.store import Delete, Put, Store, absent
 
+log = logging.getLogger(__name__)
 SECRET_PREFIX = "ty_"
 _SECRET_RE = re.compile(r"^ty_[A-Za-z0-9_-]{20,200}$")
 _CACHE_MAX = 10_000
@@ -98,6 +100,7 @@ class TokenRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> TokenRecord:
+        """ValueError (or KeyError) for a record this version cannot read: an unknown role or scope."""
         data = json.loads(raw)
         token_id, team, user = str(data["token_id"]), str(data["team"]), str(data["user"])
         created_at, description = float(data["created_at"]), str(data.get("description", ""))
@@ -195,7 +198,11 @@ class TokenStore:
         kv = await self._store.get(self._by_hash + digest)
         if kv is None:
             raise Unauthenticated("invalid or revoked token")
-        record = TokenRecord.from_json(kv.value)
+        try:
+            record = TokenRecord.from_json(kv.value)
+        except (ValueError, KeyError) as exc:
+            log.error("unreadable token record %s…: %s", digest[:12], exc)
+            raise Unauthenticated("this token's record cannot be read by this gateway; ask an operator") from None
         if self._ttl > 0:
             self._cache[digest] = (record, now + self._ttl)
             while len(self._cache) > _CACHE_MAX:
@@ -212,7 +219,13 @@ class TokenStore:
     async def list(self, team: str | None = None) -> list[TokenRecord]:
         """Tokens in creation order, optionally of one team."""
         page = await self._store.range(self._by_hash)
-        records = [TokenRecord.from_json(kv.value) for kv in page.kvs]
+        records = []
+        for kv in page.kvs:
+            try:
+                records.append(TokenRecord.from_json(kv.value))
+            except (ValueError, KeyError) as exc:
+                log.warning("unreadable token record %s left out of the list: %s", kv.key.rsplit("/", 1)[-1][:12],
+                            exc)
         if team:
             records = [r for r in records if r.team == team]
         return sorted(records, key=lambda r: (r.created_at, r.token_id))
@@ -227,10 +240,16 @@ class TokenStore:
         digest = kv.value.decode()
         hash_key = self._by_hash + digest
         record_kv = await self._store.get(hash_key)
-        if team and (record_kv is None or TokenRecord.from_json(record_kv.value).team != team):
+        if record_kv is None:  # revoked concurrently (or half a record): drop what is left
+            await self._store.txn([], [Delete(id_key)])
+            raise NotFound(f"token {token_id} not found")
+        try:
+            record = TokenRecord.from_json(record_kv.value)
+        except (ValueError, KeyError) as exc:
+            raise FailedPrecondition(f"token {token_id}'s record cannot be read by this gateway ({exc}); a newer "
+                                     "gateway revokes it") from None
+        if team and record.team != team:
             raise NotFound(f"token {token_id} not found")
         await self._store.txn([], [Delete(hash_key), Delete(id_key)])
         self._cache.pop(digest, None)
-        if record_kv is None:  # revoked concurrently
-            raise NotFound(f"token {token_id} not found")
-        return TokenRecord.from_json(record_kv.value)
+        return record

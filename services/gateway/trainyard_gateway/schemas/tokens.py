@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trainyard_core import contract as c
 
@@ -32,6 +32,14 @@ class TokenCreate(ApiModel):
         "uniqueItems": True}, description="only these kinds of action (and only those the role allows); empty: "
                                           "everything the role allows")
     description: str = Field("", max_length=c.MAX_TOKEN_DESCRIPTION)
+
+    @field_validator("scopes")
+    @classmethod
+    def _each_once(cls, scopes: list[str]) -> list[str]:  # the schema's uniqueItems
+        twice = sorted({s for s in scopes if scopes.count(s) > 1})
+        if twice:
+            raise ValueError(f"each scope at most once ({', '.join(twice)} given more than once)")
+        return scopes
 
 
 class Token(ApiModel):
