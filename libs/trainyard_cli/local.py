@@ -281,7 +281,8 @@ class LocalCluster:
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",
             {**common, "listen_host": host, "listen_port": str(ckpt_port),
              "storage_url": (self.workdir / "checkpoints").as_uri(),
-             **self._tls(identity.CHECKPOINT_STORE)})
+             # The local tool reads the checkpoints of the bootstrap token's jobs (its team is "admin").
+             "tool_teams": f"{self.tool.name}:admin", **self._tls(identity.CHECKPOINT_STORE)})
         gw_port = self.gateway_port
         if gw_port and not port_free("127.0.0.1", gw_port):
             print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)

@@ -50,7 +50,7 @@ async def tls_app(storage_root: Path, etcd_endpoint: str, key_prefix: str, job_p
                   clock: ManualClock) -> AsyncIterator[CheckpointApp]:
     settings = CheckpointSettings(listen_host="127.0.0.1", listen_port=0, storage_url=storage_root.as_uri(),
                                   etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
-                                  shutdown_grace_s=1.0, gc_interval_s=0,
+                                  shutdown_grace_s=1.0, gc_interval_s=0, tool_teams=["ops:ml", "ops:research"],
                                   **pki.files_for(job_pki, identity.CHECKPOINT_STORE).settings())
     async with running_app(settings, clock) as app:
         yield app
@@ -190,6 +190,11 @@ async def test_the_gateway_and_tools_see_only_their_teams_jobs(tls_app: Checkpoi
         async with as_service(tls_app, job_pki, principal, team="Not_A_Team") as bad:
             err = await rpc_error(bad.get(saved.id))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not a team" in err.details()
+    # A tool acts only for the teams tool_teams binds it to (the gateway is trusted with its users' teams).
+    async with as_service(tls_app, job_pki, identity.tool("ops"), team="vision") as unbound:
+        err = await rpc_error(unbound.latest("job-ml"))
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
+        assert "may not act for team 'vision'; its teams: ml, research" in err.details()
     # The scheduler acts on any job, without a team.
     async with as_service(tls_app, job_pki, identity.SCHEDULER) as scheduler:
         assert (await scheduler.get(saved.id)).tags == ["best"]

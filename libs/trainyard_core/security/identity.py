@@ -16,10 +16,11 @@ issues these URIs as the workloads' SVID/certificate SANs (docs/security.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from ..contract import DNS_LABEL, ID, Name
+from ..contract import DNS_LABEL, ID, TEAM, Name
 
 SCHEME = "trainyard://"
 Kind = Literal["scheduler", "gateway", "checkpoint-store", "node", "tool", "job"]
@@ -99,3 +100,20 @@ def job(job_id: str) -> Principal:
 SCHEDULER = Principal("scheduler")
 GATEWAY = Principal("gateway")
 CHECKPOINT_STORE = Principal("checkpoint-store")
+
+
+def tool_team_bindings(pairs: Iterable[str]) -> dict[str, frozenset[str]]:
+    """`TOOL:TEAM` pairs (a service's `tool_teams` setting: the teams each tool may act for) as tool name →
+    teams; ValueError naming the first malformed pair."""
+    out: dict[str, set[str]] = {}
+    for pair in pairs:
+        name, sep, team = pair.partition(":")
+        try:
+            tool(name)
+        except InvalidPrincipal:
+            raise ValueError(f"{pair!r}: expected TOOL:TEAM with TOOL a tool principal's name "
+                             "(lower-case letters, digits, '-')") from None
+        if not sep or not TEAM.matches(team):
+            raise ValueError(f"{pair!r}: expected TOOL:TEAM with TEAM {TEAM.rule}")
+        out.setdefault(name, set()).add(team)
+    return {name: frozenset(teams) for name, teams in out.items()}

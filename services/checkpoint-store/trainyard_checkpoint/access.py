@@ -7,8 +7,9 @@ The table has already admitted the caller's kind to the method; this decides on 
 - `trainyard://scheduler`: any job;
 - `trainyard://job/<id>` (a worker credential): its own job only (else PERMISSION_DENIED naming both jobs);
   Begin only for the attempt its certificate names, Commit and Abort only on checkpoints that attempt began;
-- gateway, tool: the jobs of the team named in the `x-trainyard-team` metadata (required); another team's
-  job, or one with no team recorded, is NOT_FOUND, as if absent.
+- gateway, tool: the jobs of the team named in the `x-trainyard-team` metadata (required; a tool only a team
+  the store's `tool_teams` setting binds it to, else PERMISSION_DENIED); another team's job, or one with no
+  team recorded, is NOT_FOUND, as if absent.
 
 A job's team is what its worker credential says (the scheduler puts the job's team in the certificate):
 the first call of a job's credential records it (`checkpoint-teams/<job_id>`, written once), so the
@@ -50,14 +51,21 @@ class Target:
     attempt: int | None = None
 
 
-def caller_team(caller: PeerIdentity, method: str, metadata: Mapping[str, str]) -> str:
-    """The team a gateway or tool call acts for; InvalidArgument when the header is missing or malformed."""
+def caller_team(caller: PeerIdentity, method: str, metadata: Mapping[str, str],
+                tool_teams: Mapping[str, frozenset[str]]) -> str:
+    """The team a gateway or tool call acts for: InvalidArgument when the header is missing or malformed,
+    PermissionDenied when a tool names a team it is not bound to (the gateway is trusted with its users')."""
     team = metadata.get(TEAM_HEADER, "")
     if not team:
         raise InvalidArgument(f"{method} from {caller.principal} must name the team it acts for in the "
                               f"{TEAM_HEADER} metadata")
     if not contract.TEAM.matches(team):
         raise InvalidArgument(f"{TEAM_HEADER} {team!r} is not a team: expected {contract.TEAM.rule}")
+    if caller.principal.kind == "tool":
+        bound = tool_teams.get(caller.principal.name, frozenset())
+        if team not in bound:
+            allowed = ", ".join(sorted(bound)) or "none (the checkpoint-store's tool_teams binds tools to teams)"
+            raise PermissionDenied(f"{caller.principal} may not act for team {team!r}; its teams: {allowed}")
     return team
 
 
@@ -108,8 +116,9 @@ class CheckpointAccess:
 
     CACHE_MAX = 65_536
 
-    def __init__(self, repo: CheckpointRepository) -> None:
+    def __init__(self, repo: CheckpointRepository, tool_teams: Mapping[str, frozenset[str]] | None = None) -> None:
         self._repo = repo
+        self._tool_teams = tool_teams or {}
         self._checkpoints: OrderedDict[str, tuple[str, int]] = OrderedDict()  # id → (job id, attempt)
         self._teams: OrderedDict[str, str] = OrderedDict()  # job id → recorded team
 
@@ -146,7 +155,7 @@ class CheckpointAccess:
         kind = caller.principal.kind
         if kind == "scheduler":
             return  # any job: nothing to look up
-        team = caller_team(caller, method, metadata) if kind in TEAM_BOUND else ""
+        team = caller_team(caller, method, metadata, self._tool_teams) if kind in TEAM_BOUND else ""
         target = await self.target(ref)
         decide(caller, method, ref, target, team)
         grant = caller.grant

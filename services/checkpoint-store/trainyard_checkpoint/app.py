@@ -88,7 +88,7 @@ class CheckpointApp:
             audit = AuditLog(store, s.etcd_prefix, retention_s=s.audit_retention_s(), clock=self._clock)
             self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                    service_names=[SERVICE_NAME], tls=s.tls,
-                                                   job_binding=CheckpointAccess(repo), audit=audit,
+                                                   job_binding=CheckpointAccess(repo, s.tool_team_map()), audit=audit,
                                                    audit_service="checkpoint-store")
         except BaseException:
             await self._close_store()

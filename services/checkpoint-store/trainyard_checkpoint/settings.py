@@ -106,6 +106,19 @@ class CheckpointSettings(EtcdSettings):
     gc_lock_ttl_s: int = Field(30, ge=2, le=3600, description="TTL of the GC lock (one pass at a time)")
     restore_lease_max_ttl_s: int = Field(86400, ge=1, description="longest restore lease a client may ask for")
     shutdown_grace_s: float = Field(5.0, ge=0, description="seconds in-flight calls get on shutdown")
+    tool_teams: list[str] = Field(
+        default_factory=list, description="the teams whose jobs' checkpoints an internal tool (certificate "
+        "trainyard://tool/<name>) may act on, as TOOL:TEAM pairs (e.g. ops:ml,ops:research), as the scheduler's "
+        "setting of that name; a tool names one of them in x-trainyard-team. The gateway acts for its users' teams")
+
+    @field_validator("tool_teams")
+    @classmethod
+    def _tool_teams(cls, v: list[str]) -> list[str]:
+        identity.tool_team_bindings(v)
+        return v
+
+    def tool_team_map(self) -> dict[str, frozenset[str]]:
+        return identity.tool_team_bindings(self.tool_teams)
 
     @field_validator("storage_url")
     @classmethod

@@ -6,7 +6,6 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard_core import contract
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
@@ -98,23 +97,11 @@ class SchedulerSettings(EtcdSettings):
     @field_validator("tool_teams")
     @classmethod
     def _tool_teams(cls, v: list[str]) -> list[str]:
-        for pair in v:
-            tool, sep, team = pair.partition(":")
-            try:
-                identity.tool(tool)
-            except identity.InvalidPrincipal:
-                raise ValueError(f"{pair!r}: expected TOOL:TEAM with TOOL a tool principal's name "
-                                 "(lower-case letters, digits, '-')") from None
-            if not sep or not contract.TEAM.matches(team):
-                raise ValueError(f"{pair!r}: expected TOOL:TEAM with TEAM {contract.TEAM.rule}")
+        identity.tool_team_bindings(v)  # the checkpoint-store reads the same setting the same way
         return v
 
     def tool_team_map(self) -> dict[str, frozenset[str]]:
-        out: dict[str, set[str]] = {}
-        for pair in self.tool_teams:
-            tool, _, team = pair.partition(":")
-            out.setdefault(tool, set()).add(team)
-        return {t: frozenset(teams) for t, teams in out.items()}
+        return identity.tool_team_bindings(self.tool_teams)
 
     @model_validator(mode="after")
     def _job_issuer(self) -> SchedulerSettings:
