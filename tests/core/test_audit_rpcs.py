@@ -7,6 +7,7 @@ background calls (registration, launches, exits)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -34,18 +35,19 @@ from trainyard_checkpoint.app import CheckpointApp
 from trainyard_checkpoint.settings import CheckpointSettings
 from trainyard_core import audit
 from trainyard_core.audit import AuditEntry, AuditFilter, AuditLog
-from trainyard_core.rpc.server import secure_channel
+from trainyard_core.rpc.server import secure_channel, start_grpc_server
 from trainyard_core.security import authz, identity, pki
 from trainyard_core.security.identity import Principal
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.wait import eventually
 from trainyard_gateway.app import GatewayApp
 from trainyard_gateway.settings import GatewaySettings
 from trainyard_gateway.tokens import new_secret
 from trainyard_scheduler.app import SchedulerApp
 
-from .test_security import _all_methods
+from .test_security import Nodes, _all_methods
 
 NODE_1, NODE_2, OPS = identity.node("node-1"), identity.node("node-2"), identity.tool("ops")
 
@@ -305,3 +307,28 @@ async def test_the_schedulers_launches_are_in_both_logs_under_one_request_id(ser
     [theirs] = await services.entries(NODE_1, ours.request_id)
     assert (theirs.principal, theirs.action, theirs.target, theirs.result) == \
         ("trainyard://scheduler", launch, f"job/{job.id}", "ok")
+
+
+async def test_a_call_whose_entry_cannot_be_written_still_gets_its_true_answer(
+        pki_dir: Path, key_prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd unreachable for the audit log only: the registration is answered as done (it was), the failed
+    write is logged at ERROR and counted."""
+    monkeypatch.setattr(audit, "WRITE_BACKOFF_S", 0.01)
+    dead = EtcdStore(f"127.0.0.1:{free_port()}", timeout=0.3)
+    server = await start_grpc_server(
+        host="127.0.0.1", port=0, register=lambda s: scheduler_pb2_grpc.add_NodeServiceServicer_to_server(Nodes(), s),
+        service_names=["trainyard.scheduler.v1.NodeService"], tls=pki.files_for(pki_dir, S),
+        audit=AuditLog(dead, key_prefix), audit_service="scheduler")
+    before = audit.WRITE_FAILURES.labels(sink="etcd")._value.get()
+    try:
+        async with secure_channel(f"127.0.0.1:{server.port}", ClientTls(pki.files_for(pki_dir, NODE_1)), S) as ch:
+            with caplog.at_level(logging.ERROR, logger="trainyard_core.audit"):
+                reply = await NODES(ch).RegisterNode(sc.RegisterNodeRequest(node=types_pb2.Node(node_id="node-1")))
+        assert reply.node_id == "node-1"
+        assert audit.WRITE_FAILURES.labels(sink="etcd")._value.get() == before + 1
+        [rec] = [r for r in caplog.records if r.getMessage() == "audit entry not written"]
+        assert rec.audit_action == _m(authz.NODES, "RegisterNode")  # type: ignore[attr-defined]
+        assert rec.audit_principal == "trainyard://node/node-1"  # type: ignore[attr-defined]
+    finally:
+        await server.stop(0)
+        await dead.close()

@@ -31,6 +31,7 @@ class Call:
     target: Callable[[dict[str, str]], str] = lambda _saved: ""
     result: str = "ok"
     save: Callable[[Any], tuple[str, str]] | None = None
+    team: str | None = None  # the entry's team, where the row checks it
 
 
 def fixed(text: str) -> Callable[[dict[str, str]], str]:
@@ -41,7 +42,7 @@ CALLS: list[Call] = [
     Call("POST", "/v1/jobs", fixed("/v1/jobs"), token="member", body=JOB,
          target=lambda s: f"job/{s['job']}", save=lambda b: ("job", b["id"])),
     Call("POST", "/v1/jobs/{job_id}:cancel", lambda s: f"/v1/jobs/{s['job']}:cancel", token="member",
-         target=lambda s: f"job/{s['job']}"),
+         target=lambda s: f"job/{s['job']}", team="vision"),
     Call("POST", "/v1/jobs/{job_id}:cancel", fixed("/v1/jobs/job-nope:cancel"), target=fixed("job/job-nope"),
          result="not_found"),
     Call("POST", "/v1/jobs", fixed("/v1/jobs"), token="none", body=JOB, result="unauthenticated"),
@@ -53,10 +54,11 @@ CALLS: list[Call] = [
          body={"healthy": False, "reason": "audit test"}, target=fixed("node/node-b/gpu/1")),
     Call("PUT", "/v1/queues/{name}", fixed("/v1/queues/batch"), body={"tier": 1}, target=fixed("queue/batch")),
     Call("DELETE", "/v1/queues/{name}", fixed("/v1/queues/batch"), target=fixed("queue/batch")),
-    Call("PUT", "/v1/quotas/{team}", fixed("/v1/quotas/vision"), body=QUOTA, target=fixed("team/vision")),
+    Call("PUT", "/v1/quotas/{team}", fixed("/v1/quotas/vision"), body=QUOTA, target=fixed("team/vision"),
+         team="vision"),
     Call("DELETE", "/v1/quotas/{team}", fixed("/v1/quotas/vision"), target=fixed("team/vision")),
     Call("POST", "/v1/tokens", fixed("/v1/tokens"), body={"team": "vision", "user": "carol", "role": "viewer"},
-         target=lambda s: f"token/{s['token']}", save=lambda b: ("token", b["token"]["token_id"])),
+         target=lambda s: f"token/{s['token']}", save=lambda b: ("token", b["token"]["token_id"]), team="vision"),
     Call("DELETE", "/v1/tokens/{token_id}", lambda s: f"/v1/tokens/{s['token']}",
          target=lambda s: f"token/{s['token']}"),
 ]
@@ -95,6 +97,7 @@ async def test_every_mutating_route_leaves_one_entry(cluster_gateway: RunningGat
         assert (e.principal, e.role, e.action, e.target, e.result) == \
             (*who, f"{call.method} {call.route}", call.target(saved), call.result), reply.text
         assert e.detail["http_status"] == str(reply.status_code)
+        assert call.team is None or e.team == call.team, (call.route, e.team)
         assert "secret" not in e.to_json().decode()
 
 

@@ -83,7 +83,8 @@ def result_of(status: int, body: Any) -> tuple[str, str]:
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         return str(error["code"]), str(error.get("message", ""))
-    return f"http_{status}", ""
+    # No error body: the request crashed before an answer began (the server then sends its own 500).
+    return ("internal", "") if status == 500 else (f"http_{status}", "")
 
 
 def _json_body(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> Any:
@@ -114,7 +115,7 @@ class HttpAudit:
         role = getattr(principal, "role", None)
         if role is None and principal is not None:
             role = "admin" if getattr(principal, "admin", False) else ""
-        path_params = scope.get("path_params") or {} if route is not None else {}
+        path_params = (scope.get("path_params") or {}) if route is not None else {}
         key = (method, template)
         result, message = result_of(status, body)
         detail: dict[str, object] = {"http_status": status}
@@ -124,7 +125,8 @@ class HttpAudit:
             time=self._clock.now(), principal=who, role=str(role or ""), service=SERVICE,
             action=f"{method} {template}", target=target_of(path_params, _CREATED.get(key), body),
             result=result, message=message, request_id=request_id,
-            team=_dig(body, ("team",)) or str(path_params.get("team", "")) or team, detail=detail)
+            team=_dig(body, ("team",)) or _dig(body, ("token", "team")) or str(path_params.get("team", "")) or team,
+            detail=detail)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in READ_METHODS or not str(scope.get("path", "")) \
