@@ -32,8 +32,11 @@ from tests.agent.agent_kit import Scheduler, agent_settings
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard_agent.app import AgentApp
+from trainyard_agent.model import Vendor
 from trainyard_agent.settings import AgentSettings
 from trainyard_agent.tenancy import Identity, Tenancy, TenancyError, prepare_workdir_root
+from trainyard_agent.workers.env import worker_env
+from trainyard_agent.workers.model import WorkerSpec
 from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
@@ -416,3 +419,17 @@ def test_a_workdir_root_other_users_cannot_reach_is_refused(tmp_path: Path, publ
     prepare_workdir_root(hidden / "work", shared=False)  # one user: no one else needs to pass
     prepare_workdir_root(public_tmp / "work", shared=True)
     assert stat.S_IMODE(os.stat(public_tmp / "work").st_mode) == 0o711
+
+
+def test_a_worker_of_another_uid_gets_no_variables_naming_the_agents_user() -> None:
+    agent = {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "LOGNAME": "root", "XDG_RUNTIME_DIR": "/run/user/0"}
+
+    def env(home: str, job: dict[str, str]) -> dict[str, str]:
+        return worker_env(base=agent, site_defaults={}, request_env=job, worker=WorkerSpec(0, 0, ()),
+                          vendor=Vendor.NVIDIA, node_id="node-1", home=home)
+
+    separated = env("/work/job-a", {})
+    assert separated["HOME"] == "/work/job-a" and separated["PATH"] == "/usr/bin"
+    assert not {"USER", "LOGNAME", "XDG_RUNTIME_DIR"} & set(separated)
+    assert env("/work/job-a", {"HOME": "/data/ml"})["HOME"] == "/data/ml"  # the job's own wins
+    assert env("", {})["HOME"] == "/root" and env("", {})["USER"] == "root"  # single tenant: as before
