@@ -381,10 +381,11 @@ class EtcdStore:
                     raise WatchCompacted(resp.compact_revision)
                 if resp.canceled:
                     raise Unavailable(f"etcd cancelled the watch of {prefix}: {resp.cancel_reason}")
-                if resp.events:
-                    yield [WatchEvent("put", ev.kv.key.decode(), ev.kv.value, ev.kv.mod_revision)
-                           if ev.type == rpc.Event.PUT else
-                           WatchEvent("delete", ev.kv.key.decode(), b"", ev.kv.mod_revision) for ev in resp.events]
+                # One event a batch, as aetcd's watch delivered them (tests hold a watch back by revision).
+                for ev in resp.events:
+                    kv = ev.kv
+                    yield [WatchEvent("put", kv.key.decode(), kv.value, kv.mod_revision) if ev.type == rpc.Event.PUT
+                           else WatchEvent("delete", kv.key.decode(), b"", kv.mod_revision)]
                 resp = await anext(stream)
         except StopAsyncIteration:
             raise Unavailable(f"etcd ended the watch of {prefix}") from None
