@@ -22,11 +22,13 @@ import grpc
 import grpc.aio
 import pytest
 from aetcd import rpc
+from cryptography import x509
 from pydantic import SecretStr
 
 from trainyard_core import service
 from trainyard_core.errors import PermissionDenied
 from trainyard_core.security import identity, pki
+from trainyard_core.security.identity import InvalidPrincipal
 from trainyard_core.settings import SettingsError, load_settings
 from trainyard_core.store.api import Put, absent
 from trainyard_core.store.etcd import EtcdStore
@@ -298,3 +300,41 @@ def test_plaintext_etcd_needs_a_setting_that_says_so(pki_dir: Path, caplog: pyte
         assert service.check_etcd(SchedulerSettings(**tls, etcd_insecure_plaintext=True)) == ""
         assert service.check_etcd(SchedulerSettings(insecure_plaintext=True)) == ""
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["PLAINTEXT etcd"] * 2
+
+
+# --- setting etcd up ---------------------------------------------------------------------------------------
+
+async def test_enabling_auth_again_is_harmless_and_takes_a_new_password(secure_etcd: SecureEtcd, prefix: str) -> None:
+    """`make run` enables auth on every start, against data that may have it on already."""
+    enable_auth(secure_etcd.member.endpoint, secure_etcd.users["root"], PREFIX + "/", {"trainyard": "rotated-pw"})
+    try:
+        old = EtcdStore.from_options(secure_etcd.options(user="trainyard", password=PASSWORD, cert="nobody"))
+        new = EtcdStore.from_options(secure_etcd.options(user="trainyard", password="rotated-pw", cert="nobody"))
+        try:
+            with pytest.raises(StartupCheckFailed, match="etcd_user/etcd_password"):
+                await check_access(old, prefix)
+            await check_access(new, prefix)
+        finally:
+            await old.close()
+            await new.close()
+    finally:
+        enable_auth(secure_etcd.member.endpoint, secure_etcd.users["root"], PREFIX + "/", {"trainyard": PASSWORD})
+
+
+def test_the_pki_issues_etcd_certificates_once(tmp_path: Path) -> None:
+    server, users = pki.ensure_etcd(tmp_path, ["trainyard"])
+    first = (server.cert.read_bytes(), users["trainyard"].cert.read_bytes())
+    again, users_again = pki.ensure_etcd(tmp_path, ["trainyard"])
+    assert (again.cert.read_bytes(), users_again["trainyard"].cert.read_bytes()) == first  # nothing re-issued
+    client = x509.load_pem_x509_certificate(first[1])
+    assert client.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == "trainyard"
+    with pytest.raises(InvalidPrincipal):  # no trainyard:// URI: it cannot call a Trainyard service
+        pki.principal_of(client)
+    # A new etcd host name re-issues the server's certificate, and only that one.
+    pki.ensure_etcd(tmp_path, ["trainyard"], server_dns=["localhost", "etcd1"])
+    san = x509.load_pem_x509_certificate(server.cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "etcd1"}
+    assert users["trainyard"].cert.read_bytes() == first[1]
+    with pytest.raises(ValueError, match="etcd user 'Not_A_Label'"):
+        pki.ensure_etcd(tmp_path, ["Not_A_Label"])
