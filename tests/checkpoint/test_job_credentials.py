@@ -180,6 +180,13 @@ async def test_the_gateway_and_tools_see_only_their_teams_jobs(tls_app: Checkpoi
                          other.stub.ListCheckpoints(pb.ListCheckpointsRequest(job_id="job-ml"))):
                 err = await rpc_error(call)
                 assert err.code() == grpc.StatusCode.NOT_FOUND, err.details()
+        # Malformed or missing ids get the servicer's own INVALID_ARGUMENT, before anything is looked up.
+        async with as_service(tls_app, job_pki, principal, team="ml") as ours:
+            err = await rpc_error(ours.stub.ListCheckpoints(pb.ListCheckpointsRequest()))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "job_id is required"
+            err = await rpc_error(ours.get("not-a-checkpoint"))
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not a checkpoint id" in err.details()
+        async with as_service(tls_app, job_pki, principal, team="research") as other:
             # The same answer as for a checkpoint that does not exist at all.
             absent = await rpc_error(other.get("ckpt-00000000000000000000"))
             assert (await rpc_error(other.get(saved.id))).details() == \

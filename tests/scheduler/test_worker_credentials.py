@@ -155,7 +155,12 @@ def test_an_unusable_job_issuer_stops_the_start_naming_the_file(job_pki: Path) -
 
 def test_without_an_issuer_workers_get_no_credential_and_plaintext_only_when_the_scheduler_is(
         job_pki: Path) -> None:
-    tls = SchedulerSettings.model_validate(pki.files_for(job_pki, identity.SCHEDULER).settings())
+    store = {"checkpoint_store_address": "10.0.0.5:50053"}
+    tls = SchedulerSettings.model_validate({**pki.files_for(job_pki, identity.SCHEDULER).settings(), **store})
     assert WorkerCredentials.from_settings(tls).env("job-a", 0, "ml") == {}
-    plain = SchedulerSettings.model_validate({"insecure_plaintext": True})
+    plain = SchedulerSettings.model_validate({"insecure_plaintext": True, **store})
     assert WorkerCredentials.from_settings(plain).env("job-a", 0, "ml") == {job_credentials.PLAINTEXT_ENV: "1"}
+    # No checkpoint-store at all: nothing to reach, nothing minted.
+    minting = SchedulerSettings.model_validate({**pki.files_for(job_pki, identity.SCHEDULER).settings(),
+                                                **_issuer_settings(job_pki)})
+    assert WorkerCredentials.from_settings(minting).env("job-a", 0, "ml") == {}

@@ -34,12 +34,13 @@ from .tls import PeerIdentity, peer_identity
 
 @dataclass(frozen=True, slots=True)
 class JobRef:
-    """The job a request acts on: `job_id`, or `checkpoint_id` (the callee resolves it to its job). `attempt`:
-    the attempt the request says it speaks for (BeginCheckpoint). `same_attempt`: the call changes a
-    checkpoint, which must then be one its caller's attempt began (Commit, Abort)."""
+    """The job a request acts on: `job_id`, or `checkpoint_id` (the callee resolves it to its job); the one the
+    request's message has (None: not a field of it; "" when the request left it empty). `attempt`: the
+    attempt the request says it speaks for (BeginCheckpoint). `same_attempt`: the call changes a checkpoint,
+    which must then be one its caller's attempt began (Commit, Abort)."""
 
-    job_id: str = ""
-    checkpoint_id: str = ""
+    job_id: str | None = None
+    checkpoint_id: str | None = None
     attempt: int | None = None
     same_attempt: bool = False
 

@@ -144,12 +144,15 @@ class CheckpointAccess:
         return team
 
     async def target(self, ref: JobRef) -> Target:
-        if ref.checkpoint_id or not ref.job_id:
+        """What `ref` names, as found; InvalidArgument for a malformed or missing id (the same message the
+        servicer would give), NotFound for a checkpoint id that names none."""
+        if ref.checkpoint_id is not None:
             validate_checkpoint_id(ref.checkpoint_id)
             job_id, attempt = await self._checkpoint(ref.checkpoint_id)
             return Target(job_id, await self._team(job_id), ref.checkpoint_id, attempt)
-        validate_job_id(ref.job_id)
-        return Target(ref.job_id, await self._team(ref.job_id))
+        job_id = ref.job_id or ""
+        validate_job_id(job_id)
+        return Target(job_id, await self._team(job_id))
 
     async def bind(self, caller: PeerIdentity, method: str, ref: JobRef, metadata: Mapping[str, str]) -> None:
         kind = caller.principal.kind
