@@ -25,6 +25,8 @@ from aetcd import rpc
 from cryptography import x509
 from pydantic import SecretStr
 
+from trainyard_checkpoint.app import CheckpointApp
+from trainyard_checkpoint.settings import CheckpointSettings
 from trainyard_core import service
 from trainyard_core.errors import PermissionDenied
 from trainyard_core.security import identity, pki
@@ -36,6 +38,8 @@ from trainyard_core.store.etcd_check import StartupCheckFailed, check_access
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import EtcdProcess, free_port, start_single, stop_and_clean
 from trainyard_core.testing.etcd_auth import enable_auth
+from trainyard_gateway.app import GatewayApp
+from trainyard_gateway.settings import GatewaySettings
 from trainyard_scheduler.settings import SchedulerSettings
 
 PREFIX = "/tyauth"
@@ -338,3 +342,24 @@ def test_the_pki_issues_etcd_certificates_once(tmp_path: Path) -> None:
     assert users["trainyard"].cert.read_bytes() == first[1]
     with pytest.raises(ValueError, match="etcd user 'Not_A_Label'"):
         pki.ensure_etcd(tmp_path, ["Not_A_Label"])
+
+
+async def test_the_gateway_and_the_checkpoint_store_check_their_etcd_credential_at_start(
+        tmp_path: Path, secure_etcd: SecureEtcd, prefix: str) -> None:
+    """The same check as the scheduler's (service.run exits 2 on it); the apps close what they opened."""
+    wrong = _etcd_settings(secure_etcd.options(user="trainyard", password="nope", cert="nobody"))
+    good = _etcd_settings(secure_etcd.options())
+    base = {"etcd_prefix": prefix.rstrip("/")}
+    gateway = GatewaySettings(**base, **wrong, http_port=0, grpc_port=0, scheduler_address=f"127.0.0.1:{free_port()}")
+    with pytest.raises(StartupCheckFailed, match=r"etcd_user/etcd_password: etcd at .* refused the login"):
+        await GatewayApp(gateway).start()
+    storage = (tmp_path / "ckpt").as_uri()
+    for etcd, ok in ((wrong, False), (good, True)):
+        app = CheckpointApp(CheckpointSettings(**base, **etcd, listen_host="127.0.0.1", listen_port=0,
+                                               storage_url=storage, shutdown_grace_s=1.0, gc_interval_s=0))
+        if ok:
+            await app.start()  # the certificate's CN, trainyard, may use the prefix
+            await app.stop()
+        else:
+            with pytest.raises(StartupCheckFailed, match="etcd_user/etcd_password"):
+                await app.start()
