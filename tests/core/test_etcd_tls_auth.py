@@ -363,3 +363,20 @@ async def test_the_gateway_and_the_checkpoint_store_check_their_etcd_credential_
         else:
             with pytest.raises(StartupCheckFailed, match="etcd_user/etcd_password"):
                 await app.start()
+
+
+async def test_an_unreadable_file_is_named_before_etcd_is_called(secure_etcd: SecureEtcd, tmp_path: Path) -> None:
+    options = secure_etcd.options()
+    missing = EtcdOptions(endpoints=options.endpoints, ca_file=options.ca_file, cert_file=options.cert_file,
+                          key_file=tmp_path / "gone.key")
+    store = EtcdStore.from_options(missing)
+    try:
+        with pytest.raises(StartupCheckFailed, match=f"etcd_key_file {tmp_path / 'gone.key'}: cannot read it"):
+            await check_access(store, PREFIX)
+        assert store.logins == 0
+    finally:
+        await store.close()
+    wrong_key = EtcdOptions(endpoints=options.endpoints, ca_file=options.ca_file, cert_file=options.cert_file,
+                            key_file=secure_etcd.users["nobody"].key)
+    with pytest.raises(StartupCheckFailed, match="is not the private key of etcd_cert_file"):
+        await check_access(EtcdStore.from_options(wrong_key), PREFIX)

@@ -11,6 +11,7 @@ from ..settings import SettingsError
 from .api import Compare, Put
 from .etcd import EtcdStore
 from .etcd_client import LoginRefused, explain_connect_failure
+from .etcd_options import file_problems
 
 PROBE = ".access-check"
 
@@ -27,6 +28,9 @@ async def check_access(store: EtcdStore, prefix: str) -> None:
     base = prefix.rstrip("/")
     probe = f"{base}/{PROBE}"
     options = store.options
+    problem = file_problems(options)
+    if problem:
+        raise StartupCheckFailed(problem)
     try:
         await store.range(base + "/", limit=1)
         await store.txn([Compare(probe, "create", "<", 0)], [Put(probe, b"")])
