@@ -1,10 +1,12 @@
 """A tiny, deterministic data-parallel training script that checkpoints with Trainyard.
 
 Under Trainyard every worker already has the environment it needs (TRAINYARD_CHECKPOINT_STORE,
-TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). By hand, against a
-local cluster (`make run` prints the checkpoint-store's address and writes it to .trainyard/local.env):
+TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, the attempt's checkpoint-store credential, RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT). By hand, against a local cluster (`make run` prints the checkpoint-store's
+address and writes it to .trainyard/local.env; the store serves mTLS, so mint the job a credential):
 
     set -a; . .trainyard/local.env; set +a
+    eval "$(.venv/bin/trainyard local credential job-demo)"
     TRAINYARD_JOB_ID=job-demo \
         torchrun --nproc-per-node 2 examples/train_with_checkpoints.py --steps 200 --every 20
 

@@ -35,10 +35,11 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from trainyard_core.files import atomic_write_bytes
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
-from trainyard_core.security.job_credentials import JobCredential, JobIssuer
+from trainyard_core.security.job_credentials import CA_ENV, CERT_ENV, KEY_ENV, JobCredential, JobIssuer
 from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
@@ -175,6 +176,17 @@ class LocalCluster:
             return {}
         cert, key = pki.job_issuer_files(self.pki_dir)
         return {"job_issuer_cert_file": str(cert), "job_issuer_key_file": str(key)}
+
+    def write_job_credential(self, job_id: str, attempt: int, team: str) -> dict[str, str]:
+        """`job_credential` written to <workdir>/credentials/ (0600); the client's variables naming the files."""
+        cred = self.job_credential(job_id, attempt, team)
+        directory = self.workdir / "credentials"
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base = directory / f"{job_id}-{attempt}"
+        key_path, cert_path = base.with_suffix(".key"), base.with_suffix(".pem")
+        atomic_write_bytes(key_path, cred.key, mode=0o600)
+        atomic_write_bytes(cert_path, cred.cert_chain)
+        return {CERT_ENV: str(cert_path), KEY_ENV: str(key_path), CA_ENV: str(self.pki_dir / "ca.pem")}
 
     def job_credential(self, job_id: str, attempt: int, team: str) -> JobCredential:
         """A checkpoint-store credential for `job_id` minted with this cluster's job issuer, as the scheduler
@@ -441,6 +453,24 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+def credential(args: argparse.Namespace) -> int:
+    """Mint a checkpoint-store credential for a job with the local cluster's job issuer, as the scheduler does
+    for its workers, for a training script run by hand; print the variables that point the client at it."""
+    workdir = Path(args.workdir)
+    cluster = LocalCluster(workdir)
+    if not pki.job_issuer_files(cluster.pki_dir)[0].exists():
+        print(f"error: no job issuer under {cluster.pki_dir}: start the local cluster once (make run)", file=sys.stderr)
+        return 1
+    try:
+        paths = cluster.write_job_credential(args.job_id, args.attempt, args.team)
+    except (ValueError, OSError) as exc:  # an id that is no job id, an unreadable issuer
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, value in paths.items():
+        print(f"export {name}={value}")
+    return 0
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     local = subparsers.add_parser("local", help="run a whole Trainyard cluster on this machine")
     sub = local.add_subparsers(dest="local_command", required=True)
@@ -451,3 +481,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="a simulated node, e.g. node-1=h100x8 (repeatable; default "
                         "node-1=h100x8 node-2=h100x8 node-3=a100x4)")
     p.set_defaults(func=up)
+    c = sub.add_parser("credential", help="a checkpoint-store credential for a job, for a training script run by "
+                       "hand against the local cluster (prints export lines: eval \"$(trainyard local credential "
+                       "JOB_ID)\")")
+    c.add_argument("job_id", metavar="JOB_ID", help="the job id the script checkpoints as (TRAINYARD_JOB_ID)")
+    c.add_argument("--attempt", type=int, default=0, help="the attempt (TRAINYARD_ATTEMPT; default 0)")
+    c.add_argument("--team", default="admin", help="the job's team (default admin, the bootstrap token's)")
+    c.add_argument("--workdir", default=".trainyard", help="the local cluster's directory (default .trainyard)")
+    c.set_defaults(func=credential)

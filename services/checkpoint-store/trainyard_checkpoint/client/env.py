@@ -3,8 +3,8 @@
 | variable | meaning |
 |---|---|
 | `TRAINYARD_CHECKPOINT_STORE` | host:port of the checkpoint-store (required) |
-| `TRAINYARD_CHECKPOINT_CERT`, `..._KEY` | the job's worker credential: certificate chain and key (PEM) |
-| `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (PEM, or a file's path) |
+| `TRAINYARD_CHECKPOINT_CERT`, `..._KEY` | the job's worker credential: certificate chain and key |
+| `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (each: PEM, or a file's path) |
 | `TRAINYARD_CHECKPOINT_PLAINTEXT` | `1`: a store that serves plaintext, no credential |
 | `TRAINYARD_JOB_ID` | the job the checkpoints belong to (required) |
 | `TRAINYARD_ATTEMPT` | the job's restart count (default 0) |
@@ -47,13 +47,9 @@ class WorkerTls:
 
     @classmethod
     def parse(cls, cert: str, key: str, ca: str) -> WorkerTls:
-        """Check the three values (ConfigError naming the variable, never its value). `ca` may be PEM or the
-        path of a PEM file."""
-        if not ca.lstrip().startswith("-----BEGIN"):
-            try:
-                ca = Path(ca).read_text()
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"{CA_ENV} is neither PEM nor a readable file: {exc}") from None
+        """Check the three values (ConfigError naming the variable, never its value). Each is PEM or the path
+        of a PEM file (the scheduler gives PEM; `trainyard local credential` writes files)."""
+        cert, key, ca = _pem(CERT_ENV, cert), _pem(KEY_ENV, key), _pem(CA_ENV, ca)
         try:
             leaf = x509.load_pem_x509_certificates(cert.encode())[0]
         except ValueError:
@@ -71,6 +67,15 @@ class WorkerTls:
         except ValueError:
             raise ConfigError(f"{CA_ENV} does not hold a PEM certificate") from None
         return cls(cert.encode(), key.encode(), ca.encode())
+
+
+def _pem(name: str, value: str) -> str:
+    if value.lstrip().startswith("-----BEGIN"):
+        return value
+    try:
+        return Path(value).read_text()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{name} is neither PEM nor a readable file: {exc}") from None
 
 
 def transport_from_env(env: Mapping[str, str]) -> tuple[WorkerTls | None, bool]:
