@@ -195,18 +195,29 @@ class PeerIdentity:
     grant: JobGrant | None = None
 
 
-def identify(cert: x509.Certificate) -> PeerIdentity:
-    """The identity a verified peer certificate gives; InvalidPrincipal saying why it gives none."""
-    principal = principal_of(cert)
+class RefusedCertificate(InvalidPrincipal):
+    """A certificate that names a principal its issuer may not vouch for, or malformed job claims."""
+
+
+def identify(cert: x509.Certificate) -> PeerIdentity | None:
+    """The identity a verified peer certificate gives: None when it names no principal; RefusedCertificate
+    saying why when it names one it may not."""
+    try:
+        principal = principal_of(cert)
+    except InvalidPrincipal:
+        return None
     from_job_issuer = is_job_issuer_name(cert.issuer)
     if principal.kind == "job":
         if not from_job_issuer:
-            raise InvalidPrincipal(f"{principal}: a job's certificate must be signed by a job issuer, not by "
-                                   f"{cert.issuer.rfc4514_string()}")
-        return PeerIdentity(principal, grant_of(cert, principal))
+            raise RefusedCertificate(f"{principal}: a job's certificate must be signed by a job issuer, not by "
+                                     f"{cert.issuer.rfc4514_string()}")
+        try:
+            return PeerIdentity(principal, grant_of(cert, principal))
+        except InvalidPrincipal as exc:
+            raise RefusedCertificate(str(exc)) from None
     if from_job_issuer:
-        raise InvalidPrincipal(f"{principal}: a job issuer signs job certificates only (this one names a "
-                               f"{principal.kind})")
+        raise RefusedCertificate(f"{principal}: a job issuer signs job certificates only (this one names a "
+                                 f"{principal.kind})")
     return PeerIdentity(principal)
 
 
@@ -226,11 +237,9 @@ def identity_of_peer_pem(pem: bytes) -> PeerIdentity | None:
     if found is ...:
         try:
             found = identify(x509.load_pem_x509_certificate(pem))
-        except InvalidPrincipal as exc:
-            # A certificate naming no principal at all is "no identity"; one naming a principal its issuer
-            # may not vouch for (or with malformed job claims) is refused with the reason.
-            found = str(exc) if "must name exactly one" not in str(exc) else None
-        except ValueError:
+        except RefusedCertificate as exc:
+            found = str(exc)
+        except ValueError:  # not a certificate cryptography reads
             found = None
         with _PEERS_LOCK:
             _PEERS[pem] = found
