@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from trainyard.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from trainyard_core.clock import ManualClock
 from trainyard_core.contract import DAY_S, Role, Scope
-from trainyard_core.errors import InvalidArgument, Unauthenticated
+from trainyard_core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from trainyard_core.rpc.server import insecure_channel
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing.etcd import free_port
@@ -47,7 +47,7 @@ async def test_ttl_defaults_and_bounds(etcd_store: EtcdStore, key_prefix: str) -
     tokens = TokenStore(etcd_store, key_prefix, clock=clock, default_ttl_s=30 * DAY_S, max_ttl_s=60 * DAY_S)
     record, _ = await tokens.create(team="vision", user="alice")
     assert (record.role, record.expires_at) == (Role.MEMBER, clock.now() + 30 * DAY_S)
-    with pytest.raises(InvalidArgument, match="longer than this gateway allows"):
+    with pytest.raises(FailedPrecondition, match="longer than this gateway allows"):
         await tokens.create(team="vision", user="alice", ttl="61d")
     with pytest.raises(InvalidArgument, match="ttl must be"):
         await tokens.create(team="vision", user="alice", ttl="1w")
@@ -108,7 +108,7 @@ async def test_bad_creation_requests_are_400(gateway: RunningGateway) -> None:
             reply = await admin.post("/v1/tokens", json=body)
             assert reply.status_code == 400 and field in reply.json()["error"]["message"], (body, reply.text)
         too_long = await admin.post("/v1/tokens", json={"team": "vision", "user": "a", "ttl": "366d"})
-        assert too_long.status_code == 400 and "token_max_ttl_s" in too_long.json()["error"]["message"]
+        assert too_long.status_code == 409 and "token_max_ttl_s" in too_long.json()["error"]["message"]
         listed = (await admin.get("/v1/tokens", params={"team": "vision"})).json()["tokens"]
     assert listed == []
 

@@ -137,8 +137,8 @@ class TokenStore:
             seconds = contract.ttl_seconds(ttl)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        if seconds > self.max_ttl_s:
-            raise InvalidArgument(f"ttl {ttl} is longer than this gateway allows ({self.max_ttl_s / contract.DAY_S:g}"
+        if seconds > self.max_ttl_s:  # well formed, but more than this gateway allows: 409, not 400
+            raise FailedPrecondition(f"ttl {ttl} is longer than this gateway allows ({self.max_ttl_s / contract.DAY_S:g}"
                                   "d, the setting token_max_ttl_s)")
         return float(seconds)
 
