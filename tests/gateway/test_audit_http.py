@@ -149,8 +149,9 @@ async def test_get_audit_filters_pages_and_is_for_operators(live_gateway: Runnin
         assert any(e["detail"].get("user") == "alice" for e in created["entries"])
         cases: list[tuple[dict[str, Any], str]] = [
             ({"page_token": "garbage"}, "page_token"), ({"page_size": 0}, "page_size"),
-            ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
             ({"since": "2026-01-01T00:00:00"}, "time zone"), ({"team": "Not A Team"}, "team")]
+        empty = await op.get("/v1/audit", params={"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"})
+        assert empty.json() == {"entries": [], "next_page_token": ""}
         for params, problem in cases:
             reply = await op.get("/v1/audit", params=params)
             assert reply.status_code == 400, params

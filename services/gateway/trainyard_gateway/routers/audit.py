@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
 
 from trainyard_core import audit
 from trainyard_core import contract as c
-from trainyard_core.errors import InvalidArgument, Unavailable
+from trainyard_core.errors import Unavailable
 
 from ..auth import Deps, OperatorPrincipal
 from ..schemas.audit import AuditEntry, AuditPage
@@ -18,14 +20,21 @@ from ..schemas.common import error_responses
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 _TEXT = {"max_length": audit.MAX_FIELD, "pattern": r"^[ -~]*$"}
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 
 
-def _epoch(value: datetime | None, name: str) -> float | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise InvalidArgument(f"query parameter {name}: give a time zone (e.g. 2026-01-31T12:00:00Z)")
-    return value.timestamp()
+def _rfc3339(value: object) -> object:
+    # The schema says date-time (RFC 3339): a time zone is part of it, and a bare number is not one.
+    if isinstance(value, str) and not _RFC3339.match(value):
+        raise ValueError("must be an RFC 3339 time with its time zone, e.g. 2026-01-31T12:00:00Z")
+    return value
+
+
+Time = Annotated[datetime, BeforeValidator(_rfc3339)]
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
 
 
 def to_schema(e: audit.AuditEntry) -> AuditEntry:
@@ -49,17 +58,18 @@ async def list_audit(
     target: Annotated[str, Query(description="exactly this target, e.g. job/j-...", **_TEXT)] = "",
     result: Annotated[str, Query(description="ok, or an error code", max_length=64,
                                  pattern=r"^[a-z0-9_]*$")] = "",
-    since: Annotated[datetime | None, Query(description="only entries at or after this time (ISO 8601 with "
-                                                        "a time zone)")] = None,
-    until: Annotated[datetime | None, Query(description="only entries at or before this time")] = None,
+    since: Annotated[Time | None, Query(description="only entries at or after this time (RFC 3339, with its "
+                                                    "time zone)")] = None,
+    until: Annotated[Time | None, Query(description="only entries at or before this time")] = None,
     page_size: Annotated[int, Query(ge=1, le=c.MAX_PAGE_SIZE, description="entries per page")] = c.DEFAULT_PAGE_SIZE,
-    page_token: Annotated[str, Query(max_length=64, description="next_page_token of the previous page")] = "",
+    page_token: Annotated[str, Query(pattern=audit.PAGE_TOKEN.or_empty.pattern,
+                                     description="next_page_token of the previous page")] = "",
 ) -> AuditPage:
     if deps.audit is None:
         raise Unavailable("this gateway keeps no audit log")
     flt = audit.AuditFilter(principal=principal, user=user, team=team, action=action, target=target,
-                            result=result, since=_epoch(since, "since"), until=_epoch(until, "until"))
+                            result=result, since=_epoch(since), until=_epoch(until))
     if flt.since is not None and flt.until is not None and flt.since > flt.until:
-        raise InvalidArgument("query parameter since is after until: nothing can match")
+        return AuditPage(entries=[], next_page_token="")  # a well-formed window that nothing falls into
     page = await deps.audit.query(flt, page_size=page_size, page_token=page_token)
     return AuditPage(entries=[to_schema(e) for e in page.entries], next_page_token=page.next_page_token)
