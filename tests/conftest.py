@@ -4,7 +4,6 @@ logging as the services have it in production: INFO, through the JSON formatter,
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -13,7 +12,9 @@ import pytest
 from trainyard_core import logs
 from trainyard_core.security import identity, pki
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing import etcd as etcd_proc
+from trainyard_core.testing.etcd_secure import fresh_prefix, settings_of
 
 
 class ReservedExtraKey(AssertionError):
@@ -55,15 +56,36 @@ def etcd_endpoint(etcd_server: etcd_proc.EtcdProcess) -> str:
     return etcd_server.endpoint
 
 
+@pytest.fixture(scope="session")
+def etcd_options(etcd_server: etcd_proc.EtcdProcess) -> EtcdOptions:
+    """How a test and its services reach the session's etcd: as the services' etcd user, whose role reads and
+    writes the test prefixes only (`key_prefix`)."""
+    return EtcdOptions(endpoints=etcd_server.endpoint)
+
+
+@pytest.fixture(scope="session")
+def etcd_root_options(etcd_server: etcd_proc.EtcdProcess) -> EtcdOptions:
+    """The session's etcd as `root` (every key): for what is no service's business, as etcdctl is."""
+    return EtcdOptions(endpoints=etcd_server.endpoint)
+
+
+@pytest.fixture
+def etcd_settings(etcd_options: EtcdOptions) -> dict[str, str]:
+    """The services' etcd settings (etcd_endpoints and the TLS and credential fields) for `etcd_options`;
+    a service's settings take them as `**etcd_settings`, its flags as `etcd_secure.as_flags`."""
+    return settings_of(etcd_options)
+
+
 @pytest.fixture
 def key_prefix() -> str:
-    """A prefix no other test uses, so tests sharing the session's etcd never see each other's keys."""
-    return f"/t-{uuid.uuid4().hex[:12]}/"
+    """A prefix no other test uses, so tests sharing the session's etcd never see each other's keys; under
+    the one the services' etcd role may read and write."""
+    return fresh_prefix()
 
 
 @pytest.fixture
-async def etcd_store(etcd_endpoint: str) -> AsyncIterator[EtcdStore]:
-    store = EtcdStore(etcd_endpoint)
+async def etcd_store(etcd_options: EtcdOptions) -> AsyncIterator[EtcdStore]:
+    store = EtcdStore.from_options(etcd_options)
     try:
         yield store
     finally:
