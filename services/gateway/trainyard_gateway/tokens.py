@@ -138,8 +138,9 @@ class TokenStore:
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         if seconds > self.max_ttl_s:  # well formed, but more than this gateway allows: 409, not 400
-            raise FailedPrecondition(f"ttl {ttl} is longer than this gateway allows ({self.max_ttl_s / contract.DAY_S:g}"
-                                  "d, the setting token_max_ttl_s)")
+            most = f"{self.max_ttl_s / contract.DAY_S:g}d"
+            raise FailedPrecondition(f"ttl {ttl} is longer than this gateway allows ({most}, the setting "
+                                     "token_max_ttl_s)")
         return float(seconds)
 
     async def create(self, *, team: str, user: str, role: Role = contract.DEFAULT_ROLE, ttl: str | None = None,
