@@ -33,6 +33,12 @@ async def test_audit_shows_who_did_what(cli: Any, gateway: RunningGateway) -> No
     r = await cli("audit", "--target", f"job/{job_ids[0]}", "--json")
     assert {e["action"] for e in json.loads(r.out)["entries"]} == {"POST /v1/jobs", "POST /v1/jobs/{job_id}:cancel"}
 
+    async with gateway.client(alice) as http:
+        reply = await http.post("/v1/jobs", json=JOB, headers={"X-Request-Id": "req-cli-1"})
+    r = await cli("audit", "--request-id", "req-cli-1", "--json")
+    assert [(e["service"], e["request_id"]) for e in json.loads(r.out)["entries"]] == [("gateway", "req-cli-1")]
+    assert reply.status_code == 201
+
     r = await cli("audit", "--user", "nobody")
     assert (r.rc, r.out.strip()) == (0, "no audit entries match")
 

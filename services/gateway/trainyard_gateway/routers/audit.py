@@ -58,6 +58,8 @@ async def list_audit(
     target: Annotated[str, Query(description="exactly this target, e.g. job/j-...", **_TEXT)] = "",
     result: Annotated[str, Query(description="ok, or an error code", max_length=64,
                                  pattern=r"^[a-z0-9_]*$")] = "",
+    request_id: Annotated[str, Query(pattern=audit.REQUEST_ID.or_empty.pattern,
+                                     description="every service's entries of one request (its X-Request-Id)")] = "",
     since: Annotated[Time | None, Query(description="only entries at or after this time (RFC 3339, with its "
                                                     "time zone)")] = None,
     until: Annotated[Time | None, Query(description="only entries at or before this time")] = None,
@@ -68,7 +70,7 @@ async def list_audit(
     if deps.audit is None:
         raise Unavailable("this gateway keeps no audit log")
     flt = audit.AuditFilter(principal=principal, user=user, team=team, action=action, target=target,
-                            result=result, since=_epoch(since), until=_epoch(until))
+                            result=result, request_id=request_id, since=_epoch(since), until=_epoch(until))
     if flt.since is not None and flt.until is not None and flt.since > flt.until:
         return AuditPage(entries=[], next_page_token="")  # a well-formed window that nothing falls into
     page = await deps.audit.query(flt, page_size=page_size, page_token=page_token)
