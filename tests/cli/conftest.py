@@ -50,19 +50,19 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
 
 
 @pytest.fixture
-async def scheduler(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def scheduler(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     """A real scheduler of its own per test (about 0.1 s), so `trainyard jobs` as admin sees only this
     test's jobs; no nodes until the test adds agents."""
-    async with running_cluster(etcd_endpoint=etcd_endpoint, prefix=key_prefix + "scheduler",
+    async with running_cluster(etcd=etcd_settings, prefix=key_prefix + "scheduler",
                                state_root=tmp_path / "nodes") as cluster:
         yield cluster
 
 
 @pytest.fixture
-async def gateway(etcd_endpoint: str, key_prefix: str, scheduler: Cluster,
+async def gateway(etcd_settings: dict[str, str], key_prefix: str, scheduler: Cluster,
                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
     """A gateway the CLI finds through TRAINYARD_URL / TRAINYARD_TOKEN (the bootstrap operator token)."""
-    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                scheduler_address=scheduler.address) as gw:
         monkeypatch.setenv("TRAINYARD_URL", gw.url)
         monkeypatch.setenv("TRAINYARD_TOKEN", gw.admin_token)

@@ -14,10 +14,10 @@ from tests.gateway.support import Cluster, RunningGateway, running_gateway
 
 
 @pytest.fixture
-async def policy_gateway(etcd_endpoint: str, key_prefix: str, scheduler: Cluster,
+async def policy_gateway(etcd_settings: dict[str, str], key_prefix: str, scheduler: Cluster,
                          monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
     async with policy_endpoint(scheduler) as address, running_gateway(
-            etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), scheduler_address=address) as gw:
+            etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"), scheduler_address=address) as gw:
         monkeypatch.setenv("TRAINYARD_URL", gw.url)
         monkeypatch.setenv("TRAINYARD_TOKEN", gw.admin_token)
         yield gw

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -80,11 +80,12 @@ class RunningGateway:
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(*, etcd_endpoints: str, etcd_prefix: str, scheduler_address: str,
+async def running_gateway(*, etcd: Mapping[str, str], etcd_prefix: str, scheduler_address: str,
                           **overrides: Any) -> AsyncIterator[RunningGateway]:
-    """A GatewayApp on free ports with a fresh bootstrap (operator) token."""
+    """A GatewayApp on free ports with a fresh bootstrap (operator) token; `etcd` its etcd settings (the
+    `etcd_settings` fixture)."""
     admin = new_secret()
-    settings = GatewaySettings(etcd_endpoints=etcd_endpoints, etcd_prefix=etcd_prefix, http_port=0, grpc_port=0,
+    settings = GatewaySettings(**etcd, etcd_prefix=etcd_prefix, http_port=0, grpc_port=0,
                                scheduler_address=scheduler_address,
                                bootstrap_admin_token=SecretStr(admin), **overrides)
     app = GatewayApp(settings)
@@ -184,8 +185,8 @@ def wait_for_file(path: Path, timeout_s: float = 60.0) -> str:
 class Cluster:
     """A real scheduler on `prefix` and the real node agents added to it (state under `state_root`)."""
 
-    def __init__(self, *, etcd_endpoint: str, prefix: str, state_root: Path, **scheduler_settings: Any) -> None:
-        self.settings = SchedulerSettings(etcd_endpoints=etcd_endpoint, etcd_prefix=prefix.rstrip("/"),
+    def __init__(self, *, etcd: Mapping[str, str], prefix: str, state_root: Path, **scheduler_settings: Any) -> None:
+        self.settings = SchedulerSettings(**etcd, etcd_prefix=prefix.rstrip("/"),
                                           listen_port=0, **{**SCHEDULER_SETTINGS, **scheduler_settings})
         self.state_root = state_root
         self.scheduler = SchedulerApp(self.settings)
@@ -298,10 +299,10 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(*, etcd_endpoint: str, prefix: str, state_root: Path,
+async def running_cluster(*, etcd: Mapping[str, str], prefix: str, state_root: Path,
                           agents: dict[str, str] | None = None, **scheduler_settings: Any) -> AsyncIterator[Cluster]:
     """A started Cluster with `agents` (node id → GPU profile) registered and ready; stopped at exit."""
-    cluster = Cluster(etcd_endpoint=etcd_endpoint, prefix=prefix, state_root=state_root, **scheduler_settings)
+    cluster = Cluster(etcd=etcd, prefix=prefix, state_root=state_root, **scheduler_settings)
     try:
         await cluster.start()
         for node_id, profile in (agents or {}).items():

@@ -64,12 +64,12 @@ async def test_revoked_token_is_refused_at_once(gateway: RunningGateway) -> None
 
 
 async def test_revocation_through_another_gateway_takes_effect_within_the_cache_ttl(
-        etcd_endpoint: str, key_prefix: str) -> None:
+        etcd_settings: dict[str, str], key_prefix: str) -> None:
     prefix = key_prefix.rstrip("/")
     scheduler = f"127.0.0.1:{free_port()}"
-    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, scheduler_address=scheduler,
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=prefix, scheduler_address=scheduler,
                                token_cache_ttl_s=0.3) as one, \
-            running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, scheduler_address=scheduler,
+            running_gateway(etcd=etcd_settings, etcd_prefix=prefix, scheduler_address=scheduler,
                             token_cache_ttl_s=0.3) as two:
         secret = await one.create_token("vision", "bob")
         async with one.client(secret) as bob_one, one.client(one.admin_token) as admin_one:
@@ -134,7 +134,7 @@ async def test_no_secret_reaches_the_logs(gateway: RunningGateway, caplog: pytes
         assert s not in logged
 
 
-async def test_bootstrap_token_is_idempotent_across_restarts(etcd_endpoint: str, key_prefix: str,
+async def test_bootstrap_token_is_idempotent_across_restarts(etcd_settings: dict[str, str], key_prefix: str,
                                                              etcd_store: EtcdStore) -> None:
     from pydantic import SecretStr
 
@@ -142,7 +142,7 @@ async def test_bootstrap_token_is_idempotent_across_restarts(etcd_endpoint: str,
     from trainyard_gateway.settings import GatewaySettings
 
     secret = new_secret()
-    settings = GatewaySettings(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), http_port=0,
+    settings = GatewaySettings(**etcd_settings, etcd_prefix=key_prefix.rstrip("/"), http_port=0,
                                grpc_port=0, scheduler_address=f"127.0.0.1:{free_port()}",
                                bootstrap_admin_token=SecretStr(secret))
     for _ in range(2):

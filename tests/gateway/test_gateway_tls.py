@@ -100,9 +100,9 @@ def _address(server: GrpcServer) -> str:
 
 
 @contextlib.asynccontextmanager
-async def tls_gateway(etcd_endpoint: str, key_prefix: str, pki_dir: Path, *, scheduler_address: str = "",
+async def tls_gateway(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path, *, scheduler_address: str = "",
                       **overrides: Any) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                scheduler_address=scheduler_address or f"127.0.0.1:{free_port()}",
                                **pki.files_for(pki_dir, identity.GATEWAY).settings(), **overrides) as gw:
         yield gw
@@ -121,13 +121,13 @@ def test_the_gateway_certificate_must_name_the_gateway() -> None:
 
 
 async def test_gateway_calls_a_tls_scheduler_follows_its_leader_and_reaches_the_nodes_agent(
-        etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> None:
+        etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> None:
     scheduler_files = pki.files_for(pki_dir, identity.SCHEDULER)
     agent = FakeAgent()
     async with serving(agent, pki.files_for(pki_dir, NODE_1)) as agent_server, \
             serving(leader := FakeScheduler(agent_address=_address(agent_server)), scheduler_files) as lead, \
             serving(standby := FakeScheduler(leader=_address(lead)), scheduler_files) as stand, \
-            tls_gateway(etcd_endpoint, key_prefix, pki_dir, scheduler_address=_address(stand)) as gw:
+            tls_gateway(etcd_settings, key_prefix, pki_dir, scheduler_address=_address(stand)) as gw:
         async with gw.client(gw.admin_token) as http:
             health = await http.get("/healthz")
             assert health.json()["scheduler"] == {"reachable": True, "detail": ""}
@@ -142,10 +142,10 @@ async def test_gateway_calls_a_tls_scheduler_follows_its_leader_and_reaches_the_
 
 
 async def test_gateway_refuses_a_scheduler_address_held_by_another_principal(
-        etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> None:
+        etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> None:
     impostor = FakeScheduler()
     async with serving(impostor, pki.files_for(pki_dir, NODE_1)) as server, \
-            tls_gateway(etcd_endpoint, key_prefix, pki_dir, scheduler_address=_address(server)) as gw, \
+            tls_gateway(etcd_settings, key_prefix, pki_dir, scheduler_address=_address(server)) as gw, \
             gw.client(gw.admin_token) as http:
         health = await http.get("/healthz")
         assert health.status_code == 503
@@ -155,14 +155,14 @@ async def test_gateway_refuses_a_scheduler_address_held_by_another_principal(
 
 
 async def test_gateway_refuses_an_agent_that_is_not_the_node_of_the_record(
-        etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> None:
+        etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> None:
     """The scheduler's record says node-2 is at an address whose agent holds node-1's certificate (the address
     moved to another node): the gateway must not set a GPU's health on the wrong node."""
     agent = FakeAgent()
     async with serving(agent, pki.files_for(pki_dir, NODE_1)) as agent_server, \
             serving(FakeScheduler(agent_address=_address(agent_server)),
                     pki.files_for(pki_dir, identity.SCHEDULER)) as sched, \
-            tls_gateway(etcd_endpoint, key_prefix, pki_dir, scheduler_address=_address(sched)) as gw:
+            tls_gateway(etcd_settings, key_prefix, pki_dir, scheduler_address=_address(sched)) as gw:
         reply = await _set_health(gw, "node-2")
         assert reply.status_code == 503, reply.text
         assert "node-2" in reply.json()["error"]["message"]
@@ -184,9 +184,9 @@ async def _list_tokens(channel: grpc.aio.Channel, token: str = "") -> grpc.Statu
     return grpc.StatusCode.OK
 
 
-async def test_token_service_needs_mtls_and_a_tool_principal(etcd_endpoint: str, key_prefix: str,
+async def test_token_service_needs_mtls_and_a_tool_principal(etcd_settings: dict[str, str], key_prefix: str,
                                                              pki_dir: Path) -> None:
-    async with tls_gateway(etcd_endpoint, key_prefix, pki_dir) as gw:
+    async with tls_gateway(etcd_settings, key_prefix, pki_dir) as gw:
         address = f"127.0.0.1:{gw.app.grpc_port}"
 
         def as_(me: Principal) -> grpc.aio.Channel:
@@ -211,9 +211,9 @@ def _https(pki_dir: Path) -> dict[str, str]:
     return {"http_tls_cert_file": str(files.cert), "http_tls_key_file": str(files.key)}
 
 
-async def test_https_with_http_tls_files(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> None:
+async def test_https_with_http_tls_files(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> None:
     verify = ssl.create_default_context(cafile=str(pki_dir / "ca.pem"))
-    async with tls_gateway(etcd_endpoint, key_prefix, pki_dir, **_https(pki_dir)) as gw:
+    async with tls_gateway(etcd_settings, key_prefix, pki_dir, **_https(pki_dir)) as gw:
         headers = {"Authorization": f"Bearer {gw.admin_token}"}
         for host in ("127.0.0.1", "localhost"):
             async with httpx.AsyncClient(base_url=f"https://{host}:{gw.app.http_port}", verify=verify,
@@ -225,9 +225,9 @@ async def test_https_with_http_tls_files(etcd_endpoint: str, key_prefix: str, pk
                 await plain.get("/v1/tokens", headers=headers)
 
 
-async def test_http_stays_plain_without_http_tls_files(etcd_endpoint: str, key_prefix: str,
+async def test_http_stays_plain_without_http_tls_files(etcd_settings: dict[str, str], key_prefix: str,
                                                        pki_dir: Path) -> None:
-    async with tls_gateway(etcd_endpoint, key_prefix, pki_dir) as gw, gw.client(gw.admin_token) as http:
+    async with tls_gateway(etcd_settings, key_prefix, pki_dir) as gw, gw.client(gw.admin_token) as http:
         assert (await http.get("/v1/tokens")).status_code == 200
 
 
@@ -241,9 +241,9 @@ def test_http_tls_needs_both_files(pki_dir: Path) -> None:
                       env={"TRAINYARD_GATEWAY_HTTP_TLS_KEY_FILE": files["http_tls_key_file"]})
 
 
-async def test_unusable_http_tls_files_fail_the_start_naming_them(etcd_endpoint: str, key_prefix: str,
+async def test_unusable_http_tls_files_fail_the_start_naming_them(etcd_settings: dict[str, str], key_prefix: str,
                                                                   pki_dir: Path) -> None:
     wrong_key = {**_https(pki_dir), "http_tls_key_file": str(pki_dir / "scheduler.key")}
     with pytest.raises(OSError, match=r"http_tls_key_file .*scheduler\.key: cannot serve HTTPS"):
-        async with tls_gateway(etcd_endpoint, key_prefix, pki_dir, **wrong_key):
+        async with tls_gateway(etcd_settings, key_prefix, pki_dir, **wrong_key):
             pass

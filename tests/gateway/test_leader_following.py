@@ -19,6 +19,7 @@ import pytest
 from tests.core.store_faults import FaultyStore
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 
@@ -26,9 +27,9 @@ from .support import Cluster, RunningGateway, running_cluster, running_gateway
 
 
 @pytest.fixture
-async def leader(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def leader(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     """The first replica, leading, with one agent (node-a) registered to it."""
-    async with running_cluster(etcd_endpoint=etcd_endpoint, prefix=key_prefix + "cluster",
+    async with running_cluster(etcd=etcd_settings, prefix=key_prefix + "cluster",
                                state_root=tmp_path / "nodes", agents={"node-a": "a100x4"}) as cluster:
         assert cluster.scheduler.leadership.is_leader
         yield cluster
@@ -68,7 +69,7 @@ async def node_calls_answer(gw: RunningGateway) -> None:
         assert uncordon.status_code == 200 and uncordon.json()["cordoned"] is False, uncordon.text
 
 
-async def test_node_calls_follow_the_leader_the_standby_names(etcd_endpoint: str, key_prefix: str,
+async def test_node_calls_follow_the_leader_the_standby_names(etcd_settings: dict[str, str], key_prefix: str,
                                                              leader: Cluster) -> None:
     standby = await start_standby(leader)
     try:
@@ -76,7 +77,7 @@ async def test_node_calls_follow_the_leader_the_standby_names(etcd_endpoint: str
             return await refusal(standby) == (grpc.StatusCode.UNAVAILABLE, leader.address)
 
         await eventually(names_leader, timeout=5, what="the standby to name the leader")
-        async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+        async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                    scheduler_address=f"127.0.0.1:{standby.grpc_port},{leader.address}") as gw:
             await node_calls_answer(gw)
     finally:
@@ -84,25 +85,25 @@ async def test_node_calls_follow_the_leader_the_standby_names(etcd_endpoint: str
 
 
 async def test_node_calls_find_the_leader_among_the_replicas_when_the_standby_names_nobody(
-        etcd_endpoint: str, key_prefix: str, leader: Cluster) -> None:
-    store = FaultyStore(EtcdStore(etcd_endpoint))
+        etcd_settings: dict[str, str], etcd_options: EtcdOptions, key_prefix: str, leader: Cluster) -> None:
+    store = FaultyStore(EtcdStore.from_options(etcd_options))
     store.fail_gets(leader.scheduler.keys.leader)  # it can never read who leads
     standby = await start_standby(leader, store)
     try:
         await eventually(lambda: _true(store.failed_gets > 0), timeout=5, what="the standby's leader lookup to fail")
         assert await refusal(standby) == (grpc.StatusCode.UNAVAILABLE, "")
-        async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+        async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                    scheduler_address=f"127.0.0.1:{standby.grpc_port},{leader.address}") as gw:
             await node_calls_answer(gw)
     finally:
         await stop_standby(standby, store)
 
 
-async def test_node_calls_reach_the_standby_once_it_has_taken_over(etcd_endpoint: str, key_prefix: str,
+async def test_node_calls_reach_the_standby_once_it_has_taken_over(etcd_settings: dict[str, str], key_prefix: str,
                                                                   leader: Cluster) -> None:
     standby = await start_standby(leader)
     try:
-        async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+        async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                    scheduler_address=f"127.0.0.1:{standby.grpc_port},{leader.address}") as gw:
             await eventually(lambda: _answers(gw), timeout=5, what="node calls answered through the standby")
             await leader.stop_scheduler()  # resigns: the standby takes over at once

@@ -16,6 +16,7 @@ import pytest
 
 from trainyard_core.security import identity, pki
 from trainyard_core.testing.etcd import free_port
+from trainyard_core.testing.etcd_secure import as_flags
 from trainyard_gateway.main import main
 from trainyard_gateway.tokens import new_secret
 
@@ -50,17 +51,17 @@ def _tls(tmp_path: Path) -> list[str]:
     return ["--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key), "--tls-ca-file", str(files.ca)]
 
 
-def test_a_process_without_certificates_or_insecure_plaintext_refuses_to_start(etcd_endpoint: str) -> None:
-    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", etcd_endpoint],
+def test_a_process_without_certificates_or_insecure_plaintext_refuses_to_start(etcd_settings: dict[str, str]) -> None:
+    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", *as_flags(etcd_settings)],
                           env={**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()},
                           capture_output=True, timeout=60)
     assert proc.returncode == 2
     assert "tls_cert_file" in proc.stderr.decode() and "insecure_plaintext" in proc.stderr.decode()
 
 
-def test_a_certificate_of_another_principal_is_refused_at_start(tmp_path: Path, etcd_endpoint: str) -> None:
+def test_a_certificate_of_another_principal_is_refused_at_start(tmp_path: Path, etcd_settings: dict[str, str]) -> None:
     files = pki.ensure(tmp_path / "pki", [identity.SCHEDULER])[identity.SCHEDULER]
-    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", "--etcd-endpoints", etcd_endpoint,
+    proc = subprocess.run([GATEWAY, "--http-port", "0", "--grpc-port", "0", *as_flags(etcd_settings),
                            "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
                            "--tls-ca-file", str(files.ca)],
                           env={**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": new_secret()},
@@ -69,13 +70,13 @@ def test_a_certificate_of_another_principal_is_refused_at_start(tmp_path: Path, 
     assert "names trainyard://scheduler, but this service is trainyard://gateway" in proc.stderr.decode()
 
 
-def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_endpoint: str, key_prefix: str) -> None:
+def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_settings: dict[str, str], key_prefix: str) -> None:
     secret = new_secret()
     ready = tmp_path / "ready.json"
     env = {**os.environ, "TRAINYARD_GATEWAY_BOOTSTRAP_ADMIN_TOKEN": secret}
     proc = subprocess.Popen(
         [GATEWAY, "--http-port", "0", "--grpc-port", "0", "--ready-file", str(ready),
-         "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", key_prefix.rstrip("/"), "--etcd-insecure-plaintext",
+         *as_flags(etcd_settings), "--etcd-prefix", key_prefix.rstrip("/"),
          "--scheduler-address", f"127.0.0.1:{free_port()}", *_tls(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

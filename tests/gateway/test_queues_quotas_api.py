@@ -21,9 +21,9 @@ VISION_QUOTA: dict[str, Any] = {"weight": 1.0, "limits": {"H100-80GB-HBM3": {"no
 
 
 @pytest.fixture
-async def gw(etcd_endpoint: str, key_prefix: str, scheduler: Cluster) -> AsyncIterator[RunningGateway]:
+async def gw(etcd_settings: dict[str, str], key_prefix: str, scheduler: Cluster) -> AsyncIterator[RunningGateway]:
     async with policy_endpoint(scheduler) as address, running_gateway(
-            etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), scheduler_address=address) as gateway:
+            etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"), scheduler_address=address) as gateway:
         yield gateway
 
 

@@ -55,8 +55,8 @@ def test_the_table_stays_bounded_and_forgets_only_full_buckets_first() -> None:
     assert TokenBuckets(0, 1, clock=clock).take("x") == 0.0  # rate 0: off
 
 
-async def test_429_with_retry_after_after_the_burst(etcd_endpoint: str, key_prefix: str) -> None:
-    async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+async def test_429_with_retry_after_after_the_burst(etcd_settings: dict[str, str], key_prefix: str) -> None:
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                scheduler_address=f"127.0.0.1:{free_port()}", rate_limit_per_s=0.01,
                                rate_limit_burst=3) as gw:
         # The bootstrap operator token is limited too: creating these spends two of its three.

@@ -296,13 +296,13 @@ async def test_logs_of_an_unreachable_node_do_not_show_its_address(cluster: Clus
     assert address not in reply.text and "127.0.0.1" not in reply.text
 
 
-async def test_roles_over_mtls_against_the_real_scheduler(etcd_endpoint: str, key_prefix: str,
+async def test_roles_over_mtls_against_the_real_scheduler(etcd_settings: dict[str, str], key_prefix: str,
                                                           pki_dir: Path) -> None:
     """The whole path with TLS on, as deployed: the gateway's certificate is what makes the scheduler take the
     team and the user (submitter, canceller) the gateway names for its tokens."""
     prefix = key_prefix.rstrip("/")
     scheduler = SchedulerApp(SchedulerSettings.model_validate(dict(
-        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix + "/scheduler", listen_port=0, leader_ttl_s=2,
+        **etcd_settings, etcd_prefix=prefix + "/scheduler", listen_port=0, leader_ttl_s=2,
         reconcile_interval_s=0.2, **pki.files_for(pki_dir, identity.SCHEDULER).settings())))
     await scheduler.start()
     try:
@@ -310,7 +310,7 @@ async def test_roles_over_mtls_against_the_real_scheduler(etcd_endpoint: str, ke
             return scheduler.leadership.is_leader
 
         await eventually(leads, what="the scheduler to lead")
-        async with running_gateway(etcd_endpoints=etcd_endpoint, etcd_prefix=prefix,
+        async with running_gateway(etcd=etcd_settings, etcd_prefix=prefix,
                                    scheduler_address=f"127.0.0.1:{scheduler.grpc_port}",
                                    **pki.files_for(pki_dir, identity.GATEWAY).settings()) as gw:
             alice = await gw.create_token("vision", "alice", role="member")

@@ -19,7 +19,9 @@ from trainyard_core.contract import DAY_S, Role, Scope
 from trainyard_core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from trainyard_core.rpc.server import insecure_channel
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import free_port
+from trainyard_core.testing.etcd_secure import as_flags
 from trainyard_gateway import tokens_admin
 from trainyard_gateway.app import GatewayApp
 from trainyard_gateway.settings import GatewaySettings
@@ -54,10 +56,10 @@ async def test_ttl_defaults_and_bounds(etcd_store: EtcdStore, key_prefix: str) -
     assert not (await etcd_store.range(key_prefix + "gateway/tokens/")).kvs[1:]  # only the first was stored
 
 
-async def test_an_expired_token_is_refused_over_http(etcd_endpoint: str, key_prefix: str) -> None:
+async def test_an_expired_token_is_refused_over_http(etcd_settings: dict[str, str], key_prefix: str) -> None:
     clock = ManualClock(start=1_800_000_000.0)
     admin = new_secret()
-    settings = GatewaySettings(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), http_port=0,
+    settings = GatewaySettings(**etcd_settings, etcd_prefix=key_prefix.rstrip("/"), http_port=0,
                                grpc_port=0, scheduler_address=f"127.0.0.1:{free_port()}",
                                bootstrap_admin_token=SecretStr(admin), token_cache_ttl_s=0)
     app = GatewayApp(settings, clock=clock)
@@ -160,10 +162,10 @@ def test_deploy_configs_do_not_set_the_bootstrap_token() -> None:
         assert "bootstrap_admin_token" not in settings, path
 
 
-def test_tokens_admin_creates_a_token_offline(etcd_endpoint: str, key_prefix: str,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_tokens_admin_creates_a_token_offline(etcd_settings: dict[str, str], etcd_options: EtcdOptions,
+                                              key_prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = key_prefix.rstrip("/")
-    settings = ["--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix]
+    settings = [*as_flags(etcd_settings), "--etcd-prefix", prefix]
     code = tokens_admin.main(["create", "--team", "ops", "--user", "alice", "--role", "operator", "--ttl", "30d",
                               "--scope", "nodes:write", "--scope", "nodes:read", *settings], env={})
     out, err = capsys.readouterr()
@@ -173,7 +175,7 @@ def test_tokens_admin_creates_a_token_offline(etcd_endpoint: str, key_prefix: st
     assert "operator" in err and "nodes:read,nodes:write" in err
 
     async def check() -> None:
-        store = EtcdStore(etcd_endpoint)
+        store = EtcdStore.from_options(etcd_options)
         try:
             record = await TokenStore(store, prefix).authenticate(secret)
         finally:

@@ -4,14 +4,14 @@ module: every test here only reads what the gateway answers and what the schedul
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from trainyard_core.testing.etcd import EtcdProcess
+from trainyard_core.store.etcd_options import EtcdOptions
+from trainyard_core.testing.etcd_secure import fresh_prefix, settings_of
 
 from .support import CallLog, Cluster, RunningGateway, running_cluster, running_gateway
 
@@ -21,19 +21,19 @@ GOOD: dict[str, Any] = {"name": "train-1", "command": ["python", "train.py"], "e
                         "resources": {"nodes": 2, "gpus_per_node": 1}}
 
 
-MODULE_PREFIX = f"/t-{uuid.uuid4().hex[:12]}"
+MODULE_PREFIX = fresh_prefix().rstrip("/")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def scheduler(etcd_server: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    async with running_cluster(etcd_endpoint=etcd_server.endpoint, prefix=f"{MODULE_PREFIX}/scheduler",
+async def scheduler(etcd_options: EtcdOptions, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    async with running_cluster(etcd=settings_of(etcd_options), prefix=f"{MODULE_PREFIX}/scheduler",
                                state_root=tmp_path_factory.mktemp("nodes")) as cluster:
         yield cluster
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def live_gateway(etcd_server: EtcdProcess, scheduler: Cluster) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(etcd_endpoints=etcd_server.endpoint, etcd_prefix=MODULE_PREFIX,
+async def live_gateway(etcd_options: EtcdOptions, scheduler: Cluster) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(etcd=settings_of(etcd_options), etcd_prefix=MODULE_PREFIX,
                                scheduler_address=scheduler.address) as gw:
         yield gw
 

@@ -63,7 +63,7 @@ def _describe(r: TokenRecord) -> str:
 
 
 async def _run(args: argparse.Namespace, settings: GatewaySettings) -> int:
-    store = EtcdStore(settings.etcd_endpoints)
+    store = EtcdStore.from_options(settings.etcd_options())  # TLS and the etcd credential, as the gateway
     try:
         tokens = TokenStore(store, settings.etcd_prefix, cache_ttl_s=0, default_ttl_s=settings.token_default_ttl_s,
                             max_ttl_s=settings.token_max_ttl_s)
