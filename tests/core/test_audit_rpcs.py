@@ -19,7 +19,6 @@ import grpc.aio
 import pytest
 from pydantic import SecretStr
 
-from tests.scheduler.test_scheduler_tls import agent_settings, sched_settings
 from trainyard.agent.v1 import agent_pb2 as ag
 from trainyard.agent.v1 import agent_pb2_grpc
 from trainyard.checkpoint.v1 import checkpoint_pb2 as ck
@@ -31,6 +30,7 @@ from trainyard.scheduler.v1 import policy_pb2 as po
 from trainyard.scheduler.v1 import policy_pb2_grpc, scheduler_pb2_grpc
 from trainyard.scheduler.v1 import scheduler_pb2 as sc
 from trainyard_agent.app import AgentApp
+from trainyard_agent.settings import AgentSettings
 from trainyard_checkpoint.app import CheckpointApp
 from trainyard_checkpoint.settings import CheckpointSettings
 from trainyard_core import audit
@@ -46,6 +46,7 @@ from trainyard_gateway.app import GatewayApp
 from trainyard_gateway.settings import GatewaySettings
 from trainyard_gateway.tokens import new_secret
 from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.settings import SchedulerSettings
 
 from .test_security import Nodes, _all_methods
 
@@ -84,22 +85,27 @@ class Services:
 
 
 @pytest.fixture
-async def services(etcd_endpoint: str, key_prefix: str, pki_dir: Path, tmp_path: Path,
+async def services(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path, tmp_path: Path,
                    etcd_store: EtcdStore) -> AsyncIterator[Services]:
     prefix = key_prefix.rstrip("/")
     files = {p: pki.files_for(pki_dir, p) for p in (identity.SCHEDULER, identity.GATEWAY,
                                                      identity.CHECKPOINT_STORE, NODE_1)}
-    scheduler = SchedulerApp(sched_settings(etcd_endpoint, prefix, files[identity.SCHEDULER]))
+    scheduler = SchedulerApp(SchedulerSettings.model_validate(dict(
+        **etcd_settings, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2, reconcile_interval_s=0.2,
+        stop_grace_s=1.0, node_timeout_s=3.0, tool_teams=["ops:team-a"], **files[identity.SCHEDULER].settings())))
     await scheduler.start()
-    agent = AgentApp(agent_settings(tmp_path, "node-1", f"127.0.0.1:{scheduler.grpc_port}", files[NODE_1]))
+    agent = AgentApp(AgentSettings.model_validate(dict(
+        node_id="node-1", gpu_profile="a100x4", scheduler_address=f"127.0.0.1:{scheduler.grpc_port}",
+        state_dir=str(tmp_path / "agent-node-1"), heartbeat_interval_s=0.2, stop_grace_s=1.0, single_tenant=True,
+        **files[NODE_1].settings())))
     checkpoints = CheckpointApp(CheckpointSettings.model_validate(dict(
         listen_host="127.0.0.1", listen_port=0, storage_url=(tmp_path / "ckpt").as_uri(),
-        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, shutdown_grace_s=1.0, gc_interval_s=0,
+        **etcd_settings, etcd_prefix=prefix, shutdown_grace_s=1.0, gc_interval_s=0,
         **files[identity.CHECKPOINT_STORE].settings())))
     (tmp_path / "ckpt").mkdir()
     operator_token = new_secret()
     gateway = GatewayApp(GatewaySettings.model_validate(dict(
-        etcd_endpoints=etcd_endpoint, etcd_prefix=prefix, http_port=0, grpc_port=0,
+        **etcd_settings, etcd_prefix=prefix, http_port=0, grpc_port=0,
         scheduler_address=f"127.0.0.1:{scheduler.grpc_port}", bootstrap_admin_token=SecretStr(operator_token),
         **files[identity.GATEWAY].settings())))
     try:

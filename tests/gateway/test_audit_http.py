@@ -167,3 +167,23 @@ async def test_an_unauthenticated_write_is_recorded_as_anonymous(gateway: Runnin
     [e] = (await log.query(AuditFilter(request_id=reply.headers["x-request-id"]))).entries
     assert (e.principal, e.action, e.target, e.result) == \
         ("anonymous", "DELETE /v1/queues/{name}", "queue/batch", "unauthenticated")
+
+
+async def test_a_rate_limited_write_is_recorded_with_its_token(etcd_settings: dict[str, str], key_prefix: str) -> None:
+    from trainyard_core.testing.etcd import free_port
+
+    from .support import running_gateway
+
+    # The bootstrap token's own requests count too: a burst of 3 is its token creation, then alice's two.
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
+                               scheduler_address=f"127.0.0.1:{free_port()}", rate_limit_burst=2,
+                               rate_limit_per_s=0.001) as gw:
+        alice = await gw.create_token("vision", "alice", role="member")
+        async with gw.client(alice) as http:
+            replies = [await http.delete("/v1/queues/batch") for _ in range(3)]
+        assert [r.status_code for r in replies][-1] == 429
+        assert gw.app._store is not None
+        log = AuditLog(gw.app._store, gw.app.settings.etcd_prefix)
+        [e] = (await log.query(AuditFilter(request_id=replies[-1].headers["x-request-id"]))).entries
+        assert (e.principal, e.role, e.result, e.detail["http_status"]) == \
+            ("user:vision/alice", "member", "resource_exhausted", "429")
