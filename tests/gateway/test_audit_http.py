@@ -98,6 +98,10 @@ async def test_every_mutating_route_leaves_one_entry(cluster_gateway: RunningGat
             (*who, f"{call.method} {call.route}", call.target(saved), call.result), reply.text
         assert e.detail["http_status"] == str(reply.status_code)
         assert call.team is None or e.team == call.team, (call.route, e.team)
+        if call.route.endswith(":set-health"):  # the agent's own entry of the call carries the same request id
+            [agent_side] = [x for x in cluster.agents["node-b"].audit.entries() if x.request_id == request_id]
+            assert (agent_side.action, agent_side.target, agent_side.result) == \
+                ("/trainyard.agent.v1.AgentService/SetGpuHealth", "gpu/1", "ok")
         assert "secret" not in e.to_json().decode()
 
 
