@@ -64,6 +64,9 @@ MAX_SCAN = 5000
 _CHUNK = 500
 WRITE_ATTEMPTS = 3
 WRITE_BACKOFF_S = 0.05
+# The most an append may add to a call's answer, retries included: an etcd that does not answer (each call of
+# the store is bounded by its own timeout, 5 s) must not hold every mutating call for the attempts' sum.
+WRITE_DEADLINE_S = 3.0
 REQUEST_ID = contract.Name(r"^[A-Za-z0-9._:-]{1,64}$", "1-64 letters, digits, '.', '_', ':' or '-'")
 REQUEST_ID_HEADER = "x-request-id"  # HTTP header and gRPC metadata key alike
 
@@ -276,14 +279,19 @@ def _give_up(sink: str, entry: AuditEntry, why: BaseException | str) -> bool:
 async def _with_retries(sink: str, entry: AuditEntry, attempt: Callable[[], Awaitable[None]],
                         retryable: tuple[type[BaseException], ...]) -> bool:
     last: BaseException | None = None
-    for n in range(WRITE_ATTEMPTS):
-        try:
-            await attempt()
-            return True
-        except retryable as exc:
-            last = exc
-            if n + 1 < WRITE_ATTEMPTS:
-                await asyncio.sleep(WRITE_BACKOFF_S * (4 ** n))
+    try:
+        async with asyncio.timeout(WRITE_DEADLINE_S):
+            for n in range(WRITE_ATTEMPTS):
+                try:
+                    await attempt()
+                    return True
+                except retryable as exc:
+                    last = exc
+                    if n + 1 < WRITE_ATTEMPTS:
+                        await asyncio.sleep(WRITE_BACKOFF_S * (4 ** n))
+    except TimeoutError:
+        return _give_up(sink, entry, f"no answer within {WRITE_DEADLINE_S:g}s (the entry may or may not be "
+                                     f"stored; last error: {last})")
     assert last is not None
     return _give_up(sink, entry, last)
 

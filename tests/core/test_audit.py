@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,22 @@ async def test_the_schedulers_mirror_leaves_the_audit_log_out(etcd_store: EtcdSt
         await eventually(woke, what="a job write to wake the mirror's reader")
     finally:
         await mirror.stop()
+
+
+async def test_an_append_gives_up_at_its_deadline(key_prefix: str, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A store that takes longer than the deadline to fail (its own timeout is longer): the append gives up
+    at the deadline, counted, and says that the entry may have landed."""
+    monkeypatch.setattr(audit, "WRITE_DEADLINE_S", 0.3)
+    silent = socket.create_server(("127.0.0.1", 0))  # takes connections and never answers on them
+    store = EtcdStore(f"127.0.0.1:{silent.getsockname()[1]}", timeout=5.0)
+    try:
+        before = failures("etcd")
+        with caplog.at_level(logging.ERROR, logger="trainyard_core.audit"):
+            assert not await AuditLog(store, key_prefix).append(entry(T0))
+        assert failures("etcd") == before + 1
+        [rec] = [r for r in caplog.records if r.getMessage() == "audit entry not written"]
+        assert "may or may not be stored" in rec.error  # type: ignore[attr-defined]
+    finally:
+        await store.close()
+        silent.close()
