@@ -44,9 +44,9 @@ def test_cancelled_by_round_trips_and_old_records_have_none() -> None:
 
 
 @pytest.fixture
-async def leader(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
+async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
     settings = SchedulerSettings.model_validate(dict(
-        etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
+        **etcd_settings, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
         reconcile_interval_s=0.2, tool_teams=["ops:team-a"],
         **pki.files_for(pki_dir, identity.SCHEDULER).settings()))
     app = SchedulerApp(settings)

@@ -26,9 +26,9 @@ PRINT_ENV = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in 
 
 
 @pytest.fixture
-async def cluster(etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> AsyncIterator[tuple[SchedulerApp,
-                                                                                              list[AgentApp]]]:
-    sched = SchedulerApp(SchedulerSettings(etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+async def cluster(etcd_settings: dict[str, str], key_prefix: str,
+                  tmp_path: Path) -> AsyncIterator[tuple[SchedulerApp, list[AgentApp]]]:
+    sched = SchedulerApp(SchedulerSettings(**etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                            listen_port=0, heartbeat_interval_ms=200, node_timeout_s=3.0,
                                            reconcile_interval_s=0.2, stop_grace_s=1.0))
     await sched.start()

@@ -25,6 +25,7 @@ from trainyard_core.clock import SystemClock
 from trainyard_core.errors import Conflict
 from trainyard_core.store import Compare, Delete, Put, TxnResult, WatchEvent
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.store.memory import MemoryStore
 from trainyard_core.store.mirror import PrefixMirror
 from trainyard_core.testing.wait import eventually
@@ -119,11 +120,11 @@ def _count(counter: Any) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _store(kind: str, etcd_endpoint: Callable[[], str]) -> AsyncIterator[Any]:
+async def _store(kind: str, etcd_options: Callable[[], EtcdOptions]) -> AsyncIterator[Any]:
     if kind == "memory":
         yield MemoryStore()
         return
-    store = EtcdStore(etcd_endpoint())
+    store = EtcdStore.from_options(etcd_options())
     try:
         yield store
     finally:
@@ -149,7 +150,7 @@ async def test_a_lagging_mirror_never_puts_a_gpu_into_two_gangs(kind: str, guard
     if "read-your-writes" in removed:
         monkeypatch.setattr(Reconciler, "_caught_up", _always_caught_up)
     keys = Keys(key_prefix.rstrip("/"))
-    async with _store(kind, lambda: str(request.getfixturevalue("etcd_endpoint"))) as inner:
+    async with _store(kind, lambda: request.getfixturevalue("etcd_options")) as inner:
         store = HeldWatch(inner, keys)
         admin = Repository(store, keys)
         node = make_node("node-1", gpus=8)

@@ -100,7 +100,7 @@ async def test_concurrent_gangs_on_disjoint_nodes_share_few_transactions_and_all
         kind: str, key_prefix: str, request: pytest.FixtureRequest) -> None:
     """Forty one-node gangs committed at once (one cycle's decisions): at most two transactions in flight,
     far fewer transactions than gangs, and every gang's allocation and holdings stored."""
-    inner = MemoryStore() if kind == "memory" else EtcdStore(str(request.getfixturevalue("etcd_endpoint")))
+    inner = MemoryStore() if kind == "memory" else EtcdStore.from_options(request.getfixturevalue("etcd_options"))
     try:
         store = Recording(inner)
         keys = Keys(key_prefix.rstrip("/"))

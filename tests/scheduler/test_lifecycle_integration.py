@@ -21,7 +21,9 @@ from trainyard_agent.app import AgentApp
 from trainyard_agent.settings import AgentSettings
 from trainyard_core.ids import new_id
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import free_port
+from trainyard_core.testing.etcd_secure import as_env
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import Job, JobSpec, JobState, PreemptionPolicy, Resources
@@ -34,9 +36,9 @@ PY = sys.executable
 
 
 @pytest.fixture
-async def leader(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
+async def leader(etcd_settings: dict[str, str], key_prefix: str) -> AsyncIterator[SchedulerApp]:
     # No preemption exemption: the preemption test preempts a gang seconds after it started.
-    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")).model_copy(
+    app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/")).model_copy(
         update={"preempt_exempt_s": 0.0}))
     await app.start()
     await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
@@ -174,9 +176,10 @@ async def test_two_gangs_bigger_than_half_the_fleet_both_finish(leader: Schedule
             await ag.stop(kill_workers=True)
 
 
-def _scheduler_proc(endpoint: str, prefix: str, port: int, workdir: Path, name: str) -> subprocess.Popen[bytes]:
+def _scheduler_proc(etcd: dict[str, str], prefix: str, port: int, workdir: Path,
+                    name: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
-    env.update({"TRAINYARD_SCHEDULER_ETCD_ENDPOINTS": endpoint, "TRAINYARD_SCHEDULER_ETCD_PREFIX": prefix,
+    env.update({**as_env(etcd, "TRAINYARD_SCHEDULER_"), "TRAINYARD_SCHEDULER_ETCD_PREFIX": prefix,
                 "TRAINYARD_SCHEDULER_LISTEN_PORT": str(port), "TRAINYARD_SCHEDULER_LEADER_TTL_S": "2",
                 "TRAINYARD_SCHEDULER_RECONCILE_INTERVAL_S": "0.2", "TRAINYARD_SCHEDULER_HEARTBEAT_INTERVAL_MS": "200",
                 "TRAINYARD_SCHEDULER_NODE_TIMEOUT_S": "3", "TRAINYARD_SCHEDULER_STOP_GRACE_S": "1",
@@ -191,13 +194,13 @@ def _scheduler_proc(endpoint: str, prefix: str, port: int, workdir: Path, name: 
 
 
 async def test_leader_sigkilled_while_placing_standby_finishes_without_double_placement(
-        etcd_endpoint: str, key_prefix: str, tmp_path: Path) -> None:
+        etcd_settings: dict[str, str], etcd_options: EtcdOptions, key_prefix: str, tmp_path: Path) -> None:
     """Two scheduler processes; jobs keep arriving; the leader is SIGKILLed (no resignation: its lease has
     to expire). The standby takes over and every job runs exactly once, never two on one GPU."""
     prefix = key_prefix.rstrip("/")
     ports = [free_port(), free_port()]
-    procs = [_scheduler_proc(etcd_endpoint, prefix, p, tmp_path, f"sched-{i}") for i, p in enumerate(ports)]
-    store = EtcdStore(etcd_endpoint)
+    procs = [_scheduler_proc(etcd_settings, prefix, p, tmp_path, f"sched-{i}") for i, p in enumerate(ports)]
+    store = EtcdStore.from_options(etcd_options)
     repo = Repository(store, Keys(prefix))
     log_dir = tmp_path / "runs"
     log_dir.mkdir()

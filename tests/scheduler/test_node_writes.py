@@ -20,6 +20,7 @@ from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.clock import SystemClock
 from trainyard_core.store import KeyValue
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.store.memory import MemoryStore
 from trainyard_scheduler.domain.models import Node
 from trainyard_scheduler.grpc.servicer import NodeServicer
@@ -63,7 +64,7 @@ async def _inner(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any
     if kind == "memory":
         yield MemoryStore()
         return
-    store = EtcdStore(str(request.getfixturevalue("etcd_endpoint")))
+    store = EtcdStore.from_options(request.getfixturevalue("etcd_options"))
     try:
         yield store
     finally:
@@ -104,11 +105,11 @@ async def test_a_cordon_is_never_lost_to_a_concurrent_health_update(kind: str, k
         assert not stored.gpus[3].healthy and stored.gpus[3].health_reason == "XID 79"
 
 
-async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_endpoint: str) -> None:
+async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_options: EtcdOptions) -> None:
     """Cordon flips and health changes of every GPU, all at once against a real etcd: each acknowledged
     change is in the final record."""
     keys = Keys(key_prefix.rstrip("/"))
-    store = EtcdStore(etcd_endpoint)
+    store = EtcdStore.from_options(etcd_options)
     try:
         repo, node, servicer = await _leader_with_a_node(store, keys)
         bad = {i: replace(node.gpus[i], healthy=False, health_reason=f"XID 79 on {i}") for i in range(8)}

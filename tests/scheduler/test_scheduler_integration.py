@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +20,8 @@ from trainyard_agent.settings import AgentSettings
 from trainyard_core.errors import Conflict
 from trainyard_core.store import Compare
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
+from trainyard_core.testing.etcd_secure import settings_of
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import Allocation, JobState
@@ -27,14 +29,14 @@ from trainyard_scheduler.settings import SchedulerSettings
 from trainyard_scheduler.state.repository import Repository
 
 
-def sched_settings(endpoint: str, prefix: str) -> SchedulerSettings:
-    return SchedulerSettings(etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2,
+def sched_settings(etcd: Mapping[str, str], prefix: str) -> SchedulerSettings:
+    return SchedulerSettings(**etcd, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2,
                              reconcile_interval_s=0.2, stop_grace_s=1.0, node_timeout_s=3.0)
 
 
 @pytest.fixture
-async def leader(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[SchedulerApp]:
-    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")))
+async def leader(etcd_settings: dict[str, str], key_prefix: str) -> AsyncIterator[SchedulerApp]:
+    app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/")))
     await app.start()
     await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
     yield app
@@ -91,7 +93,7 @@ async def _nodes(app: SchedulerApp) -> bool:
 async def test_bad_submissions_change_nothing_in_etcd(leader: SchedulerApp, agent: AgentApp, key_prefix: str) -> None:
     stub = job_service(leader)
     await eventually(lambda: _nodes(leader), what="node registered")
-    store = EtcdStore(leader.settings.etcd_endpoints)
+    store = EtcdStore.from_options(leader.settings.etcd_options())
     before = [(kv.key, kv.mod_revision) for kv in (await store.range(key_prefix + "jobs/")).kvs]
     cases = [
         (spec([]), "command must not be empty"),
@@ -127,9 +129,9 @@ async def test_other_teams_jobs_are_invisible(leader: SchedulerApp) -> None:
     assert cancelled.job.state == types_pb2.JOB_STATE_CANCELLED  # pending: cancelled at once
 
 
-async def test_standby_takes_over_and_the_old_epoch_is_fenced(leader: SchedulerApp, etcd_endpoint: str,
+async def test_standby_takes_over_and_the_old_epoch_is_fenced(leader: SchedulerApp, etcd_settings: dict[str, str],
                                                               key_prefix: str) -> None:
-    standby = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/")))
+    standby = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/")))
     await standby.start()
     try:
         assert not standby.leadership.is_leader
@@ -211,7 +213,7 @@ async def test_scheduler_answers_unavailable_when_etcd_dies() -> None:
     from trainyard_core.testing import etcd as etcd_proc
 
     member = etcd_proc.start_single()
-    app = SchedulerApp(sched_settings(member.endpoint, "/dying"))
+    app = SchedulerApp(sched_settings(settings_of(EtcdOptions(endpoints=member.endpoint)), "/dying"))
     await app.start()
     try:
         # Straight after start, while the election and the mirror's watch are busy: the window where the
@@ -262,16 +264,16 @@ async def test_workers_no_allocation_accounts_for_are_stopped(leader: SchedulerA
     assert done.started_at.ToNanoseconds() > 0
 
 
-async def test_agent_follows_the_leader_across_a_failover(etcd_endpoint: str, key_prefix: str,
+async def test_agent_follows_the_leader_across_a_failover(etcd_settings: dict[str, str], key_prefix: str,
                                                           tmp_path: Path) -> None:
     """Two replicas; the agent knows both. The leader stops: the standby takes over, the agent registers
     with it, and a job submitted to the new leader runs on the agent."""
     prefix = key_prefix.rstrip("/")
-    first = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_endpoint, prefix).model_dump(),
+    first = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_settings, prefix).model_dump(),
                                               "heartbeat_interval_ms": 200}))
     await first.start()
     await eventually(lambda: _true(first.leadership.is_leader), what="first replica leads")
-    second = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_endpoint, prefix).model_dump(),
+    second = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_settings, prefix).model_dump(),
                                                "heartbeat_interval_ms": 200}))
     await second.start()
     agent = AgentApp(AgentSettings(node_id="node-a", gpu_profile="a100x4", state_dir=str(tmp_path / "agent"),

@@ -4,7 +4,7 @@ that verify the agent is the node it means, and a job runs end to end with every
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,9 +35,9 @@ NODE_1, NODE_2, OPS = identity.node("node-1"), identity.node("node-2"), identity
 
 
 
-def sched_settings(endpoint: str, prefix: str, files: CertFiles) -> SchedulerSettings:
+def sched_settings(etcd: Mapping[str, str], prefix: str, files: CertFiles) -> SchedulerSettings:
     return SchedulerSettings.model_validate(dict(
-        etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2, reconcile_interval_s=0.2,
+        **etcd, etcd_prefix=prefix, listen_port=0, leader_ttl_s=2, reconcile_interval_s=0.2,
         stop_grace_s=1.0, node_timeout_s=3.0, tool_teams=["ops:team-a"], **files.settings()))
 
 
@@ -49,8 +49,8 @@ def agent_settings(tmp_path: Path, node_id: str, scheduler_address: str, files: 
 
 
 @pytest.fixture
-async def leader(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
-    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/"),
+async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
+    app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/"),
                                       pki.files_for(pki_dir, identity.SCHEDULER)))
     await app.start()
 
@@ -63,8 +63,9 @@ async def leader(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> AsyncIte
 
 
 def test_scheduler_certificate_must_name_the_scheduler(pki_dir: Path) -> None:
-    assert check_transport(sched_settings("127.0.0.1:1", "/p", pki.files_for(pki_dir, identity.SCHEDULER))) == ""
-    problem = check_transport(sched_settings("127.0.0.1:1", "/p", pki.files_for(pki_dir, NODE_1)))
+    assert check_transport(sched_settings({"etcd_endpoints": "127.0.0.1:1"}, "/p",
+                                           pki.files_for(pki_dir, identity.SCHEDULER))) == ""
+    problem = check_transport(sched_settings({"etcd_endpoints": "127.0.0.1:1"}, "/p", pki.files_for(pki_dir, NODE_1)))
     assert "names trainyard://node/node-1, but this service is trainyard://scheduler" in problem
 
 
@@ -180,7 +181,7 @@ def test_tool_team_bindings_are_validated(pair: str) -> None:
 
 
 async def test_certificates_rotated_while_a_job_runs_change_nothing_for_it(
-        etcd_endpoint: str, key_prefix: str, tmp_path: Path, pki_dir: Path) -> None:
+        etcd_settings: dict[str, str], key_prefix: str, tmp_path: Path, pki_dir: Path) -> None:
     """Every leaf (scheduler, node-1, the tool) is re-issued and replaced on disk while a job runs: nothing
     restarts, the job finishes with no restart, and new connections made after the rotation work."""
     live = tmp_path / "live"
@@ -190,7 +191,7 @@ async def test_certificates_rotated_while_a_job_runs_change_nothing_for_it(
         dst = pki.files_for(live, principal)
         for a, b in ((src.cert, dst.cert), (src.key, dst.key), (src.ca, dst.ca)):
             b.write_bytes(a.read_bytes())
-    app = SchedulerApp(sched_settings(etcd_endpoint, key_prefix.rstrip("/"), pki.files_for(live, identity.SCHEDULER)))
+    app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(live, identity.SCHEDULER)))
     await app.start()
     agent = AgentApp(agent_settings(tmp_path, "node-1", f"127.0.0.1:{app.grpc_port}", pki.files_for(live, NODE_1)))
     await agent.start()

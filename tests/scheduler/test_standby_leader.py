@@ -8,7 +8,7 @@ good; and a standby that waited through a failover named the replica that no lon
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 import grpc.aio
@@ -17,6 +17,8 @@ import pytest
 from tests.core.store_faults import FaultyStore
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
+from trainyard_core.testing.etcd_secure import settings_of
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.settings import SchedulerSettings
@@ -26,22 +28,22 @@ TTL_S = 2
 NAMED_WITHIN_S = 5.0
 
 
-def settings(endpoint: str, prefix: str) -> SchedulerSettings:
-    return SchedulerSettings(etcd_endpoints=endpoint, etcd_prefix=prefix, listen_port=0, leader_ttl_s=TTL_S,
+def settings(etcd: Mapping[str, str], prefix: str) -> SchedulerSettings:
+    return SchedulerSettings(**etcd, etcd_prefix=prefix, listen_port=0, leader_ttl_s=TTL_S,
                              reconcile_interval_s=0.2, stop_grace_s=1.0, node_timeout_s=3.0)
 
 
 class Replicas:
     """Scheduler replicas on one prefix; one may be given a FaultyStore over its own etcd client."""
 
-    def __init__(self, endpoint: str, prefix: str) -> None:
-        self._endpoint = endpoint
+    def __init__(self, etcd: EtcdOptions, prefix: str) -> None:
+        self._etcd = etcd
         self._prefix = prefix
         self._running: dict[SchedulerApp, FaultyStore | None] = {}
 
     async def start(self, *, faulty: bool = False) -> tuple[SchedulerApp, FaultyStore | None]:
-        store = FaultyStore(EtcdStore(self._endpoint)) if faulty else None
-        app = SchedulerApp(settings(self._endpoint, self._prefix), store=store)
+        store = FaultyStore(EtcdStore.from_options(self._etcd)) if faulty else None
+        app = SchedulerApp(settings(settings_of(self._etcd), self._prefix), store=store)
         self._running[app] = store
         await app.start()
         return app, store
@@ -58,8 +60,8 @@ class Replicas:
 
 
 @pytest.fixture
-async def replicas(etcd_endpoint: str, key_prefix: str) -> AsyncIterator[Replicas]:
-    r = Replicas(etcd_endpoint, key_prefix.rstrip("/"))
+async def replicas(etcd_options: EtcdOptions, key_prefix: str) -> AsyncIterator[Replicas]:
+    r = Replicas(etcd_options, key_prefix.rstrip("/"))
     yield r
     await r.stop_all()
 

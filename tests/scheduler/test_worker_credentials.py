@@ -23,6 +23,7 @@ from trainyard_core.security import identity, job_credentials, pki
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.settings import SettingsError
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.settings import SchedulerSettings
@@ -47,8 +48,9 @@ def job_pki(pki_dir: Path) -> Path:
 
 
 @pytest.fixture
-async def minting_leader(etcd_endpoint: str, key_prefix: str, job_pki: Path) -> AsyncIterator[SchedulerApp]:
-    base = sched_settings(etcd_endpoint, key_prefix.rstrip("/"), pki.files_for(job_pki, identity.SCHEDULER))
+async def minting_leader(etcd_settings: dict[str, str], key_prefix: str,
+                         job_pki: Path) -> AsyncIterator[SchedulerApp]:
+    base = sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(job_pki, identity.SCHEDULER))
     settings = SchedulerSettings.model_validate({**base.model_dump(), **_issuer_settings(job_pki),
                                                  "checkpoint_store_address": "127.0.0.1:1"})
     app = SchedulerApp(settings)
@@ -63,7 +65,7 @@ async def minting_leader(etcd_endpoint: str, key_prefix: str, job_pki: Path) -> 
 
 
 async def test_every_rank_of_an_attempt_gets_its_credential_which_is_never_stored_or_logged(
-        minting_leader: SchedulerApp, tmp_path: Path, job_pki: Path, etcd_endpoint: str, key_prefix: str,
+        minting_leader: SchedulerApp, tmp_path: Path, job_pki: Path, etcd_options: EtcdOptions, key_prefix: str,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "env"
@@ -113,7 +115,7 @@ async def test_every_rank_of_an_attempt_gets_its_credential_which_is_never_store
     # Built at launch, never stored: no etcd value holds the key or the certificate.
     key_body = env[job_credentials.KEY_ENV].splitlines()[1]
     cert_body = env[job_credentials.CERT_ENV].splitlines()[1]
-    store = EtcdStore(etcd_endpoint)
+    store = EtcdStore.from_options(etcd_options)
     try:
         kvs = (await store.range(key_prefix)).kvs
     finally:
