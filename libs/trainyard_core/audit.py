@@ -34,6 +34,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Mapping
@@ -125,6 +126,15 @@ def request_id_or_new(value: str | None) -> str:
     return value if value and REQUEST_ID.matches(value) else new_request_id()
 
 
+# The gateway's validation messages quote the offending value, ` (got '...')`: that value may be a job's env
+# value or part of a token, so an entry keeps the message without it.
+_QUOTED_VALUE = re.compile(r""" \(got (?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^()]*)\)""")
+
+
+def without_values(message: str) -> str:
+    return _QUOTED_VALUE.sub("", message)
+
+
 def _clip(text: str, limit: int) -> str:
     text = "".join(ch if ch.isprintable() else " " for ch in text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -149,13 +159,13 @@ class AuditEntry:
     def make(cls, *, time: float, principal: str, service: str, action: str, target: str = "",
              result: str = RESULT_OK, message: str = "", request_id: str = "", role: str = "", team: str = "",
              detail: Mapping[str, object] | None = None) -> AuditEntry:
-        """An entry with every field bounded: a message of MAX_MESSAGE characters, at most MAX_DETAIL_FIELDS
-        detail fields of MAX_DETAIL_VALUE, one line each."""
+        """An entry with every field bounded: a message of MAX_MESSAGE characters without the values it quotes,
+        at most MAX_DETAIL_FIELDS detail fields of MAX_DETAIL_VALUE, one line each."""
         small = {_clip(str(k), 64): _clip(str(v), MAX_DETAIL_VALUE)
                  for k, v in list((detail or {}).items())[:MAX_DETAIL_FIELDS]}
         return cls(time=time, principal=_clip(principal, MAX_FIELD), service=_clip(service, 64),
                    action=_clip(action, MAX_FIELD), target=_clip(target, MAX_FIELD), result=_clip(result, 64),
-                   message=_clip(message, MAX_MESSAGE), request_id=request_id_or_new(request_id),
+                   message=_clip(without_values(message), MAX_MESSAGE), request_id=request_id_or_new(request_id),
                    role=_clip(role, 64), team=_clip(team, MAX_FIELD), detail=small)
 
     @property

@@ -264,3 +264,9 @@ async def test_an_append_gives_up_at_its_deadline(key_prefix: str, monkeypatch: 
     finally:
         await store.close()
         silent.close()
+
+
+def test_messages_are_kept_without_the_values_they_quote() -> None:
+    e = entry(T0, result="invalid_argument", message="env.K: must be text without NUL characters (got 'sec\\'ret'); "
+                                                     "resources.nodes: must be >= 1 (got 0) (see the docs)")
+    assert e.message == "env.K: must be text without NUL characters; resources.nodes: must be >= 1 (see the docs)"

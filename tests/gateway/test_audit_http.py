@@ -191,3 +191,17 @@ async def test_a_rate_limited_write_is_recorded_with_its_token(etcd_settings: di
         [e] = (await log.query(AuditFilter(request_id=replies[-1].headers["x-request-id"]))).entries
         assert (e.principal, e.role, e.result, e.detail["http_status"]) == \
             ("user:vision/alice", "member", "resource_exhausted", "429")
+
+
+async def test_a_refused_submit_keeps_no_env_value(live_gateway: RunningGateway) -> None:
+    """The 400 names the field and quotes the value to its caller; the audit entry keeps the message without
+    the value (it may be a secret)."""
+    token = await live_gateway.create_token("vision", "alice", role="member")
+    async with live_gateway.client(token) as http:
+        reply = await http.post("/v1/jobs", json={**JOB, "env": {"API_KEY": "hunter2-very-secret\u0000"}})
+    assert reply.status_code == 400 and "hunter2" in reply.json()["error"]["message"]
+    assert live_gateway.app._store is not None
+    log = AuditLog(live_gateway.app._store, live_gateway.app.settings.etcd_prefix)
+    [e] = (await log.query(AuditFilter(request_id=reply.headers["x-request-id"]))).entries
+    assert e.result == "invalid_argument" and "env.API_KEY" in e.message
+    assert "hunter2" not in e.to_json().decode()
