@@ -9,7 +9,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -111,9 +111,9 @@ class Scheduler:
     restarted scheduler process would. What it records is read through its own APIs (NodeService, JobService)
     and through its repository in etcd."""
 
-    def __init__(self, etcd_endpoint: str, key_prefix: str, **options: object) -> None:
+    def __init__(self, etcd: Mapping[str, str], key_prefix: str, **options: object) -> None:
         values: dict[str, object] = dict(
-            etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
+            **etcd, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
             reconcile_interval_s=0.2, node_timeout_s=3.0, stop_grace_s=1.0, heartbeat_interval_ms=200)
         values.update(options)
         self._values = values

@@ -43,9 +43,9 @@ def scheduler_options() -> dict[str, object]:
 
 
 @pytest.fixture
-async def scheduler(etcd_endpoint: str, key_prefix: str,
+async def scheduler(etcd_settings: dict[str, str], key_prefix: str,
                     scheduler_options: dict[str, object]) -> AsyncIterator[Scheduler]:
-    sched = Scheduler(etcd_endpoint, key_prefix, **scheduler_options)
+    sched = Scheduler(etcd_settings, key_prefix, **scheduler_options)
     await sched.start()
     try:
         yield sched

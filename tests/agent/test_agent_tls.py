@@ -39,9 +39,9 @@ def channel(pki_dir: Path, caller: Principal, address: str, expected: Principal)
 
 
 @pytest.fixture
-async def tls_scheduler(etcd_endpoint: str, key_prefix: str, pki_dir: Path) -> AsyncIterator[Scheduler]:
+async def tls_scheduler(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[Scheduler]:
     # agent_kit.Scheduler's own stubs are plaintext: the tests below read through `ops` channels or etcd.
-    sched = Scheduler(etcd_endpoint, key_prefix, **pki.files_for(pki_dir, identity.SCHEDULER).settings())
+    sched = Scheduler(etcd_settings, key_prefix, **pki.files_for(pki_dir, identity.SCHEDULER).settings())
     await sched.start()
     try:
         yield sched

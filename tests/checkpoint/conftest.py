@@ -40,10 +40,10 @@ def storage_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings(storage_root: Path, etcd_endpoint: str, key_prefix: str) -> CheckpointSettings:
+def settings(storage_root: Path, etcd_settings: dict[str, str], key_prefix: str) -> CheckpointSettings:
     # No background GC: tests run passes through RunGc, with the clock where they want it.
     return CheckpointSettings(listen_host="127.0.0.1", listen_port=0, storage_url=storage_root.as_uri(),
-                              etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+                              **etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                               shutdown_grace_s=1.0, gc_interval_s=0)
 
 
@@ -115,12 +115,13 @@ def s3_bucket(s3fs_client: Any) -> str:
 
 
 @pytest.fixture
-def s3_settings(moto_server: MotoServer, s3_bucket: str, etcd_endpoint: str, key_prefix: str) -> CheckpointSettings:
+def s3_settings(moto_server: MotoServer, s3_bucket: str, etcd_settings: dict[str, str],
+                key_prefix: str) -> CheckpointSettings:
     return CheckpointSettings(
         listen_host="127.0.0.1", listen_port=0, storage_url=f"s3://{s3_bucket}/checkpoints",
         s3_endpoint_url=moto_server.endpoint, s3_access_key_id=S3_KEY,
         s3_secret_access_key=S3_SECRET,
-        etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"), shutdown_grace_s=1.0, gc_interval_s=0)
+        **etcd_settings, etcd_prefix=key_prefix.rstrip("/"), shutdown_grace_s=1.0, gc_interval_s=0)
 
 
 @contextlib.asynccontextmanager

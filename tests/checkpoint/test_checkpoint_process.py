@@ -18,16 +18,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
 from trainyard_core.rpc.server import insecure_channel
+from trainyard_core.testing.etcd_secure import as_env
 from trainyard_core.testing.wait import eventually
 
 from .checkpoint_support import Client, location_dir
 
 
 @pytest.fixture
-def process_env(tmp_path: Path, etcd_endpoint: str, key_prefix: str) -> dict[str, str]:
+def process_env(tmp_path: Path, etcd_settings: dict[str, str], key_prefix: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
     env.update({
-        "TRAINYARD_CHECKPOINT_STORE_ETCD_ENDPOINTS": etcd_endpoint,
+        **as_env(etcd_settings, "TRAINYARD_CHECKPOINT_STORE_"),
         "TRAINYARD_CHECKPOINT_STORE_ETCD_PREFIX": key_prefix.rstrip("/"),
         "TRAINYARD_CHECKPOINT_STORE_STORAGE_URL": (tmp_path / "checkpoints").as_uri(),
         "TRAINYARD_CHECKPOINT_STORE_READY_FILE": str(tmp_path / "ready.json"),

@@ -63,7 +63,8 @@ class Replicas:
 
 @pytest.fixture(params=["etcd", "memory"])
 async def replicas(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> AsyncIterator[Replicas]:
-    store: Store = EtcdStore(request.getfixturevalue("etcd_endpoint")) if request.param == "etcd" else MemoryStore()
+    store: Store = EtcdStore.from_options(request.getfixturevalue("etcd_options")) if request.param == "etcd" \
+        else MemoryStore()
     storage = PosixStorage(tmp_path / "ckpt")
     storage.ensure_root()
     clock = ManualClock()

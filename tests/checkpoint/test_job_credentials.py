@@ -46,10 +46,10 @@ def issuer(job_pki: Path) -> JobIssuer:
 
 
 @pytest.fixture
-async def tls_app(storage_root: Path, etcd_endpoint: str, key_prefix: str, job_pki: Path,
+async def tls_app(storage_root: Path, etcd_settings: dict[str, str], key_prefix: str, job_pki: Path,
                   clock: ManualClock) -> AsyncIterator[CheckpointApp]:
     settings = CheckpointSettings(listen_host="127.0.0.1", listen_port=0, storage_url=storage_root.as_uri(),
-                                  etcd_endpoints=etcd_endpoint, etcd_prefix=key_prefix.rstrip("/"),
+                                  **etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                   shutdown_grace_s=1.0, gc_interval_s=0, tool_teams=["ops:ml", "ops:research"],
                                   **pki.files_for(job_pki, identity.CHECKPOINT_STORE).settings())
     async with running_app(settings, clock) as app:

@@ -8,26 +8,29 @@ election's keepalive, a leader's write) failed again, or waited out a whole dead
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from trainyard_core.errors import Unavailable
 from trainyard_core.store import Put
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import free_port
 
 
 @pytest.mark.parametrize("in_flight", [2, 3, 4])
 async def test_calls_failing_together_on_a_dead_member_move_the_store_once(
-        etcd_endpoint: str, key_prefix: str, in_flight: int) -> None:
+        etcd_options: EtcdOptions, key_prefix: str, in_flight: int) -> None:
     dead = f"127.0.0.1:{free_port()}"  # nothing listens: refused, as a SIGKILLed member's port is
-    store = EtcdStore(f"{dead},{etcd_endpoint}", timeout=2.0)
+    live = etcd_options.endpoints
+    store = EtcdStore.from_options(dataclasses.replace(etcd_options, endpoints=f"{dead},{live}"), timeout=2.0)
     try:
         # Writes are not retried: each of these fails on the dead member, all having started on it.
         results = await asyncio.gather(*(store.txn([], [Put(f"{key_prefix}w{i}", b"x")]) for i in range(in_flight)),
                                        return_exceptions=True)
         assert all(isinstance(r, Unavailable) for r in results), results
-        assert store.endpoint == etcd_endpoint
+        assert store.endpoint == live
         # The next call goes to the live member at the first try.
         assert (await store.txn([], [Put(f"{key_prefix}after", b"y")])).succeeded
         assert (await store.keepalive(await store.grant_lease(5))) > 0

@@ -19,7 +19,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
     else:
-        s = EtcdStore(request.getfixturevalue("etcd_endpoint"))
+        s = EtcdStore.from_options(request.getfixturevalue("etcd_options"))
         yield s
         await s.close()
 
