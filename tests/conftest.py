@@ -1,5 +1,7 @@
-"""Shared fixtures: a real etcd per test session (free ports, data on tmpfs), a clean prefix per test; and
-logging as the services have it in production: INFO, through the JSON formatter, for the whole run."""
+"""Shared fixtures: a real etcd per test session (free ports, data on tmpfs) run as production runs it — TLS
+only, client certificates required, auth on, the services' user limited to the tests' prefix —, a clean
+prefix per test; and logging as the services have it in production: INFO, through the JSON formatter, for
+the whole run."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from trainyard_core.security import identity, pki
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing import etcd as etcd_proc
-from trainyard_core.testing.etcd_secure import fresh_prefix, settings_of
+from trainyard_core.testing import etcd_secure
+from trainyard_core.testing.etcd_secure import SecureEtcd
 
 
 class ReservedExtraKey(AssertionError):
@@ -43,44 +46,48 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[etcd_proc.EtcdProcess]:
-    member = etcd_proc.start_single()
+def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    """The session's etcd: TLS with --client-cert-auth and auth on; the services' user `trainyard` logs in by
+    its certificate's CN (no password, so no token to check per call) and may read and write TEST_KEYS only."""
+    etcd = etcd_secure.start_secure(tmp_path_factory.mktemp("session-etcd"), etcd_secure.TEST_KEYS,
+                                   {etcd_secure.SERVICE_USER: None})
     try:
-        yield member
+        yield etcd
     finally:
-        etcd_proc.stop_and_clean(member)
-
-
-@pytest.fixture
-def etcd_endpoint(etcd_server: etcd_proc.EtcdProcess) -> str:
-    return etcd_server.endpoint
+        etcd_secure.stop_secure(etcd)
 
 
 @pytest.fixture(scope="session")
-def etcd_options(etcd_server: etcd_proc.EtcdProcess) -> EtcdOptions:
+def etcd_server(secure_etcd: SecureEtcd) -> etcd_proc.EtcdProcess:
+    """The session's etcd member (`etcdctl_tls()` gives etcdctl its root certificate)."""
+    return secure_etcd.member
+
+
+@pytest.fixture(scope="session")
+def etcd_options(secure_etcd: SecureEtcd) -> EtcdOptions:
     """How a test and its services reach the session's etcd: as the services' etcd user, whose role reads and
     writes the test prefixes only (`key_prefix`)."""
-    return EtcdOptions(endpoints=etcd_server.endpoint)
+    return secure_etcd.options()
 
 
 @pytest.fixture(scope="session")
-def etcd_root_options(etcd_server: etcd_proc.EtcdProcess) -> EtcdOptions:
+def etcd_root_options(secure_etcd: SecureEtcd) -> EtcdOptions:
     """The session's etcd as `root` (every key): for what is no service's business, as etcdctl is."""
-    return EtcdOptions(endpoints=etcd_server.endpoint)
+    return secure_etcd.root_options()
 
 
 @pytest.fixture
 def etcd_settings(etcd_options: EtcdOptions) -> dict[str, str]:
     """The services' etcd settings (etcd_endpoints and the TLS and credential fields) for `etcd_options`;
     a service's settings take them as `**etcd_settings`, its flags as `etcd_secure.as_flags`."""
-    return settings_of(etcd_options)
+    return etcd_secure.settings_of(etcd_options)
 
 
 @pytest.fixture
 def key_prefix() -> str:
     """A prefix no other test uses, so tests sharing the session's etcd never see each other's keys; under
     the one the services' etcd role may read and write."""
-    return fresh_prefix()
+    return etcd_secure.fresh_prefix()
 
 
 @pytest.fixture

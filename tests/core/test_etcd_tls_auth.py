@@ -4,7 +4,8 @@ and with a certificate alone, renews a token etcd has forgotten, reports a refus
 PermissionDenied, and the scheduler's start-up stops with exit 2 and a message naming the setting on each
 wrong credential.
 
-The module has its own etcd (short token TTL); the session's plaintext etcd is left to the other tests."""
+The module has its own etcd, started as the session's is (testing.etcd_secure), with a password user and a
+one-second token TTL."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,6 @@ import grpc.aio
 import pytest
 from aetcd import rpc
 from cryptography import x509
-from pydantic import SecretStr
 
 from trainyard_checkpoint.app import CheckpointApp
 from trainyard_checkpoint.settings import CheckpointSettings
@@ -36,8 +35,9 @@ from trainyard_core.store.api import Put, absent
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import StartupCheckFailed, check_access
 from trainyard_core.store.etcd_options import EtcdOptions
-from trainyard_core.testing.etcd import EtcdProcess, free_port, start_single, stop_and_clean
+from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.etcd_auth import enable_auth
+from trainyard_core.testing.etcd_secure import SecureEtcd, settings_of, start_secure, stop_secure
 from trainyard_gateway.app import GatewayApp
 from trainyard_gateway.settings import GatewaySettings
 from trainyard_scheduler.settings import SchedulerSettings
@@ -47,33 +47,18 @@ PASSWORD = "correct-horse-battery-staple"
 TOKEN_TTL_S = 1
 
 
-@dataclass
-class SecureEtcd:
-    member: EtcdProcess
-    pki_dir: Path
-    server: pki.CertFiles
-    users: dict[str, pki.CertFiles]  # etcd client certificates by CN
-    foreign: pki.CertFiles  # a client certificate (CN trainyard) from another CA
-
-    def options(self, *, user: str = "", password: str | None = None, cert: str = "trainyard",
-                ca: Path | None = None) -> EtcdOptions:
-        files = self.users[cert] if cert != "foreign" else self.foreign
-        return EtcdOptions(endpoints=self.member.endpoint, ca_file=ca or self.server.ca, cert_file=files.cert,
-                           key_file=files.key, user=user, password=SecretStr(password) if password else None)
-
-
 @pytest.fixture(scope="module")
 def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
     base = tmp_path_factory.mktemp("etcd-tls")
     # `nobody` is no etcd user: a store presenting its certificate gets in only with the password.
-    server, users = pki.ensure_etcd(base / "pki", ["root", "trainyard", "nobody"])
-    _, foreign = pki.ensure_etcd(base / "other-pki", ["trainyard"])
-    member = start_single(tls=server, extra_args=["--auth-token-ttl", str(TOKEN_TTL_S)])
+    etcd = start_secure(base, PREFIX + "/", {"trainyard": PASSWORD}, certificates_for=["nobody"],
+                        extra_args=["--auth-token-ttl", str(TOKEN_TTL_S)])
     try:
-        enable_auth(member.endpoint, users["root"], PREFIX + "/", {"trainyard": PASSWORD})
-        yield SecureEtcd(member, base / "pki", server, users, foreign["trainyard"])
+        # `foreign`: a client certificate with the CN trainyard from another CA.
+        etcd.users["foreign"] = pki.ensure_etcd(base / "other-pki", ["trainyard"])[1]["trainyard"]
+        yield etcd
     finally:
-        stop_and_clean(member)
+        stop_secure(etcd)
 
 
 @pytest.fixture
@@ -191,7 +176,7 @@ async def test_the_start_up_check_names_what_is_wrong(secure_etcd: SecureEtcd, p
     cases = {
         "etcd_user/etcd_password: etcd at": secure_etcd.options(user="trainyard", password="wrong", cert="nobody"),
         "refused the TLS connection: it was given etcd_cert_file": secure_etcd.options(cert="foreign"),
-        "etcd_ca_file": secure_etcd.options(ca=secure_etcd.foreign.ca),
+        "etcd_ca_file": secure_etcd.options(ca=secure_etcd.users["foreign"].ca),
         "closed the plaintext connection: it probably serves TLS": EtcdOptions(endpoints=secure_etcd.member.endpoint),
     }
     for expected, options in cases.items():
@@ -219,29 +204,17 @@ def _scheduler(tmp_path: Path, pki_dir: Path, prefix: str, etcd: dict[str, str],
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _etcd_settings(options: EtcdOptions) -> dict[str, str]:
-    out = {"etcd_endpoints": options.endpoints}
-    for name, value in (("etcd_ca_file", options.ca_file), ("etcd_cert_file", options.cert_file),
-                        ("etcd_key_file", options.key_file)):
-        if value is not None:
-            out[name] = str(value)
-    if options.user:
-        out["etcd_user"] = options.user
-        assert options.password is not None
-        out["etcd_password"] = options.password.get_secret_value()
-    return out
-
-
 def test_the_scheduler_does_not_start_on_a_wrong_etcd_credential(tmp_path: Path, pki_dir: Path,
                                                                  secure_etcd: SecureEtcd, prefix: str) -> None:
     cases = [
-        (_etcd_settings(secure_etcd.options(user="trainyard", password="not-the-password", cert="nobody")),
+        (settings_of(secure_etcd.options(user="trainyard", password="not-the-password", cert="nobody")),
          "etcd_user/etcd_password: etcd at", "authentication failed"),
-        (_etcd_settings(secure_etcd.options(cert="foreign")), "etcd_cert_file", "refused the TLS connection"),
-        (_etcd_settings(secure_etcd.options(ca=secure_etcd.foreign.ca)), "etcd_ca_file", "CERTIFICATE_VERIFY_FAILED"),
+        (settings_of(secure_etcd.options(cert="foreign")), "etcd_cert_file", "refused the TLS connection"),
+        (settings_of(secure_etcd.options(ca=secure_etcd.users["foreign"].ca)), "etcd_ca_file",
+         "CERTIFICATE_VERIFY_FAILED"),
         ({"etcd_endpoints": secure_etcd.member.endpoint, "etcd_insecure_plaintext": "true"},
          "closed the plaintext connection", "set etcd_ca_file"),
-        ({**_etcd_settings(secure_etcd.options()), "etcd_key_file": str(tmp_path / "missing.key")},
+        ({**settings_of(secure_etcd.options()), "etcd_key_file": str(tmp_path / "missing.key")},
          f"etcd_key_file {tmp_path / 'missing.key'}: cannot read it", "No such file"),
     ]
     for settings, *expected in cases:
@@ -259,7 +232,7 @@ def test_the_scheduler_serves_with_its_etcd_role(tmp_path: Path, pki_dir: Path, 
     env.update({f"TRAINYARD_SCHEDULER_{k.upper()}": v for k, v in {
         "etcd_prefix": prefix.rstrip("/"), "listen_port": str(free_port()), "leader_ttl_s": "2",
         "ready_file": str(ready), **pki.files_for(pki_dir, identity.SCHEDULER).settings(),
-        **_etcd_settings(secure_etcd.options(user="trainyard", password=PASSWORD, cert="nobody"))}.items()})
+        **settings_of(secure_etcd.options(user="trainyard", password=PASSWORD, cert="nobody"))}.items()})
     proc = subprocess.Popen([PY, "-m", "trainyard_scheduler.main"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
@@ -347,8 +320,8 @@ def test_the_pki_issues_etcd_certificates_once(tmp_path: Path) -> None:
 async def test_the_gateway_and_the_checkpoint_store_check_their_etcd_credential_at_start(
         tmp_path: Path, secure_etcd: SecureEtcd, prefix: str) -> None:
     """The same check as the scheduler's (service.run exits 2 on it); the apps close what they opened."""
-    wrong = _etcd_settings(secure_etcd.options(user="trainyard", password="nope", cert="nobody"))
-    good = _etcd_settings(secure_etcd.options())
+    wrong = settings_of(secure_etcd.options(user="trainyard", password="nope", cert="nobody"))
+    good = settings_of(secure_etcd.options())
     base = {"etcd_prefix": prefix.rstrip("/")}
     gateway = GatewaySettings(**base, **wrong, http_port=0, grpc_port=0, scheduler_address=f"127.0.0.1:{free_port()}")
     with pytest.raises(StartupCheckFailed, match=r"etcd_user/etcd_password: etcd at .* refused the login"):
