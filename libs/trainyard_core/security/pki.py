@@ -111,32 +111,43 @@ def create_ca(directory: Path, common_name: str = "Trainyard development CA") ->
     return cert_path, key_path
 
 
+_LEAF_USAGE = x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, content_commitment=False,
+                           key_encipherment=False, data_encipherment=False, key_agreement=True, encipher_only=False,
+                           decipher_only=False)
+
+
+def _leaf(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, *, common_name: str,
+          usages: Sequence[x509.ObjectIdentifier], sans: Sequence[x509.GeneralName], start: dt.datetime,
+          days: int) -> tuple[bytes, bytes]:
+    """A fresh EC key and its end-entity certificate signed by the CA: (certificate PEM, private key PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+               .issuer_name(ca_cert.subject).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(start).not_valid_after(start + dt.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(_LEAF_USAGE, critical=True)
+               .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                              critical=False))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
 def issue(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, principal: Principal, *,
           days: int = LEAF_DAYS, not_before: dt.datetime | None = None,
           extra_dns: Sequence[str] = ()) -> tuple[bytes, bytes]:
     """A leaf for `principal`: (certificate PEM, private key PEM)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    start = not_before or _now() - dt.timedelta(minutes=5)
     sans: list[x509.GeneralName] = [
         x509.UniformResourceIdentifier(principal.uri), x509.DNSName(principal.dns_name),
         *(x509.DNSName(d) for d in extra_dns), x509.DNSName("localhost"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, principal.uri)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(start + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=True, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+    return _leaf(ca_cert, ca_key, common_name=principal.uri, sans=sans,
+                 usages=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                 start=not_before or _now() - dt.timedelta(minutes=5), days=days)
 
 
 # etcd members on loopback: one on 127.0.0.1, a 3-member test cluster on 127.0.0.1/.2/.3.
@@ -150,29 +161,12 @@ def issue_etcd(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, co
     """An etcd certificate: (certificate PEM, private key PEM). A client certificate (`server=False`) names
     the etcd user in its CN and has no SANs; the server's names its addresses and is good for client
     authentication too (etcd dials itself with it for its HTTP gateway)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    start = _now() - dt.timedelta(minutes=5)
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server else \
         [ExtendedKeyUsageOID.CLIENT_AUTH]
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-               .issuer_name(ca_cert.subject).public_key(key.public_key())
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(start).not_valid_after(start + dt.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                            content_commitment=False, key_encipherment=False,
-                                            data_encipherment=False, key_agreement=True, encipher_only=False,
-                                            decipher_only=False), critical=True)
-               .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                              critical=False))
     sans: list[x509.GeneralName] = [*(x509.DNSName(d) for d in dns),
                                     *(x509.IPAddress(ipaddress.ip_address(i)) for i in ips)]
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+    return _leaf(ca_cert, ca_key, common_name=common_name, usages=usages, sans=sans,
+                 start=_now() - dt.timedelta(minutes=5), days=days)
 
 
 def etcd_server_files(directory: Path) -> CertFiles:
