@@ -77,6 +77,10 @@ WRITE_FAILURES = Counter("trainyard_audit_write_failures_total",
 
 # The request id of the call being served, for the calls it makes in turn (the gateway's to the scheduler).
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# Who a service authenticated on top of its caller's certificate for the call being served (the user of the
+# bearer token a TokenService call carries, as `<team>/<user>`), recorded in the entry's detail as `acting_user`
+# with its role; '' when the certificate is the whole story.
+acting_user: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("acting_user", default=("", ""))
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case: byte order is numeric order
 _TIME_DIGITS = 12  # 60 bits of microseconds: good until the year 38000

@@ -276,6 +276,8 @@ async def test_every_mutating_call_produces_one_audit_entry(services: Services) 
         expected = (str(row.caller), row.method, row.target(saved, answer), result)
         assert (e.principal, e.action, e.target, e.result) == expected, row.method
         assert e.message == "" if result == "ok" else e.message, row.method
+        if row.server == G and result == "ok":  # the bearer token's user beside the tool's certificate
+            assert (e.detail.get("acting_user"), e.detail.get("acting_role")) == ("admin/admin", "operator")
         seen.setdefault(row.method, set()).add(result)
     # The table covers a refusal and a failure, not only successes.
     assert "permission_denied" in seen[_m(authz.JOBS, "SubmitJob")]

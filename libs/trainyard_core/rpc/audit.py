@@ -23,6 +23,7 @@ from ..audit import (
     RESULT_OK,
     AuditEntry,
     AuditSink,
+    acting_user,
     current_request_id,
     record,
     request_id_or_new,
@@ -92,11 +93,15 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def entry(self, method: str, spec: Audited, request: Any, response: Any | None, context: Any,
               exc: BaseException | None, request_id: str) -> AuditEntry:
         result, message = outcome(exc, context)
+        detail = dict(_safe(lambda: spec.detail(request) if spec.detail else {}, {}))
+        user, role = acting_user.get()
+        if user:
+            detail.update(acting_user=user, acting_role=role)
         return AuditEntry.make(
             time=self._clock.now(), principal=_principal(context), service=self._service, action=method,
             target=_safe(lambda: spec.target(request, response), ""), result=result, message=message,
             request_id=request_id, team=_safe(lambda: spec.team(request) if spec.team else "", ""),
-            detail=_safe(lambda: spec.detail(request) if spec.detail else {}, {}))
+            detail=detail)
 
     async def intercept_service(
         self,
@@ -113,6 +118,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             current_request_id.set(request_id)
+            acting_user.set(("", ""))
             response: Any | None = None
             failure: BaseException | None = None
             try:

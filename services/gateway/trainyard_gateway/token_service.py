@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc.aio
 
 from trainyard.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from trainyard_core import contract
+from trainyard_core import audit, contract
 from trainyard_core.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 from . import convert, roles
@@ -33,6 +33,8 @@ class TokenServicer(gateway_pb2_grpc.TokenServiceServicer):
         if scheme.lower() != "bearer":
             raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
         record = await self._tokens.authenticate(secret.strip())
+        # The audit entry names the token's user beside the calling tool's certificate, refusals included.
+        audit.acting_user.set((f"{record.team}/{record.user}", record.role.value))
         roles.check(record, action)
         return record
 
