@@ -34,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..contract import TEAM
 from .identity import InvalidPrincipal, Principal, job
-from .pki import is_job_issuer_name
+from .pki import is_job_issuer_name, read_key_pair
 
 ATTEMPT_URN = "urn:trainyard:attempt:"
 TEAM_URN = "urn:trainyard:team:"
@@ -118,24 +118,10 @@ class IssuerMaterial:
 def load_issuer(cert_file: Path, key_file: Path, ca_file: Path) -> IssuerMaterial:
     """Read and check the job issuer: a CA certificate with `pki.JOB_ISSUER_UNIT` in its subject, its EC key,
     signed directly by a CA of the bundle."""
-    try:
-        cert_pem, key_pem, ca_pem = cert_file.read_bytes(), key_file.read_bytes(), ca_file.read_bytes()
-    except OSError as exc:
-        raise JobIssuerError(f"cannot read {exc.filename}: {exc.strerror}") from exc
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-    except ValueError as exc:
-        raise JobIssuerError(f"{cert_file} is not a PEM certificate: {exc}") from exc
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError) as exc:
-        raise JobIssuerError(f"{key_file} is not an unencrypted PEM private key: {exc}") from exc
+    pair = read_key_pair(cert_file, key_file, ca_file, JobIssuerError)
+    cert, key = pair.cert, pair.key
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise JobIssuerError(f"{key_file} is not an EC private key")
-    spki = serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != \
-            cert.public_key().public_bytes(serialization.Encoding.DER, spki):
-        raise JobIssuerError(f"{key_file} is not the private key of {cert_file}")
     try:
         constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
@@ -145,21 +131,7 @@ def load_issuer(cert_file: Path, key_file: Path, ca_file: Path) -> IssuerMateria
     if not is_job_issuer_name(cert.subject):
         raise JobIssuerError(f"{cert_file} is not a job issuer: its subject has no OU \"Trainyard job issuer\", so "
                              "servers would refuse the certificates it signs")
-    try:
-        cas = x509.load_pem_x509_certificates(ca_pem)
-    except ValueError as exc:
-        raise JobIssuerError(f"{ca_file} holds no PEM certificate: {exc}") from exc
-    if not any(_issued_by(cert, ca) for ca in cas):
-        raise JobIssuerError(f"{cert_file} is not signed by any CA in {ca_file}")
-    return IssuerMaterial(cert, cert_pem, key, ca_pem)
-
-
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(ca)
-    except Exception:  # any failure means "not this CA"
-        return False
-    return True
+    return IssuerMaterial(cert, pair.cert_pem, key, pair.ca_pem)
 
 
 def mint(issuer_cert: x509.Certificate, issuer_key: ec.EllipticCurvePrivateKey, grant: JobGrant, *,

@@ -43,6 +43,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..contract import DNS_LABEL
@@ -253,6 +254,55 @@ def principal_of(cert: x509.Certificate) -> Principal:
     if len(ours) != 1:
         raise InvalidPrincipal(f"the certificate must name exactly one {SCHEME} URI in its SANs (found {ours})")
     return Principal.parse(ours[0])
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A certificate, its private key and the CA bundle, read from files and checked to belong together."""
+
+    cert_pem: bytes
+    key_pem: bytes
+    ca_pem: bytes
+    cert: x509.Certificate
+    key: PrivateKeyTypes
+    cas: list[x509.Certificate]
+
+
+def read_key_pair(cert_file: Path, key_file: Path, ca_file: Path,
+                  error: type[ValueError] = ValueError) -> KeyPair:
+    """Read the three files and check that each parses, that the key is the certificate's and that the
+    certificate is signed directly by a CA of the bundle; `error` (with a message naming the file) otherwise."""
+    try:
+        cert_pem, key_pem, ca_pem = cert_file.read_bytes(), key_file.read_bytes(), ca_file.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {exc.filename}: {exc.strerror}") from exc
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise error(f"{cert_file} is not a PEM certificate: {exc}") from exc
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise error(f"{key_file} is not an unencrypted PEM private key: {exc}") from exc
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+            cert.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise error(f"{key_file} is not the private key of {cert_file}")
+    try:
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError as exc:
+        raise error(f"{ca_file} holds no PEM certificate: {exc}") from exc
+    if not any(issued_by(cert, ca) for ca in cas):
+        raise error(f"{cert_file} is not signed by any CA in {ca_file}")
+    return KeyPair(cert_pem, key_pem, ca_pem, cert, key, cas)
+
+
+def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except Exception:  # any failure means "not this CA" (InvalidSignature, a non-CA, another key type)
+        return False
+    return True
 
 
 def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:

@@ -30,12 +30,11 @@ from typing import Any
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from ..errors import Unauthenticated
 from .identity import InvalidPrincipal, Principal
 from .job_credentials import JobGrant, grant_of
-from .pki import CertFiles, is_job_issuer_name, principal_of
+from .pki import CertFiles, is_job_issuer_name, principal_of, read_key_pair
 
 log = logging.getLogger(__name__)
 
@@ -63,41 +62,13 @@ def _signature(files: CertFiles) -> tuple[tuple[int, int, int], ...]:
 def load(files: CertFiles) -> TlsMaterial:
     """Read and check the three files: each parses, the key matches the certificate, the certificate names a
     principal and is signed by one of the CA bundle's certificates."""
-    try:
-        cert_pem, key_pem, ca_pem = files.cert.read_bytes(), files.key.read_bytes(), files.ca.read_bytes()
-    except OSError as exc:
-        raise TlsConfigError(f"cannot read {exc.filename}: {exc.strerror}") from exc
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-    except ValueError as exc:
-        raise TlsConfigError(f"{files.cert} is not a PEM certificate: {exc}") from exc
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError) as exc:
-        raise TlsConfigError(f"{files.key} is not an unencrypted PEM private key: {exc}") from exc
-    if key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) \
-            != cert.public_key().public_bytes(serialization.Encoding.DER,
-                                              serialization.PublicFormat.SubjectPublicKeyInfo):
-        raise TlsConfigError(f"{files.key} is not the private key of {files.cert}")
-    try:
-        cas = x509.load_pem_x509_certificates(ca_pem)
-    except ValueError as exc:
-        raise TlsConfigError(f"{files.ca} holds no PEM certificate: {exc}") from exc
-    if not any(_issued_by(cert, ca) for ca in cas):
-        raise TlsConfigError(f"{files.cert} is not signed by any CA in {files.ca}")
+    pair = read_key_pair(files.cert, files.key, files.ca, TlsConfigError)
+    cert = pair.cert
     try:
         principal = principal_of(cert)
     except InvalidPrincipal as exc:
         raise TlsConfigError(f"{files.cert}: {exc}") from exc
-    return TlsMaterial(cert_pem, key_pem, ca_pem, principal)
-
-
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(ca)
-    except Exception:  # any failure means "not this CA" (InvalidSignature, a non-CA, another key type)
-        return False
-    return True
+    return TlsMaterial(pair.cert_pem, pair.key_pem, pair.ca_pem, principal)
 
 
 class _Reloading:
