@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -126,13 +127,16 @@ class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
                  stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
                  etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 500,
-                 tls: bool = True, netns: bool = False) -> None:
+                 tls: bool = True, netns: bool = False, control_plane_netns: bool = False) -> None:
         """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
         loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents
         and the gateway are given every replica's address). `tls=False` runs every service with
         insecure_plaintext (benchmarks compare the two). `netns=True` runs each node's agent and workers on a host
         of its own: a network namespace with one address on a bridge (trainyard_core.testing.netns, root only);
-        the scheduler and checkpoint-store then listen on the bridge address, etcd stays on loopback."""
+        the scheduler and checkpoint-store then listen on the bridge address, etcd stays on loopback.
+        `control_plane_netns=True` (implies `netns`) gives each scheduler replica, the checkpoint-store and the
+        gateway a host of its own too, and puts etcd on addresses of the bridge (the root namespace), so that
+        the chaos suite can cut any of them from any other (tests/chaos/netfaults.py)."""
         if etcd_members not in (1, 3):
             raise ValueError("etcd_members must be 1 or 3")
         if schedulers < 1:
@@ -157,7 +161,8 @@ class LocalCluster:
         self.tls = tls
         self.pki_dir = self.workdir / "pki"
         self.tool = identity.tool("local")
-        self.netns = netns
+        self.netns = netns or control_plane_netns
+        self.control_plane_netns = control_plane_netns
         self.network: HostNetwork | None = None
 
     def _principals(self) -> list[Principal]:
@@ -255,16 +260,26 @@ class LocalCluster:
         # etcd as production runs it (docs/security.md, etcd): TLS only, client certificates required, auth on,
         # the services logging in as the CN of their etcd client certificate, whose role has the prefix only.
         etcd_tls, etcd_admin = None, None
+        if self.netns:
+            # The hosts first: in the control-plane mode etcd listens on the bridge.
+            roots = self.etcd_members if self.control_plane_netns else 0
+            self.network = HostNetwork(self._host_names(), root_addresses=roots).create()
+        etcd_hosts = self.network.root_addresses if self.network is not None and self.control_plane_netns else []
         if self.tls:
-            etcd_tls, users = pki.ensure_etcd(self.pki_dir, [ROOT, ETCD_USER])
+            etcd_tls, users = pki.ensure_etcd(self.pki_dir, [ROOT, ETCD_USER],
+                                              server_ips=(*pki.ETCD_SERVER_IPS, *etcd_hosts))
             etcd_admin = users[ROOT]
         if self.etcd_members == 1:
-            self.etcd = EtcdProcess(name="local", host="127.0.0.1", client_port=free_port(), peer_port=free_port(),
-                                    data_dir=self.workdir / "etcd" / "data",
+            etcd_host = etcd_hosts[0] if etcd_hosts else "127.0.0.1"
+            self.etcd = EtcdProcess(name="local", host=etcd_host, client_port=free_port(etcd_host),
+                                    peer_port=free_port(etcd_host), data_dir=self.workdir / "etcd" / "data",
                                     log_path=self.workdir / "logs" / "etcd.log", tls=etcd_tls, admin=etcd_admin)
             self.etcd.start()
             self.etcd.wait_ready()
             self.etcd_cluster = [self.etcd]
+        elif etcd_hosts:
+            self.etcd_cluster = self._start_etcd_on(etcd_hosts, etcd_tls, etcd_admin)
+            self.etcd = self.etcd_cluster[0]
         else:
             self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd", tls=etcd_tls,
                                               admin=etcd_admin)
@@ -273,18 +288,18 @@ class LocalCluster:
             enable_auth(self.etcd.endpoint, etcd_admin, ETCD_PREFIX + "/", {ETCD_USER: None})
         common = {"etcd_endpoints": self.etcd_endpoints, **self._etcd_settings()}
 
-        if self.netns:
-            self.network = HostNetwork([n for n, _ in self.nodes]).create()
-        # Where the nodes reach the control plane: loopback, or the bridge when nodes are hosts of their own.
-        host = self.network.bridge_address if self.network else "127.0.0.1"
+        # Where the nodes reach the control plane: loopback, the bridge when nodes are hosts of their own, or
+        # each service's own host in the control-plane mode (address_of).
+        host = self.address_of("checkpoint-store")
         ckpt_port = free_port()
-        self.scheduler_addresses = [f"{host}:{free_port()}" for _ in range(self.scheduler_count)]
+        self.scheduler_addresses = [f"{self.address_of(name)}:{free_port()}" for name in self.scheduler_names]
         self.scheduler_address = ",".join(self.scheduler_addresses)
         self.checkpoint_store_address = f"{host}:{ckpt_port}"
         for i, address in enumerate(self.scheduler_addresses):
             name = "scheduler" if i == 0 else f"scheduler-{i + 1}"
             self.procs[name] = self._proc(name, "trainyard_scheduler.main", "TRAINYARD_SCHEDULER_", {
-                **common, "listen_host": host, "listen_port": address.rsplit(":", 1)[1], "advertise_address": address,
+                **common, "listen_host": address.rsplit(":", 1)[0], "listen_port": address.rsplit(":", 1)[1],
+                "advertise_address": address,
                 "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
                 "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER),
@@ -296,7 +311,7 @@ class LocalCluster:
              # The local tool reads the checkpoints of the bootstrap token's jobs (its team is "admin").
              "tool_teams": f"{self.tool.name}:admin", **self._tls(identity.CHECKPOINT_STORE)})
         gw_port = self.gateway_port
-        if gw_port and not port_free("127.0.0.1", gw_port):
+        if gw_port and not self.control_plane_netns and not port_free("127.0.0.1", gw_port):
             print(f"port {gw_port} is in use; the gateway takes a free port instead", file=sys.stderr)
             gw_port = 0
         gw = self._proc("gateway", "trainyard_gateway.main", "TRAINYARD_GATEWAY_", {
@@ -309,6 +324,10 @@ class LocalCluster:
         gw.env["TRAINYARD_GATEWAY_RATE_LIMIT_PER_S"] = "1000"
         gw.env["TRAINYARD_GATEWAY_RATE_LIMIT_BURST"] = "2000"
         self.procs["gateway"] = gw
+        if self.control_plane_netns and self.network is not None:
+            gw.env["TRAINYARD_GATEWAY_HTTP_HOST"] = gw.env["TRAINYARD_GATEWAY_GRPC_HOST"] = self.address_of("gateway")
+            for name in (*self.scheduler_names, "checkpoint-store", "gateway"):
+                self.procs[name].args = [*self.network.exec_prefix(name), *self.procs[name].args]
         for node_id, profile in self.nodes:
             self.procs[node_id] = self._agent_proc(node_id, profile)
 
@@ -316,7 +335,42 @@ class LocalCluster:
             self.procs[name].start()
         for proc in self.procs.values():
             proc.wait_ready()
-        self.url = f"http://127.0.0.1:{self.procs['gateway'].ports['http_port']}"
+        self.url = f"http://{self.address_of('gateway')}:{self.procs['gateway'].ports['http_port']}"
+
+    def _host_names(self) -> list[str]:
+        """Who gets a host of its own: the nodes, and in the control-plane mode every service but etcd."""
+        services = [*self.scheduler_names, "checkpoint-store", "gateway"] if self.control_plane_netns else []
+        return [*(n for n, _ in self.nodes), *services]
+
+    def address_of(self, name: str) -> str:
+        """The address the process `name` (a node's agent, or a service) listens on."""
+        if self.network is None:
+            return "127.0.0.1"
+        if name in self.network.hosts:
+            return self.network.hosts[name].address
+        # Only the nodes have hosts of their own: the control plane listens on the bridge, the gateway on loopback.
+        return "127.0.0.1" if name == "gateway" else self.network.bridge_address
+
+    def _start_etcd_on(self, hosts: Sequence[str], tls: pki.CertFiles | None,
+                       admin: pki.CertFiles | None) -> list[EtcdProcess]:
+        """One etcd member on each of `hosts` (addresses of the root namespace), forming one cluster, as
+        `testing.etcd.start_cluster` does on 127.0.0.1/.2/.3; `stop_cluster` removes them."""
+        base = Path(tempfile.mkdtemp(prefix="etcd-", dir=self.workdir / "etcd"))
+        logs = self.workdir / "logs"
+        members = [EtcdProcess(name=f"m{i + 1}", host=h, client_port=free_port(h), peer_port=free_port(h),
+                               data_dir=base / f"m{i + 1}" / "data", log_path=logs / f"etcd-m{i + 1}.log",
+                               tls=tls, admin=admin) for i, h in enumerate(hosts)]
+        initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
+        try:
+            for m in members:
+                m.data_dir.parent.mkdir(parents=True, exist_ok=True)
+                m.start(initial_cluster=initial)
+            for m in members:
+                m.wait_ready()
+        except BaseException:
+            stop_cluster(members)
+            raise
+        return members
 
     @property
     def etcd_endpoints(self) -> str:
