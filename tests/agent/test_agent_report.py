@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.agent.agent_kit import Scheduler, agent_settings, seconds, until
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -100,7 +101,8 @@ async def test_heartbeats_reach_the_scheduler_and_are_answered(agent: AgentApp, 
     # Beats without health changes carry no GPUs, so the node record is never rewritten by them.
     after = await scheduler.running.store.get(node_key)
     assert after is not None and after.mod_revision == kv.mod_revision
-    # The scheduler does not keep GPU metrics: check what the agent's beats carry.
+    # GPU metrics do not travel in beats (the scheduler never used them): they are on the agent's Prometheus
+    # endpoint, read from NVML by the monitor.
     assert agent.monitor is not None
     assert [m.index for m in agent.monitor.latest] == list(range(8)) and agent.monitor.latest[0].power_w == 72
     assert agent.fake is not None
@@ -108,12 +110,13 @@ async def test_heartbeats_reach_the_scheduler_and_are_answered(agent: AgentApp, 
     agent.fake.add_ecc_errors(2, 1)  # its event triggers a counter read at once
     await until(lambda: agent.monitor is not None and agent.monitor.latest[2].counters.pcie_replays == 4,
                 "the counters to be read")
-    beat = convert.heartbeat_request(node_id="node-a", seq=1, sent_at=0.0, metrics=agent.monitor.latest,
-                                     changed_gpus=[], running=[])
-    m2 = beat.gpu_metrics[2]
-    assert (m2.sm_clock_mhz, m2.memory_clock_mhz, list(m2.throttle_reasons)) == (1980, 2619, [])
-    assert (m2.ecc_volatile_uncorrected, m2.ecc_aggregate_uncorrected, m2.nvlink_errors, m2.pcie_replays) == (
-        1, 1, 3, 4)
+    beat = convert.heartbeat_request(node_id="node-a", seq=1, sent_at=0.0, changed_gpus=[], running=[])
+    assert not beat.gpu_metrics
+    exported = {name: REGISTRY.get_sample_value(name, {"node": "node-a", "gpu": "2"})
+                for name in ("trainyard_agent_gpu_pcie_replays", "trainyard_agent_gpu_nvlink_errors",
+                             "trainyard_agent_gpu_ecc_uncorrected_volatile", "trainyard_agent_gpu_sm_clock_mhz")}
+    assert exported == {"trainyard_agent_gpu_pcie_replays": 4.0, "trainyard_agent_gpu_nvlink_errors": 3.0,
+                        "trainyard_agent_gpu_ecc_uncorrected_volatile": 1.0, "trainyard_agent_gpu_sm_clock_mhz": 1980.0}
 
 
 async def test_reregister_keeps_workers_running(agent: AgentApp, scheduler: Scheduler,

@@ -80,3 +80,63 @@ async def test_the_ticker_runs_until_stopped() -> None:
     await asyncio.sleep(TICK_S * 2.5)
     stop.set()
     await asyncio.wait_for(task, 1.0)
+
+
+def test_an_open_stream_is_alive_without_messages_and_a_stale_one_is_not() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0, stale_s=30.0)
+    live.opened("n-a")
+    ticking(clock, live, 29.0)
+    assert live.alive(NODES) == {"n-a"} and live.silence(["n-a"]) == {"n-a": 0.0}
+    assert live.connected("n-a") and live.last_seen_age("n-a") == 0.0
+    expiry = live.next_expiry(["n-a"])
+    assert expiry is not None and abs(expiry - 1.0) < 1e-6, "the stale deadline is the next one to look at"
+    ticking(clock, live, 1.2)
+    assert live.alive(NODES) == frozenset(), "open but silent for 3 refresh intervals: the agent's loop is stuck"
+    live.seen("n-a")
+    assert live.alive(NODES) == {"n-a"}
+
+
+def test_a_broken_stream_counts_from_a_keepalive_timeout_before_the_break() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0, broken_s=1.0)
+    live.opened("n-a")
+    live.opened("n-b")
+    ticking(clock, live, 5.0)
+    live.closed("n-a", clean=False)   # keepalive timeout or reset: silent for up to a second already
+    live.closed("n-b", clean=True)    # the agent ended its stream while stopping
+    assert not live.connected("n-a")
+    assert abs(live.silence(["n-a"])["n-a"] - 1.0) < 1e-6 and live.silence(["n-b"]) == {"n-b": 0.0}
+    ticking(clock, live, 0.9)
+    assert live.alive(NODES) == {"n-a", "n-b"}
+    ticking(clock, live, 0.2)
+    assert live.alive(NODES) == {"n-b"}, "lost 1 s after the break: 2 s after its last proof of life"
+    ticking(clock, live, 1.0)
+    assert live.alive(NODES) == frozenset()
+
+
+def test_a_second_stream_keeps_the_node_connected_until_both_end() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0)
+    live.opened("n-a")
+    live.opened("n-a")      # the agent reconnected before the old stream's end reached us
+    live.closed("n-a", clean=False)
+    ticking(clock, live, 10.0)
+    assert live.connected("n-a") and live.alive(["n-a"]) == {"n-a"}
+    live.closed("n-a", clean=False)
+    assert not live.connected("n-a")
+    ticking(clock, live, 1.1)
+    assert live.alive(["n-a"]) == frozenset()
+
+
+def test_a_pause_of_the_scheduler_after_a_break_is_not_the_nodes_silence() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0)
+    live.opened("n-a")
+    live.closed("n-a", clean=True)
+    ticking(clock, live, 0.5)
+    clock.advance(5.0)   # the process did not run
+    live.tick()
+    assert live.alive(["n-a"]) == {"n-a"}
+    ticking(clock, live, 1.6)
+    assert live.alive(["n-a"]) == frozenset()

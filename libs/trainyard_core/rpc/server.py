@@ -21,6 +21,7 @@ from ..security.pki import CertFiles
 from ..security.tls import ClientTls, server_credentials, target_name_option
 from .audit import AuditInterceptor, RequestIdClientInterceptor
 from .errors import ErrorMappingInterceptor
+from .liveness import merged
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ async def start_grpc_server(
     job_binding: JobBinding | None = None,
     audit: AuditSink | None = None,
     audit_service: str = "",
+    options: Sequence[tuple[str, int | str]] = (),
 ) -> GrpcServer:
     """Start a server with the error-mapping interceptor, health and reflection; port 0 picks a free one.
 
@@ -78,13 +80,14 @@ async def start_grpc_server(
     port requires mTLS (certificates reloaded when rotated) and every call is
     authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized. With `audit`,
     every mutating call (`authz.AUDITED`), refused ones included, is recorded there as `audit_service`.
+    `options`: gRPC server options on top of (and replacing) the shared ones, e.g. the scheduler's keepalive.
     """
     chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
     if audit is not None:
         chain.append(AuditInterceptor(audit, audit_service))
     if tls is not None:
         chain.append(AuthorizationInterceptor(jobs=job_binding))
-    server = grpc.aio.server(interceptors=[*chain, *interceptors], options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=[*chain, *interceptors], options=merged(SERVER_OPTIONS, options))
     register(server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -22,6 +22,7 @@ from trainyard.agent.v1 import agent_pb2_grpc
 from trainyard_core.audit import AuditFile
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.logs import log_context
+from trainyard_core.rpc import liveness
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
 from trainyard_core.security import identity
 from trainyard_core.security.tls import ClientTls, target_name_option
@@ -50,8 +51,11 @@ HEALTH_FILE = "gpu-health.json"
 # The audit log of calls this agent served (the cluster's own log, in etcd, is the scheduler's and gateway's).
 AUDIT_LOG_FILE = "audit.jsonl"
 # grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
-_SCHEDULER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
-                              ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
+# Keepalive: the agent notices a dead or unreachable leader within liveness.TRANSPORT_DETECT_S, which bounds how
+# long its worker fence is renewed after the leader last heard it.
+_SCHEDULER_CHANNEL_OPTIONS = liveness.merged(CHANNEL_OPTIONS, [
+    *liveness.CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)])
 
 
 def scheduler_channel(address: str, tls: ClientTls | None = None) -> ChannelFactory:
@@ -186,7 +190,7 @@ class AgentApp:
             node_id=self.node_id, connect=self._connect, fence=self.fence, interval_s=s.heartbeat_interval_s,
             backoff=self._backoff(), clock=self._clock, lease_path=self.supervisor.lease_path,
             view=NodeView(node_info=self.node_info, running=self.supervisor.running_allocations,
-                          metrics=lambda: self.monitor.latest if self.monitor else [], health=self.health))
+                          health=self.health, changes=self.supervisor.changes))
         self.monitor.start()
         self.exit_reporter.start()
         self.reporter.start()

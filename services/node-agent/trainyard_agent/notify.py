@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 
 class Notifier:
@@ -35,3 +36,19 @@ class Notifier:
             return False
         finally:
             self._waiters.discard(fut)
+
+
+async def wait_any(notifiers: Iterable[Notifier], timeout: float | None = None) -> bool:
+    """`Notifier.wait` on several at once: True when any of them is notified, False after `timeout`."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    chosen = list(notifiers)
+    for n in chosen:
+        n._waiters.add(fut)
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for n in chosen:
+            n._waiters.discard(fut)

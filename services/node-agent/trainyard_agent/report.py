@@ -10,10 +10,17 @@
 - CONNECTING: a fresh channel; RegisterNode carries the whole node (inventory with current health,
   labels, addresses) and the allocations whose workers still run here, so a restarted or failed-over
   scheduler rebuilds its view without touching running workers.
-- STREAMING: a heartbeat goes out every interval (the scheduler's `heartbeat_interval_ms`, else the
-  agent's setting) with a sequence number, GPU metrics, every GPU whose health changed since the
-  registration, and the running allocations. A health change sends one at once instead of at the next
-  tick. The scheduler answers each; silence for 3 intervals counts as a broken stream.
+- STREAMING: the open Heartbeat stream is the node's liveness (docs/architecture.md, "Node liveness"):
+  HTTP/2 keepalive pings on both ends (`trainyard_core.rpc.liveness`) keep it true without messages. Beats
+  carry only changes: one when the stream opens, one at once when a GPU's health or the running allocations
+  change, and a refresh every interval (the scheduler's `heartbeat_interval_ms`, else the agent's setting)
+  when nothing does. Each has a sequence number, every GPU whose health changed since the registration, and
+  the running allocations; GPU metrics are not sent (Prometheus scrapes them from the agent). The scheduler
+  answers each; no answer for 3 intervals counts as a broken stream.
+- While the stream is open the worker fence's lease is renewed every LEASE_RENEW_S; when the stream breaks
+  (the leader ended it, died, or stopped answering pings) renewals stop until a leader takes the node again.
+- `stop()` ends the stream cleanly (the scheduler then counts the node's silence from that moment, not from
+  a keepalive timeout earlier).
 - Backoff restarts from its initial delay after every successful registration.
 - FATAL: the scheduler rejected this node's registration as invalid (e.g. a malformed node id).
   Retrying cannot help; `fatal` is set and main.py ends the process with a clear message.
@@ -32,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +50,13 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
+from trainyard_core.rpc.liveness import LEASE_RENEW_S
 
 from . import metrics
 from .grpc import convert
 from .health.book import HealthBook
-from .model import AcceleratorMetrics, NodeInfo, RunningAllocation
-from .notify import Notifier
+from .model import NodeInfo, RunningAllocation
+from .notify import Notifier, wait_any
 from .workers import lease
 from .workers.fence import LeaderFence
 from .workers.model import WorkerExit
@@ -56,6 +64,8 @@ from .workers.model import WorkerExit
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 5.0
+# How long `stop()` waits for the scheduler to see the stream's clean end before cancelling it.
+CLOSE_WAIT_S = 1.0
 ChannelFactory = Callable[[], grpc.aio.Channel]
 
 
@@ -79,12 +89,13 @@ class Backoff:
 
 @dataclass
 class NodeView:
-    """What the reporter reads about this node; each callable is cheap and runs on the event loop."""
+    """What the reporter reads about this node; each callable is cheap and runs on the event loop. `changes`
+    is notified when the running allocations may have changed (a beat goes out then if they did)."""
 
     node_info: Callable[[], NodeInfo]
     running: Callable[[], list[RunningAllocation]]
-    metrics: Callable[[], Sequence[AcceleratorMetrics]]
     health: HealthBook
+    changes: Notifier | None = None
 
 
 class _Reregister(Exception):
@@ -117,6 +128,7 @@ class Reporter:
         self._call: grpc.aio.StreamStreamCall[scheduler_pb2.HeartbeatRequest,
                                               scheduler_pb2.HeartbeatResponse] | None = None
         self._stopping = asyncio.Event()
+        self._wake = Notifier()
         self.seq = 0
         self.acked_seq = 0
         self.registrations = 0
@@ -129,6 +141,10 @@ class Reporter:
 
     async def stop(self) -> None:
         self._stopping.set()
+        self._wake.notify()  # the beat generator returns: a clean end of the stream
+        if self._call is not None and self._task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
         if self._call is not None:
             # End the stream through grpc first: the task then wakes from its read and can be cancelled.
             self._call.cancel()
@@ -155,7 +171,8 @@ class Reporter:
                     log.log(level, "scheduler connection failed: %s: %s", exc.code().name, exc.details())
                     warned = True
                 except _Reregister as why:
-                    log.info("registering again: %s", why)
+                    if not self._stopping.is_set():
+                        log.info("registering again: %s", why)
                     warned = False
                 except Exception:
                     # A bug here must not silence the node for good (the scheduler would declare it dead).
@@ -215,6 +232,7 @@ class Reporter:
             call.cancel()
 
         watchdog = loop.call_later(stale_after, expire)
+        renewer = asyncio.create_task(self._renew_while_open(call), name="worker-lease")
         try:
             while True:
                 try:
@@ -231,13 +249,20 @@ class Reporter:
                 assert isinstance(response, scheduler_pb2.HeartbeatResponse)
                 self.acked_seq = max(self.acked_seq, response.ack_seq)
                 self._fence.observe(response.leader_epoch)
-                self._renew_lease()
                 if response.reregister:
                     raise _Reregister("the scheduler asked for it")
         finally:
             watchdog.cancel()
+            renewer.cancel()
             self._call = None
             call.cancel()
+
+    async def _renew_while_open(self, call: grpc.aio.Call) -> None:
+        """The worker lease follows the stream: renewed while it is open (keepalive ends it within
+        TRANSPORT_DETECT_S of the leader going silent), and no longer once it is done."""
+        while not call.done():
+            self._renew_lease()
+            await asyncio.sleep(LEASE_RENEW_S)
 
     def _renew_lease(self) -> None:
         if self._lease_path is None:
@@ -249,16 +274,26 @@ class Reporter:
 
     async def _beats(self, registered_version: int, interval: float) -> AsyncIterator[
             scheduler_pb2.HeartbeatRequest]:
+        """A beat when the stream opens, then one when the health or the running allocations change, and one
+        every `interval` when nothing does; ends (cleanly) when the reporter stops."""
         health = self._view.health
-        while True:
-            self.seq += 1
+        notifiers = [health.changes, self._wake] + ([self._view.changes] if self._view.changes else [])
+        loop = asyncio.get_running_loop()
+        sent_version = -1
+        sent_running: list[RunningAllocation] | None = None
+        next_refresh = 0.0
+        while not self._stopping.is_set():
             version = health.version
-            yield convert.heartbeat_request(node_id=self.node_id, seq=self.seq, sent_at=self._clock.now(),
-                                            metrics=self._view.metrics(),
-                                            changed_gpus=health.changed_since(registered_version),
-                                            running=self._view.running())
-            if health.version == version:
-                await health.changes.wait(timeout=interval)
+            running = self._view.running()
+            now = loop.time()
+            if version != sent_version or running != sent_running or now >= next_refresh:
+                self.seq += 1
+                yield convert.heartbeat_request(node_id=self.node_id, seq=self.seq, sent_at=self._clock.now(),
+                                                changed_gpus=health.changed_since(registered_version),
+                                                running=running)
+                sent_version, sent_running, next_refresh = version, running, loop.time() + interval
+            if health.version == version and not self._stopping.is_set():
+                await wait_any(notifiers, timeout=max(0.0, next_refresh - loop.time()))
 
 
 class ExitReporter:

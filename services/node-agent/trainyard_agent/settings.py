@@ -80,8 +80,9 @@ class AgentSettings(BaseSettings):
     state_dir: str = Field("", description="Worker logs and records (default ~/.local/state/trainyard/agent/"
                                            "<node_id>)")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60,
-                                        description="Heartbeat and GPU metrics interval, unless the scheduler "
-                                                    "asks for another")
+                                        description="How often GPU metrics and health are read; also the "
+                                                    "heartbeat refresh when the scheduler names none (it does: "
+                                                    "its heartbeat_interval_ms)")
     health_counters_interval_s: float = Field(10.0, gt=0, le=3600,
                                               description="How often the GPU error counters (ECC, remapped rows, "
                                                           "NVLink, PCIe) are read; memory error events trigger "

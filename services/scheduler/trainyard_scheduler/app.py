@@ -10,6 +10,7 @@ from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, s
 from trainyard_core import contract
 from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
+from trainyard_core.rpc import liveness as liveness_options
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store.api import KeyValue, Store
 from trainyard_core.store.election import LeaderElection
@@ -55,7 +56,8 @@ class SchedulerApp:
         self._worker_credentials = WorkerCredentials.from_settings(settings)
         self.grpc_port = 0
         self.leadership = Leadership("")
-        self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s)
+        self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s,
+                                     stale_s=settings.stale_stream_s)
         self._election: LeaderElection | None = None
         self._mirror = PrefixMirror(self.store, self.keys.prefix + "/", exclude=(self.audit.prefix,))
         self._server: GrpcServer | None = None
@@ -97,7 +99,7 @@ class SchedulerApp:
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                service_names=names, tls=s.tls, audit=self.audit,
-                                               audit_service="scheduler")
+                                               audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
         self.grpc_port = self._server.port
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"
@@ -106,6 +108,7 @@ class SchedulerApp:
         election_holder.append(election)
         self._election = election
         self._repo = repo
+        self._node_servicer = node_servicer
         self._leader_task = asyncio.create_task(self._lead(election, repo), name="leadership")
         log.info("scheduler serving", extra={"grpc_port": self.grpc_port, "identity": identity})
 
@@ -137,8 +140,10 @@ class SchedulerApp:
                 _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 for p in pending:
                     p.cancel()
-                # Refuse leader calls at once, not only once the reconciler's cycle has ended.
+                # Refuse leader calls at once, not only once the reconciler's cycle has ended, and end the
+                # agents' streams: their fence must run down from now, and they must look for the new leader.
                 self.leadership.step_down()
+                self._node_servicer.end_streams()
                 stop_term.set()
 
             watcher = asyncio.create_task(watch_loss())
@@ -147,6 +152,7 @@ class SchedulerApp:
             watcher.cancel()
             ticker.cancel()
             self.leadership.step_down()
+            self._node_servicer.end_streams()
             metrics.IS_LEADER.set(0)
             log.warning("leadership ended", extra={"epoch": epoch})
 

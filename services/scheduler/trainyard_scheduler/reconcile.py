@@ -20,6 +20,7 @@ from typing import Protocol
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, InvalidArgument, TrainyardError, Unavailable
 from trainyard_core.logs import log_context
+from trainyard_core.rpc.liveness import LEASE_RENEW_S, TRANSPORT_DETECT_S
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
@@ -48,9 +49,10 @@ from .state.repository import Repository
 
 log = logging.getLogger(__name__)
 
-# Added to the worker fence before a lost node's workers are presumed gone: the agent's last lease renewal
-# came after the last heartbeat this leader received, and shims look at the lease every 0.25 s.
-FENCE_MARGIN_S = 1.0
+# Added to the worker fence before a lost node's workers are presumed gone: the agent renews its lease while
+# its stream looks open to it, which can be up to TRANSPORT_DETECT_S (+ one renewal period) after the leader's
+# last proof of life from it, and shims look at the lease every 0.25 s.
+FENCE_MARGIN_S = 0.5 + TRANSPORT_DETECT_S + LEASE_RENEW_S
 # Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
 ORPHAN_STOP_RETRY_S = 2.0
 

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
+from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
@@ -43,9 +44,13 @@ class SchedulerSettings(EtcdSettings):
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     advertise_address: str = Field("", description="host:port other components use to reach this replica")
-    node_timeout_s: float = Field(2.5, gt=0, description="a node without heartbeat this long is lost (pauses of "
-                                  "the scheduler process itself do not count)")
-    heartbeat_interval_ms: int = Field(500, ge=50, le=60_000)
+    node_timeout_s: float = Field(2.0, gt=0, description="a node without proof of life this long is lost: its "
+                                  "heartbeat stream is its proof of life while open (keepalive pings every 1 s "
+                                  "close a dead peer's within 1 s more), and a broken stream counts from 1 s before "
+                                  "it broke. Pauses of the scheduler process itself do not count")
+    heartbeat_interval_ms: int = Field(10_000, ge=50, le=60_000, description="agents send a beat at once on a "
+                                       "change (GPU health, running workers) and this often when nothing changes; "
+                                       "an open stream silent for 3 intervals counts as a lost node")
     leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
                                   "(at least node_timeout_s) while the agents find it")
     worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
@@ -148,17 +153,20 @@ class SchedulerSettings(EtcdSettings):
 
     @model_validator(mode="after")
     def _timeout_covers_heartbeats(self) -> SchedulerSettings:
-        # Agents heartbeat at the interval the scheduler hands them; a timeout shorter than a few
-        # intervals would declare healthy nodes lost between two beats.
         if self.worker_fence_s and self.worker_fence_s < self.node_timeout_s + self.leader_ttl_s:
             raise ValueError(f"worker_fence_s ({self.worker_fence_s}) must be at least node_timeout_s + "
                              f"leader_ttl_s ({self.node_timeout_s + self.leader_ttl_s:g}): a scheduler failover "
                              "would otherwise kill every worker")
-        if self.node_timeout_s * 1000 < 3 * self.heartbeat_interval_ms:
-            raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be at least 3 heartbeat intervals "
-                             f"({3 * self.heartbeat_interval_ms / 1000:g}s with heartbeat_interval_ms="
-                             f"{self.heartbeat_interval_ms})")
+        if self.node_timeout_s <= KEEPALIVE_TIMEOUT_S:
+            raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be more than the keepalive timeout "
+                             f"({KEEPALIVE_TIMEOUT_S:g}s): a broken heartbeat stream counts from that long before "
+                             "it broke, so a shorter timeout declares a node lost the moment its stream breaks")
         return self
+
+    @property
+    def stale_stream_s(self) -> float:
+        """An open heartbeat stream without a beat this long means the agent no longer runs its loop."""
+        return 3 * self.heartbeat_interval_ms / 1000
 
     @property
     def port_range(self) -> tuple[int, int]:

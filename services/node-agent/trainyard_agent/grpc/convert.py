@@ -12,7 +12,7 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.errors import InvalidArgument
 
-from ..model import Accelerator, AcceleratorMetrics, GpuLink, Health, NodeInfo, RunningAllocation
+from ..model import Accelerator, GpuLink, Health, NodeInfo, RunningAllocation
 from ..workers.model import LaunchRequest, LaunchResult, LogLine, LogQuery, WorkerExit, WorkerSpec, WorkerStatus
 
 _HEALTH = {
@@ -39,20 +39,6 @@ def gpu_to_pb(gpu: Accelerator) -> types_pb2.Gpu:
                          cpu_affinity=list(gpu.cpu_affinity), mig_enabled=gpu.mig_enabled)
 
 
-def metrics_to_pb(m: AcceleratorMetrics) -> types_pb2.GpuMetrics:
-    c = m.counters
-    return types_pb2.GpuMetrics(
-        index=m.index, utilization_percent=m.utilization_percent, memory_used_mb=m.memory_used_mb,
-        temperature_c=m.temperature_c, power_w=m.power_w, sm_clock_mhz=m.sm_clock_mhz,
-        memory_clock_mhz=m.memory_clock_mhz, throttle_reasons=list(m.throttle_reasons),
-        ecc_volatile_corrected=c.ecc_volatile_corrected, ecc_volatile_uncorrected=c.ecc_volatile_uncorrected,
-        ecc_aggregate_uncorrected=c.ecc_aggregate_uncorrected,
-        # The wire has room for flags only: pending / failed memory repair, by remapping or page retirement.
-        remapped_rows_pending=int(c.remapped_rows_pending or c.retired_pages_pending),
-        remapped_rows_failure=int(c.remapped_rows_failure), nvlink_errors=c.nvlink_errors,
-        pcie_replays=c.pcie_replays)
-
-
 def link_to_pb(link: GpuLink) -> types_pb2.GpuLink:
     return types_pb2.GpuLink(gpu_a=link.gpu_a, gpu_b=link.gpu_b, level=link.level, nvlinks=link.nvlinks)
 
@@ -74,11 +60,10 @@ def register_request(node: NodeInfo, running: Iterable[RunningAllocation]) -> sc
     return scheduler_pb2.RegisterNodeRequest(node=node_to_pb(node), running=running_to_pb(running))
 
 
-def heartbeat_request(*, node_id: str, seq: int, sent_at: float, metrics: Sequence[AcceleratorMetrics],
-                      changed_gpus: Sequence[Accelerator],
+def heartbeat_request(*, node_id: str, seq: int, sent_at: float, changed_gpus: Sequence[Accelerator],
                       running: Iterable[RunningAllocation]) -> scheduler_pb2.HeartbeatRequest:
+    """A beat: changes only. GPU metrics are not sent (the agent's Prometheus endpoint has them)."""
     return scheduler_pb2.HeartbeatRequest(node_id=node_id, seq=seq, sent_at=timestamp(sent_at),
-                                          gpu_metrics=[metrics_to_pb(m) for m in metrics],
                                           gpus=[gpu_to_pb(g) for g in changed_gpus],
                                           running=running_to_pb(running))
 

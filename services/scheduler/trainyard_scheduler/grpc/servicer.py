@@ -212,11 +212,13 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         self._clock = clock
         self._interval = heartbeat_interval_ms
         self._last_heartbeat: dict[str, float] = {}
+        # When each node last registered with this replica (the stored record keeps the time it last changed).
+        self._registered_at: dict[str, float] = {}
         # GPU health changes received but not yet written (the store was unavailable), per node.
         self._pending_health: dict[str, dict[int, Gpu]] = {}
-
-    def last_heartbeat(self, node_id: str) -> float | None:
-        return self._last_heartbeat.get(node_id)
+        # Done when this replica's term ends: every heartbeat stream of the term ends then (made on first use,
+        # inside the running loop).
+        self._term: asyncio.Future[None] | None = None
 
     async def RegisterNode(self, request: scheduler_pb2.RegisterNodeRequest,
                            context: grpc.aio.ServicerContext) -> scheduler_pb2.RegisterNodeResponse:
@@ -229,9 +231,15 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         def merge(old: Node | None) -> Node:
             # Cordon is the operator's (or the health policy's), not the agent's to lift.
             kept = fresh if old is None else replace(fresh, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
-            return cordon_for_health(kept)
+            kept = cordon_for_health(kept)
+            # An agent that registers again with what is stored (a reconnect, a failover: every agent at
+            # once) costs no etcd write; the registration time is kept in memory for the views.
+            if old is not None and replace(kept, registered_at=old.registered_at) == old:
+                return old
+            return kept
         old, written = await self._repo.modify_node(fresh.node_id, merge)
         node = written or merge(old)
+        self._registered_at[node.node_id] = fresh.registered_at
         if node.cordoned and (old is None or not old.cordoned):
             with log_context(node_id=node.node_id):
                 log.warning("node cordoned by the health policy", extra={"reason": node.cordon_reason})
@@ -245,37 +253,101 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def Heartbeat(self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
-        """Liveness is noted before anything touches etcd, and an etcd failure (a leader change, a lost
-        member) never ends the stream: a node must not look lost because the store hiccupped. Health
-        changes that could not be written are kept and written with a later beat."""
-        known: set[str] = set()
-        async for req in request_iterator:
-            epoch = self._leadership.require()
-            if req.node_id not in known:
+        """The open stream is the node's liveness (liveness.py); beats carry only changes and a slow refresh.
+        Liveness is noted before anything touches etcd, and an etcd failure (a leader change, a lost member)
+        never ends the stream: a node must not look lost because the store hiccupped. Health changes that
+        could not be written are kept and written with a later beat. The stream ends when this replica's
+        term does (`end_streams`), so agents look for the new leader at once."""
+        self._leadership.require()
+        term_over = self._term_over()
+        node_id = ""
+        clean = False
+        known: set[str] = set()  # read once per stream: a node whose record is gone is asked to register
+        requests = request_iterator.__aiter__()
+        try:
+            while True:
+                # The next beat, or the end of this replica's term, whichever comes first. (Cancelling the
+                # handler's task instead would leave the RPC open without a status.)
+                nxt = asyncio.ensure_future(requests.__anext__())
+                await asyncio.wait((nxt, term_over), return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    self._leadership.require()  # raises NotLeader: the agent looks for the new leader
+                    raise Unavailable("this scheduler replica's term ended; register with the leader")
                 try:
-                    await self._repo.get_node(req.node_id)
-                    known.add(req.node_id)
-                except NotFound:
-                    yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
-                    continue
-                except Unavailable as exc:
-                    # Unknown for now whether it is registered; it talks to us, so it is alive.
-                    log.warning("heartbeat: node lookup failed, store unavailable: %s", exc,
-                                extra={"node_id": req.node_id})
-            self._liveness.seen(req.node_id)
-            self._liveness.report_running(req.node_id, _running(req.running))
-            self._last_heartbeat[req.node_id] = self._clock.now()
-            if req.gpus:
-                pending = self._pending_health.setdefault(req.node_id, {})
-                pending.update({g.index: convert.gpu_from_pb(g) for g in req.gpus})
-            if req.node_id in self._pending_health and req.node_id in known:
-                try:
-                    await self._update_health(req.node_id, self._pending_health[req.node_id])
-                    del self._pending_health[req.node_id]
-                except (Unavailable, Conflict) as exc:
-                    log.warning("GPU health not written yet (retried with the next heartbeat): %s", exc,
-                                extra={"node_id": req.node_id})
-            yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch)
+                    req = nxt.result()
+                except StopAsyncIteration:
+                    clean = True
+                    return
+                if not node_id:
+                    if not is_valid_id(req.node_id):
+                        raise InvalidArgument(f"node_id {req.node_id!r} is not a valid node id")
+                    node_id = req.node_id
+                    self._liveness.opened(node_id)
+                elif req.node_id != node_id:
+                    raise InvalidArgument(f"one heartbeat stream carries one node: it began as {node_id!r}, "
+                                          f"not {req.node_id!r}")
+                answer = await self._beat(req, known)
+                yield answer
+                if answer.reregister:
+                    clean = True
+                    return
+        finally:
+            if node_id:
+                self._liveness.closed(node_id, clean=clean)
+                self._last_heartbeat[node_id] = self._clock.now()
+
+    async def _beat(self, req: scheduler_pb2.HeartbeatRequest,
+                    known: set[str]) -> scheduler_pb2.HeartbeatResponse:
+        epoch = self._leadership.require()
+        if req.node_id not in known:
+            try:
+                await self._repo.get_node(req.node_id)
+                known.add(req.node_id)
+            except NotFound:
+                return scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
+            except Unavailable as exc:
+                # Unknown for now whether it is registered; it talks to us, so it is alive.
+                log.warning("heartbeat: node lookup failed, store unavailable: %s", exc,
+                            extra={"node_id": req.node_id})
+        self._liveness.seen(req.node_id)
+        self._liveness.report_running(req.node_id, _running(req.running))
+        self._last_heartbeat[req.node_id] = self._clock.now()
+        if req.gpus:
+            pending = self._pending_health.setdefault(req.node_id, {})
+            pending.update({g.index: convert.gpu_from_pb(g) for g in req.gpus})
+        if req.node_id in self._pending_health and req.node_id in known:
+            try:
+                await self._update_health(req.node_id, self._pending_health[req.node_id])
+                del self._pending_health[req.node_id]
+            except (Unavailable, Conflict) as exc:
+                log.warning("GPU health not written yet (retried with the next heartbeat): %s", exc,
+                            extra={"node_id": req.node_id})
+        return scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch)
+
+    def end_streams(self) -> None:
+        """This replica's term ended: end every heartbeat stream (agents reconnect and find the new leader;
+        until they do, their workers' fence runs down) and drop health changes not yet written (the agents
+        send them again when they register)."""
+        if self._term is not None and not self._term.done():
+            self._term.set_result(None)
+        self._term = None
+        self._pending_health.clear()
+
+    def _term_over(self) -> asyncio.Future[None]:
+        if self._term is None:
+            self._term = asyncio.get_running_loop().create_future()
+        return self._term
+
+    def _registration(self, node: Node) -> Node:
+        at = self._registered_at.get(node.node_id)
+        return node if at is None or at <= node.registered_at else replace(node, registered_at=at)
+
+    def last_heartbeat(self, node_id: str) -> float | None:
+        """Wall-clock time of the node's last proof of life: now while its stream is open."""
+        if self._liveness.connected(node_id):
+            return self._clock.now()
+        return self._last_heartbeat.get(node_id)
 
     async def _update_health(self, node_id: str, changed: dict[int, Gpu]) -> None:
         def health(stored: Node | None) -> Node:
@@ -309,8 +381,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         used = await self._used_gpus()
         alive = self._liveness.alive(n.node_id for n in nodes)
         return scheduler_pb2.ListNodesResponse(nodes=[
-            convert.node_to_pb(n, alive=n.node_id in alive, allocated=used.get(n.node_id, set()),
-                               last_heartbeat=self._last_heartbeat.get(n.node_id)) for n in nodes])
+            convert.node_to_pb(self._registration(n), alive=n.node_id in alive, allocated=used.get(n.node_id, set()),
+                               last_heartbeat=self.last_heartbeat(n.node_id)) for n in nodes])
 
     async def GetNode(self, request: scheduler_pb2.GetNodeRequest,
                       context: grpc.aio.ServicerContext) -> scheduler_pb2.GetNodeResponse:
@@ -319,8 +391,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         used = await self._used_gpus()
         alive = node.node_id in self._liveness.alive([node.node_id])
         return scheduler_pb2.GetNodeResponse(node=convert.node_to_pb(
-            node, alive=alive, allocated=used.get(node.node_id, set()),
-            last_heartbeat=self._last_heartbeat.get(node.node_id)))
+            self._registration(node), alive=alive, allocated=used.get(node.node_id, set()),
+            last_heartbeat=self.last_heartbeat(node.node_id)))
 
     async def CordonNode(self, request: scheduler_pb2.CordonNodeRequest,
                          context: grpc.aio.ServicerContext) -> scheduler_pb2.CordonNodeResponse:

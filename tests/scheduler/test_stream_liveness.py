@@ -1,0 +1,185 @@
+"""Node liveness from the heartbeat stream (docs/architecture.md, "Node liveness"), against the real scheduler
+over mTLS, with the agent's connection going through a proxy that can go silent like a dead host:
+
+- an idle node (no beats for much longer than the node timeout) stays alive: the open stream is its liveness;
+- a node whose link goes silent (no FIN, no reset) is lost: keepalive ends the stream on both sides, the agent
+  stops renewing its worker lease, and it comes back once the link does;
+- a scheduler whose event loop is blocked for longer than the keepalive timeout keeps its nodes (the C core
+  answers pings without Python);
+- a leader that loses its term ends every stream at once;
+- an agent that stops ends its stream cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from tests.scheduler.test_scheduler_tls import agent_settings, sched_settings
+from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_agent.app import AgentApp, scheduler_channel
+from trainyard_core.rpc.liveness import TRANSPORT_DETECT_S
+from trainyard_core.rpc.server import secure_channel
+from trainyard_core.security import identity, pki
+from trainyard_core.security.tls import ClientTls
+from trainyard_core.testing.blackhole import BlackholeProxy
+from trainyard_core.testing.wait import eventually
+from trainyard_scheduler.app import SchedulerApp
+
+NODE = identity.node("node-1")
+
+
+@pytest.fixture
+async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
+    # The defaults of liveness: a refresh beat every 10 s, lost 2 s without proof of life.
+    settings = sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(pki_dir, identity.SCHEDULER))
+    # A lease longer than the blocked-loop test's pause, so that test pauses liveness and not the election.
+    settings = settings.model_copy(update={"node_timeout_s": 2.0, "heartbeat_interval_ms": 10_000,
+                                           "leader_ttl_s": 5})
+    app = SchedulerApp(settings)
+    await app.start()
+
+    async def leads() -> bool:
+        return app.leadership.is_leader
+
+    await eventually(leads, what="the scheduler to lead")
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+@pytest.fixture
+async def proxy(leader: SchedulerApp) -> AsyncIterator[BlackholeProxy]:
+    p = await BlackholeProxy("127.0.0.1", leader.grpc_port).start()
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, pki_dir: Path, proxy: BlackholeProxy) -> AsyncIterator[AgentApp]:
+    files = pki.files_for(pki_dir, NODE)
+    settings = agent_settings(tmp_path, "node-1", proxy.address, files)
+    app = AgentApp(settings, connect=scheduler_channel(proxy.address, ClientTls(files)))
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+@pytest.fixture
+async def direct_agent(tmp_path: Path, pki_dir: Path, leader: SchedulerApp) -> AsyncIterator[AgentApp]:
+    """An agent connected to the leader without the proxy (which is Python, and would pause with the loop)."""
+    app = AgentApp(agent_settings(tmp_path, "node-1", f"127.0.0.1:{leader.grpc_port}",
+                                  pki.files_for(pki_dir, NODE)))
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def ready(leader: SchedulerApp, pki_dir: Path, node_id: str = "node-1") -> bool:
+    channel = secure_channel(f"127.0.0.1:{leader.grpc_port}", ClientTls(pki.files_for(pki_dir, identity.GATEWAY)),
+                             identity.SCHEDULER)
+    try:
+        try:
+            got = await scheduler_pb2_grpc.NodeServiceStub(channel).GetNode(
+                scheduler_pb2.GetNodeRequest(node_id=node_id))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False  # not registered (yet)
+            raise
+        return bool(got.node.state == types_pb2.NODE_STATE_READY)
+    finally:
+        await channel.close()
+
+
+async def until_state(leader: SchedulerApp, pki_dir: Path, want: bool, what: str, timeout: float = 15.0) -> None:
+    async def probe() -> bool:
+        return await ready(leader, pki_dir) == want
+    await eventually(probe, timeout=timeout, what=what)
+
+
+async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: SchedulerApp, agent: AgentApp,
+                                                                   proxy: BlackholeProxy, pki_dir: Path) -> None:
+    assert agent.reporter is not None and agent.supervisor is not None
+    await until_state(leader, pki_dir, True, "node-1 to be ready")
+    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    seq = agent.reporter.seq
+    # Three node timeouts without a beat (the refresh is every 10 s): the open stream keeps it alive.
+    for _ in range(6):
+        await asyncio.sleep(1.0)
+        assert await ready(leader, pki_dir), "an idle node with an open stream must stay ready"
+    assert agent.reporter.seq == seq, "no beat was needed for that"
+    lease = agent.supervisor.lease_path
+    renewed = lease.stat().st_mtime_ns
+
+    proxy.cut()   # the host goes dark: no FIN, no reset
+    await until_state(leader, pki_dir, False, "node-1 to be lost after its link went silent")
+    await eventually(lambda: _true(not leader.liveness.connected("node-1")), what="its stream to end")
+    # The agent's own keepalive ends its side too: the lease is no longer renewed.
+    await eventually(lambda: _true(not agent.reporter.connected), what="the agent to notice the dead link",
+                     timeout=3 * TRANSPORT_DETECT_S + 5)
+    stopped = lease.stat().st_mtime_ns
+    assert stopped >= renewed
+    await asyncio.sleep(1.0)
+    assert lease.stat().st_mtime_ns == stopped, "the worker lease must run down while the leader is unreachable"
+
+    proxy.heal()
+    await until_state(leader, pki_dir, True, "node-1 to be back once its link is", timeout=30.0)
+
+
+async def test_a_blocked_scheduler_loop_keeps_its_nodes(leader: SchedulerApp, direct_agent: AgentApp,
+                                                         pki_dir: Path) -> None:
+    agent = direct_agent
+    assert agent.reporter is not None
+    await until_state(leader, pki_dir, True, "node-1 to be ready")
+    await eventually(lambda: _true(leader.liveness.connected("node-1") and agent.reporter is not None
+                                   and agent.reporter.connected), what="node-1's stream to be open")
+    registrations = agent.reporter.registrations
+    # The scheduler's event loop (here also the agent's) does not run for 3 s, three keepalive timeouts (a long
+    # GC pause, a CPU-starved host): pings are answered by gRPC's C core meanwhile, so the stream survives and
+    # the pause is not the node's silence.
+    time.sleep(3.0)  # noqa: ASYNC251 - blocking the loop is the point
+    await asyncio.sleep(0.5)
+    assert await ready(leader, pki_dir)
+    assert leader.liveness.connected("node-1")
+    assert agent.reporter.registrations == registrations, "the agent did not have to register again"
+
+
+async def test_a_lost_term_ends_every_stream(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
+    assert agent.reporter is not None
+    await until_state(leader, pki_dir, True, "node-1 to be ready")
+    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    registrations = agent.reporter.registrations
+    leader._node_servicer.end_streams()
+    # The agent sees its stream end and registers again (with the same leader, which still leads).
+    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.registrations > registrations),
+                     what="the agent to register again")
+
+
+async def test_a_stopping_agent_ends_its_stream_cleanly(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
+    await until_state(leader, pki_dir, True, "node-1 to be ready")
+    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    assert agent.reporter is not None
+    await agent.reporter.stop()
+    await eventually(lambda: _true(not leader.liveness.connected("node-1")), what="the stream to end")
+    # A clean end counts from the end itself, not from a keepalive timeout before it.
+    age = leader.liveness.last_seen_age("node-1")
+    assert age is not None and age < leader.liveness.timeout_s - 0.5
+    assert await ready(leader, pki_dir)
+
+
+async def _true(value: bool) -> bool:
+    return value
