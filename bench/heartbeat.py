@@ -2,7 +2,7 @@
 
 Two local clusters (real etcd, scheduler, gateway; no agents) run side by side, one with mTLS and the
 authorization table, one with insecure_plaintext. A swarm in this process speaks the agent's protocol to each:
-`nodes` simulated nodes register (8 GPUs each, as an H100 host) and keep one Heartbeat stream open, beating
+`nodes` simulated nodes register (the 8-GPU H100 host of `_swarm.py`) and keep one Heartbeat stream open, beating
 every `interval_ms` with 8 GPUs' metrics, as the agent does; on the TLS side each node presents its own node
 certificate, so the interceptor checks every beat against the node it names. Both swarms beat at once for
 `rounds` windows of `window_s`; in each window the scheduler's CPU time (utime + stime of its process, from
@@ -12,17 +12,15 @@ loop and election), is divided by the beats it acknowledged.
 Figures: `heartbeat_cpu_us_tls`, `heartbeat_cpu_us_plaintext` (medians over the windows),
 `heartbeat_cpu_tls_vs_plaintext` (the ratio of the two; target <= 1.2), `scheduler_idle_cpu_percent_tls` /
 `_plaintext` (the idle baseline, % of a core), `beat_ack_p50_ms_tls` /
-`_plaintext` (beat sent → its ack seen by the swarm) and their ratio. The fleet benchmark of issue 13 will
-measure the scheduler at 10k nodes; this one isolates what transport security adds to each beat.
+`_plaintext` (beat sent → its ack seen by the swarm) and their ratio. The fleet benchmark (`fleet.py`) measures
+the scheduler holding thousands of agents; this one isolates what transport security adds to each beat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,10 +31,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_agent.grpc.convert import node_to_pb
 from trainyard_cli.local import LocalCluster
 from trainyard_core.rpc.server import insecure_channel, secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
+
+from ._swarm import cpu_s, issue_certs, node_ids, node_info, tmpdir, topology_labels
 
 
 @dataclass(frozen=True)
@@ -48,24 +49,7 @@ class Config:
 
 
 TINY = Config(nodes=4, interval_ms=200, rounds=2, window_s=1.0)
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _node(node_id: str) -> types_pb2.Node:
-    gpus = [types_pb2.Gpu(index=i, uuid=f"GPU-{node_id}-{i}", vendor="nvidia", model="H100", memory_mb=81559,
-                          pci_bus_id=f"0000:{i + 1:02x}:00.0", compute_capability="9.0",
-                          health=types_pb2.GPU_HEALTH_HEALTHY,
-                          numa_node=i // 4, nvlink_island=0)
-            for i in range(8)]
-    return types_pb2.Node(node_id=node_id, hostname=node_id, agent_address="127.0.0.1:9", worker_address="127.0.0.1",
-                          gpus=gpus, cpus=64, memory_mb=1024 * 1024)
+PREFIX = "swarm"
 
 
 def _metrics() -> list[types_pb2.GpuMetrics]:
@@ -76,8 +60,10 @@ def _metrics() -> list[types_pb2.GpuMetrics]:
 class SimNode:
     """One simulated agent: registers, then beats on one stream and records beat → ack latency."""
 
-    def __init__(self, node_id: str, channel: grpc.aio.Channel, interval_s: float) -> None:
+    def __init__(self, node_id: str, index: int, channel: grpc.aio.Channel, interval_s: float) -> None:
         self.node_id = node_id
+        # The fleet benchmark's simulated node (no agent serves at its address: nothing is launched here).
+        self.node = node_to_pb(node_info(node_id, "127.0.0.1:9", topology_labels(index)))
         self.channel = channel
         self.interval_s = interval_s
         self.acked = 0
@@ -87,7 +73,7 @@ class SimNode:
 
     async def run(self, stop: asyncio.Event) -> None:
         stub = scheduler_pb2_grpc.NodeServiceStub(self.channel)
-        await stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=_node(self.node_id)), timeout=30)
+        await stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node=self.node), timeout=30)
         metrics = _metrics()
 
         async def beats() -> AsyncIterator[scheduler_pb2.HeartbeatRequest]:
@@ -112,19 +98,19 @@ class SimNode:
 async def _swarm(cluster: LocalCluster, count: int, interval_s: float, tls: bool) -> list[SimNode]:
     address = cluster.scheduler_addresses[0]
     nodes = []
-    for i in range(count):
-        principal = identity.node(f"swarm-{i}")
+    for i, node_id in enumerate(node_ids(count, PREFIX)):
+        principal = identity.node(node_id)
         channel = (secure_channel(address, ClientTls(pki.files_for(cluster.pki_dir, principal)), identity.SCHEDULER)
                    if tls else insecure_channel(address))
-        nodes.append(SimNode(principal.name, channel, interval_s))
+        nodes.append(SimNode(node_id, i, channel, interval_s))
     return nodes
 
 
 async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[str, float]:
     pids = {tls: c.procs["scheduler"].popen.pid for tls, c in clusters.items() if c.procs["scheduler"].popen}
-    before = {tls: _cpu_s(pid) for tls, pid in pids.items()}
+    before = {tls: cpu_s(pid) for tls, pid in pids.items()}
     await asyncio.sleep(config.window_s)
-    idle = {tls: (_cpu_s(pid) - before[tls]) / config.window_s for tls, pid in pids.items()}  # CPU s per s
+    idle = {tls: (cpu_s(pid) - before[tls]) / config.window_s for tls, pid in pids.items()}  # CPU s per s
     stop = asyncio.Event()
     swarms = {tls: await _swarm(c, config.nodes, config.interval_ms / 1000, tls) for tls, c in clusters.items()}
     tasks = [asyncio.create_task(n.run(stop)) for swarm in swarms.values() for n in swarm]
@@ -135,7 +121,7 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
             if task.done():
                 task.result()  # a node that could not register or beat is a failed benchmark, not a figure
         for _ in range(config.rounds):
-            before = {tls: _cpu_s(pid) for tls, pid in pids.items()}
+            before = {tls: cpu_s(pid) for tls, pid in pids.items()}
             for swarm in swarms.values():
                 for n in swarm:
                     n.acked, n.recording = 0, True
@@ -147,7 +133,7 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
                     n.recording = False
                 beats = sum(n.acked for n in swarm)
                 if beats:
-                    busy = _cpu_s(pids[tls]) - before[tls] - idle[tls] * took
+                    busy = cpu_s(pids[tls]) - before[tls] - idle[tls] * took
                     per_beat[tls].append(busy / beats * 1e6)
     finally:
         stop.set()
@@ -175,7 +161,7 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
 
 
 def run(config: Config = Config()) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="bench-heartbeat-") as tmp:
+    with tmpdir("bench-heartbeat-") as tmp:
         clusters = {tls: LocalCluster(Path(tmp) / ("tls" if tls else "plaintext"), gateway_port=0, nodes=[],
                                       tls=tls, node_timeout_s=max(2.5, 5 * config.interval_ms / 1000),
                                       heartbeat_interval_ms=config.interval_ms)
@@ -183,7 +169,7 @@ def run(config: Config = Config()) -> dict[str, float]:
         try:
             for c in clusters.values():
                 c.start()
-            pki.ensure(clusters[True].pki_dir, [identity.node(f"swarm-{i}") for i in range(config.nodes)])
+            issue_certs(clusters[True].pki_dir, node_ids(config.nodes, PREFIX))
             return asyncio.run(_measure(config, clusters))
         finally:
             for c in clusters.values():
