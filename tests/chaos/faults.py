@@ -3,7 +3,8 @@
 Each fault fires at its planned offset; one that takes something down starts a task that brings it back
 after the planned downtime, so faults overlap as they would in production. Limits keep the cluster
 recoverable without hiding anything: at most one etcd member down (a 3-member quorum survives one), a
-scheduler is killed only while its standby runs, at most two of the three agents down.
+scheduler is killed only while its standby runs, at most two of the three nodes with a fault at a time (one
+fault per node). The network faults and frozen processes are netfaults.py's.
 
 Every fault is recorded (`FaultRecord`), also when it is skipped because its target was not there.
 """
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from trainyard_core.testing import etcd as etcd_testing
 from trainyard_scheduler.state.keys import Keys
 
 from . import procs
+from .netfaults import NetFaults
 from .operations import Operator
 from .schedule import Fault
 from .workload import MARKER
@@ -56,12 +58,24 @@ class Faults:
     # (node_id, gpu index) → (job_id, attempt) as the checker last read it from etcd.
     allocated: Callable[[], dict[tuple[str, int], tuple[str, int]]]
     operator: Operator
+    # Invariant (f)'s latency windows (Checker.open_slow / close_slow); none without a checker.
+    open_slow: Callable[[str, str], Awaitable[bool]] | None = None
+    close_slow: Callable[[str], None] | None = None
     keys: Keys = field(default_factory=Keys)
     records: list[FaultRecord] = field(default_factory=list)
+    max_troubled: int = MAX_AGENTS_DOWN
     _t0: float = 0.0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _down: set[str] = field(default_factory=set)   # what is down now: proc names, "etcd:<member>"
+    _down: set[str] = field(default_factory=set)   # what is down, frozen or cut off now: proc names, "etcd:<member>"
+    _busy: set[str] = field(default_factory=set)   # what has a fault now (a superset of _down but for etcd)
     _repairs: list[tuple[str, int]] = field(default_factory=list)
+    net: NetFaults = field(init=False)
+
+    def __post_init__(self) -> None:
+        async def unwatched(node: str, what: str) -> bool:
+            return False
+        self.net = NetFaults(self, self.cluster.network, self.open_slow or unwatched,
+                             self.close_slow or (lambda node: None))
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -82,6 +96,9 @@ class Faults:
         p = self.cluster.procs[node]
         return node not in self._down and p.popen is not None and p.popen.poll() is None and bool(p.ports)
 
+    def running(self, name: str) -> bool:
+        return _running(self.cluster, name)
+
     # -- the schedule ----------------------------------------------------------------------------------
     async def run(self, faults: tuple[Fault, ...], stop: asyncio.Event) -> None:
         self._t0 = time.monotonic()
@@ -93,7 +110,7 @@ class Faults:
             if stop.is_set():
                 return
             try:
-                await getattr(self, f"_{fault.kind}")(fault)
+                await (getattr(self, f"_{fault.kind}", None) or self.net.kinds()[fault.kind])(fault)
             except Exception as exc:  # a fault that could not be carried out is reported, not fatal
                 log.exception("fault %s", fault.describe())
                 self._record(fault, "-", f"failed: {type(exc).__name__}: {exc}")
@@ -122,18 +139,19 @@ class Faults:
                      f"pid {w.pid} on {w.node_id}")
 
     def _pick_node(self, fault: Fault) -> str | None:
-        up = [n for n in self.nodes if self.agent_up(n)]
-        down = len(self.nodes) - len(up)
-        if not up or down >= MAX_AGENTS_DOWN:
+        """A node for a fault of its own: up and without another fault, while fewer than max_troubled have one."""
+        free = [n for n in self.nodes if self.agent_up(n) and n not in self._busy]
+        if not free or len(self.nodes) - len(free) >= self.max_troubled:
             return None
-        return up[int(fault.pick * len(up))]
+        return free[int(fault.pick * len(free))]
 
     async def _agent_kill(self, fault: Fault) -> None:
         node = self._pick_node(fault)
         if node is None:
-            self._record(fault, "-", f"skipped: {MAX_AGENTS_DOWN} agents down already")
+            self._record(fault, "-", f"skipped: {self.max_troubled} nodes have faults already")
             return
         self._down.add(node)
+        self._busy.add(node)
         await asyncio.to_thread(self.cluster.procs[node].kill)
         self._record(fault, node, "done", f"agent SIGKILLed, back in {fault.down_s:.1f}s")
         self._later(node, lambda: self._restart_proc(node, fault.down_s))
@@ -141,9 +159,10 @@ class Faults:
     async def _host_crash(self, fault: Fault) -> None:
         node = self._pick_node(fault)
         if node is None:
-            self._record(fault, "-", f"skipped: {MAX_AGENTS_DOWN} agents down already")
+            self._record(fault, "-", f"skipped: {self.max_troubled} nodes have faults already")
             return
         self._down.add(node)
+        self._busy.add(node)
         proc = self.cluster.procs[node]
         await asyncio.to_thread(proc.kill)
         state_dir = proc.env["TRAINYARD_AGENT_STATE_DIR"]
@@ -165,6 +184,7 @@ class Faults:
             await asyncio.to_thread(_start, proc)
         finally:
             self._down.discard(name)
+            self._busy.discard(name)
 
     async def _xid(self, fault: Fault) -> None:
         allocated = sorted(k for k in self.allocated() if self.agent_up(k[0]))
@@ -177,7 +197,7 @@ class Faults:
                 return
             node, gpu = picked, int(fault.gpu_pick * _gpu_count(self.cluster, picked))
         port = self.cluster.procs[node].ports["grpc_port"]
-        async with self.cluster.channel(f"127.0.0.1:{port}", identity.node(node)) as channel:
+        async with self.cluster.channel(f"{self.cluster.address_of(node)}:{port}", identity.node(node)) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             answer = await stub.InjectFault(agent_pb2.InjectFaultRequest(gpu_index=gpu, kind="xid", xid=fault.xid),
                                             timeout=10)
@@ -203,7 +223,7 @@ class Faults:
 
     async def _scheduler_leader_kill(self, fault: Fault) -> None:
         names = self.cluster.scheduler_names
-        if any(n in self._down or not _running(self.cluster, n) for n in names):
+        if any(n in self._down or n in self._busy or not _running(self.cluster, n) for n in names):
             self._record(fault, "-", "skipped: a scheduler replica is down already")
             return
         kv = await self.store.get(self.keys.leader)
@@ -257,6 +277,7 @@ class Faults:
         done: list[str] = []
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout / 2)
+        done += await asyncio.to_thread(self.net.undo)
         for m in self.cluster.etcd_cluster:
             if m.proc is None or m.proc.poll() is not None:
                 await asyncio.to_thread(etcd_testing.restart, m, self.cluster.etcd_cluster)
@@ -266,6 +287,7 @@ class Faults:
                 await asyncio.to_thread(_start, proc)
                 done.append(f"restarted {name}")
         self._down.clear()
+        self._busy.clear()
         deadline = time.monotonic() + timeout
         to_repair = set(self._repairs)
         views: list[Any] = []

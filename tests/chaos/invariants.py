@@ -21,6 +21,8 @@ generous deadline.
     agent's ListWorkers. A job with live processes of two attempts is a violation only if each of them is
     still alive when read a second time, after all the first reads: then they were alive at one instant.
     The same double read guards a physical form of (a): live processes of two gangs on one GPU.
+(f) No false death for a node that is only slow: while a node's only fault is latency below the timeout, no
+    gang is stopped for its loss and the leader never shows it not ready (slow_links.py says how).
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ from trainyard_scheduler.state.codec import decode_allocation, decode_job
 from trainyard_scheduler.state.keys import Keys
 
 from . import procs
+from .slow_links import SlowLinks
 from .workload import MARKER
 
 log = logging.getLogger(__name__)
 
 STABLE = (CheckpointState.COMMITTED, CheckpointState.DELETED, CheckpointState.DAMAGED)
-
 
 @dataclass
 class Violation:
@@ -104,6 +106,8 @@ class Checker:
         self._verified: set[str] = set()
         self._to_verify: asyncio.Queue[str] = asyncio.Queue()
         self._channels: dict[tuple[str, int], grpc.aio.Channel] = {}
+        # (f): latency windows, opened and closed by netfaults.py.
+        self.slow = SlowLinks(cluster, store, self.keys, self.violation, self._count)
         self.last_snapshot: Snapshot | None = None
         # The checker's own failures (not the cluster's): a check that keeps failing checks nothing.
         self.errors: list[str] = []
@@ -127,6 +131,7 @@ class Checker:
         tasks = [asyncio.create_task(self._every(0.25, self.check_allocations, stop)),
                  asyncio.create_task(self._every(1.0, self.check_snapshot, stop)),
                  asyncio.create_task(self._every(0.5, self.check_processes, stop)),
+                 asyncio.create_task(self._every(0.5, self.slow.check_views, stop)),
                  asyncio.create_task(self._verify_loop(stop))]
         try:
             await asyncio.gather(*tasks)
@@ -136,6 +141,7 @@ class Checker:
             for ch in self._channels.values():
                 with contextlib.suppress(Exception):
                     await ch.close()
+            await self.slow.close_channels()
 
     async def _every(self, period: float, check: Callable[[], Any], stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -153,10 +159,12 @@ class Checker:
 
     # -- (a) -------------------------------------------------------------------------------------------
     async def check_allocations(self) -> None:
+        windows = self.slow.windows()
         result = await self.store.range(self.keys.allocations)
         allocs = [self._decode(kv.key, kv.mod_revision, kv.value, decode_allocation) for kv in result.kvs]
         self._count("(a) allocation reads")
         self.allocated = self._gpu_owners(allocs, result.revision)
+        self.slow.check_allocations(allocs, result.revision, windows)
 
     def _gpu_owners(self, allocs: list[Allocation], revision: int) -> dict[tuple[str, int], tuple[str, int]]:
         owners: dict[tuple[str, int], tuple[str, int]] = {}
@@ -336,25 +344,29 @@ class Checker:
         the nodes whose agent answered."""
         out: dict[tuple[str, str, int, int], tuple[int, bool]] = {}
         answered: set[str] = set()
-        for node, _ in self.cluster.nodes:
+
+        async def listing(node: str) -> None:
+            # All at once: a frozen or cut-off agent costs one timeout, not one per agent.
             proc = self.cluster.procs[node]
             port = proc.ports.get("grpc_port")
             if not port or not self._agent_alive(node):
-                continue
+                return
             channel = self._channels.get((node, port))
             if channel is None:
-                channel = self._channels[(node, port)] = self.cluster.channel(f"127.0.0.1:{port}", identity.node(node))
+                channel = self._channels[(node, port)] = self.cluster.channel(
+                    f"{self.cluster.address_of(node)}:{port}", identity.node(node))
             try:
                 resp = await agent_pb2_grpc.AgentServiceStub(channel).ListWorkers(agent_pb2.ListWorkersRequest(),
                                                                                   timeout=2.0)
             except grpc.aio.AioRpcError:
                 self._count("(d) agent listings failed")
-                continue
+                return
             self._count("(d) agent listings")
             answered.add(node)
             for w in resp.workers:
                 if w.running:
                     out[(node, w.job_id, w.attempt, w.rank)] = (w.pid, w.running)
+        await asyncio.gather(*(listing(node) for node, _ in self.cluster.nodes))
         return out, answered
 
     # -- the end ---------------------------------------------------------------------------------------

@@ -83,7 +83,8 @@ class Operator:
         if not port:
             return False
         try:
-            await agent_pb2_grpc.AgentServiceStub(self._channel(f"127.0.0.1:{port}", identity.node(node))).SetGpuHealth(
+            channel = self._channel(f"{self.cluster.address_of(node)}:{port}", identity.node(node))
+            await agent_pb2_grpc.AgentServiceStub(channel).SetGpuHealth(
                 agent_pb2.SetGpuHealthRequest(gpu_index=gpu, healthy=True, operator="chaos", reason=REASON), timeout=5)
             return True
         except grpc.aio.AioRpcError:

@@ -21,7 +21,26 @@ FAULT_WEIGHTS: dict[str, float] = {
     "scheduler_leader_kill": 1.0,  # SIGKILL the leading scheduler replica; restart it (it stands by)
     "etcd_member_kill": 1.0,   # SIGKILL one of the 3 etcd members; restart it with its data
     "checkpoint_store_restart": 1.0,  # SIGKILL or SIGTERM the checkpoint-store and start it again
+    # Network faults (netfaults.py; they need network namespaces: root).
+    "partition_agent_leader": 1.0,     # cut a node from the leader's host; the standby stays reachable
+    "partition_leader_etcd": 0.6,      # cut the leader's host from every etcd member
+    "partition_gateway_scheduler": 0.5,  # cut the gateway from the leader or from every replica
+    "isolate_node": 0.7,               # cut a node from every peer
+    "packet_loss": 0.7,                # random loss on a node's link, both ways
+    "latency": 1.0,                    # delay (with jitter) on a node's link, round trip below 1 s
+    # Frozen processes: SIGSTOP, SIGCONT after the drawn time (netfaults.py).
+    "freeze_agent": 0.7,
+    "freeze_scheduler": 0.7,           # the leader or the standby
+    "freeze_etcd_member": 0.5,
 }
+# The kinds that need network namespaces (netns.available()); left out of the plan, and said so, without.
+NETWORK_KINDS = frozenset({"partition_agent_leader", "partition_leader_etcd", "partition_gateway_scheduler",
+                           "isolate_node", "packet_loss", "latency"})
+# Latency drawn for the `latency` kind, one way: the round trip 2 * (delay + jitter) stays below the 1 s
+# keepalive timeout with room to spare, so the node must not die of it (invariant (f)).
+LATENCY_MS = (50.0, 300.0)
+MAX_JITTER_MS = 50.0
+LOSS_PCT = (5.0, 30.0)
 
 # XIDs and their weights. What each does is the agent's policy (health/xid_catalog.py), not ours:
 # 79 reboot_host (unhealthy, node cordoned), 48 reset_gpu (unhealthy), 63 and 94 restart_job (degraded),
@@ -44,11 +63,18 @@ class Fault:
     pick: float               # chooses the target among those that exist when the fault fires
     gpu_pick: float = 0.0
     xid: int = 0
-    down_s: float = 0.0       # how long the killed thing stays down (repair delay for an XID)
+    down_s: float = 0.0       # how long the killed, frozen or cut thing stays so (repair delay for an XID)
     graceful: bool = False    # checkpoint-store: SIGTERM instead of SIGKILL
+    amount: float = 0.0       # packet_loss: percent; latency: one-way delay in ms
+    jitter_ms: float = 0.0    # latency: ± this around the delay
+    scope: str = ""           # partition_gateway_scheduler: "leader" or "all"; freeze_scheduler: "leader" or
+                              # "standby"
 
     def describe(self) -> str:
-        extra = {"xid": f" xid={self.xid}", "checkpoint_store_restart": " SIGTERM" if self.graceful else " SIGKILL"}
+        extra = {"xid": f" xid={self.xid}", "checkpoint_store_restart": " SIGTERM" if self.graceful else " SIGKILL",
+                 "packet_loss": f" loss={self.amount:.1f}%",
+                 "latency": f" delay={self.amount:.0f}±{self.jitter_ms:.0f}ms",
+                 "partition_gateway_scheduler": f" from={self.scope}", "freeze_scheduler": f" which={self.scope}"}
         return f"t+{self.at:6.1f}s {self.kind}{extra.get(self.kind, '')} down={self.down_s:.1f}s pick={self.pick:.3f}"
 
 
@@ -119,6 +145,8 @@ def make_plan(seed: int, duration_s: float, *, kinds: frozenset[str] | None = No
             faults.append(Fault(t, kind, pick, gpu_pick, down_s=rng.uniform(1.0, 10.0)))
         elif kind == "checkpoint_store_restart":
             faults.append(Fault(t, kind, pick, gpu_pick, down_s=rng.uniform(0.0, 4.0), graceful=rng.random() < 0.3))
+        elif kind in NETWORK_KINDS or kind.startswith("freeze_"):
+            faults.append(_network_or_freeze(rng, t, kind, pick, gpu_pick))
         else:
             faults.append(Fault(t, kind, pick, gpu_pick))
         t += rng.uniform(0.25, 1.75) * mean_gap_s
@@ -126,6 +154,31 @@ def make_plan(seed: int, duration_s: float, *, kinds: frozenset[str] | None = No
     count = min(max_jobs, int(duration_s * 2) + 20)
     jobs = tuple(_job(rng, i) for i in range(count))
     return Plan(seed=seed, duration_s=duration_s, faults=tuple(faults), jobs=jobs)
+
+
+def _network_or_freeze(rng: random.Random, t: float, kind: str, pick: float, gpu_pick: float) -> Fault:
+    """Durations are drawn on both sides of the deadline that decides what happens: a node's (node_timeout_s,
+    2-2.5 s) for faults of one node, the leader lease (leader_ttl_s, 3 s) for the scheduler's, and for an etcd
+    member its election timeout (0.1 s) or a client's request timeout (2 s)."""
+    if kind in ("partition_agent_leader", "isolate_node", "freeze_agent"):
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.choice((rng.uniform(0.2, 0.9), rng.uniform(3.0, 12.0))))
+    if kind == "partition_leader_etcd":
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.choice((rng.uniform(0.5, 2.0), rng.uniform(4.0, 10.0))))
+    if kind == "partition_gateway_scheduler":
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.uniform(1.0, 10.0), scope=rng.choice(("leader", "all")))
+    if kind == "packet_loss":
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.uniform(4.0, 15.0), amount=rng.uniform(*LOSS_PCT))
+    if kind == "latency":
+        delay = rng.uniform(*LATENCY_MS)
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.uniform(5.0, 15.0), amount=delay,
+                     jitter_ms=rng.uniform(0.0, min(MAX_JITTER_MS, delay / 4)))
+    if kind == "freeze_scheduler":
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.choice((rng.uniform(0.2, 2.0), rng.uniform(4.0, 10.0))),
+                     scope=rng.choice(("leader", "standby")))
+    if kind == "freeze_etcd_member":
+        return Fault(t, kind, pick, gpu_pick, down_s=rng.choice((rng.uniform(0.02, 0.08), rng.uniform(0.3, 1.5),
+                                                                 rng.uniform(2.5, 8.0))))
+    raise ValueError(f"not a network or freeze fault: {kind}")
 
 
 def _job(rng: random.Random, index: int) -> JobPlan:

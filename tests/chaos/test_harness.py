@@ -7,18 +7,21 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from trainyard.common.v1 import types_pb2
 from trainyard_checkpoint import checksum
 from trainyard_checkpoint.domain.checkpoint import MANIFEST_NAME, Checkpoint, CheckpointState, Shard
 from trainyard_scheduler.domain.models import Allocation, NodeAssignment
 
 from . import procs
 from .invariants import Checker, Snapshot, storage_problems
-from .schedule import FAULT_WEIGHTS, make_plan
+from .schedule import FAULT_WEIGHTS, NETWORK_KINDS, make_plan
+from .slow_links import SLOW, SlowLinks, SlowWindow
 
 
 def test_a_seed_gives_the_same_plan_and_another_seed_another() -> None:
@@ -30,6 +33,59 @@ def test_a_seed_gives_the_same_plan_and_another_seed_another() -> None:
     with pytest.raises(ValueError, match="unknown fault kind"):
         make_plan(7, 100, kinds=frozenset({"meteor"}))
     assert set(FAULT_WEIGHTS) == {f.kind for f in make_plan(3, 2000).faults}
+
+
+def test_network_faults_are_drawn_within_their_bounds_and_on_both_sides_of_the_deadlines() -> None:
+    faults = make_plan(11, 20_000).faults
+    by_kind: dict[str, list[Any]] = {}
+    for f in faults:
+        by_kind.setdefault(f.kind, []).append(f)
+    assert set(by_kind) >= NETWORK_KINDS | {"freeze_agent", "freeze_scheduler", "freeze_etcd_member"}
+    # Latency: the round trip (both ways, delay + jitter each) stays below the 1 s keepalive timeout.
+    assert all(2 * (f.amount + f.jitter_ms) < 1000 and 50 <= f.amount <= 300 for f in by_kind["latency"])
+    assert all(5 <= f.amount <= 30 for f in by_kind["packet_loss"])
+    for kind, deadline in (("partition_agent_leader", 2.5), ("isolate_node", 2.5), ("freeze_agent", 2.5),
+                           ("freeze_scheduler", 3.0), ("partition_leader_etcd", 3.0), ("freeze_etcd_member", 2.0)):
+        downs = [f.down_s for f in by_kind[kind]]
+        assert min(downs) < deadline < max(downs), (kind, min(downs), max(downs))
+    assert {f.scope for f in by_kind["freeze_scheduler"]} == {"leader", "standby"}
+    assert {f.scope for f in by_kind["partition_gateway_scheduler"]} == {"leader", "all"}
+    assert "delay=" in by_kind["latency"][0].describe() and "loss=" in by_kind["packet_loss"][0].describe()
+    without = make_plan(11, 2000, kinds=frozenset(FAULT_WEIGHTS) - NETWORK_KINDS)
+    assert without.faults and not {f.kind for f in without.faults} & NETWORK_KINDS
+
+
+def _slow_links(found: list[tuple[str, str, str]]) -> SlowLinks:
+    return SlowLinks(cast(Any, None), cast(Any, None), cast(Any, None),
+                     lambda inv, key, detail: found.append((inv, key, detail)), lambda what: None)
+
+
+def _stopped(job: str, node: str, reason: str, attempt: int = 1) -> Allocation:
+    return replace(_alloc(job, node, (0,), attempt), stop_reason=reason)
+
+
+def test_a_slow_node_lost_while_its_only_fault_is_latency_is_a_violation_and_nothing_else_is() -> None:
+    found: list[tuple[str, str, str]] = []
+    links = _slow_links(found)
+    window = SlowWindow(1, "n1", "latency 200 ms", baseline=frozenset({("job-old", 1)}))
+    links._open["n1"] = window
+    before = links.windows()
+    links.check_allocations([_stopped("job-old", "n1", "node n1 lost contact"),        # before the window
+                             _stopped("job-b", "n2", "node n2 lost contact"),          # another node
+                             _stopped("job-c", "n1", "exit code 3 (rank 0 on n1)")], 7, before)
+    links.check_states({"n1": types_pb2.NODE_STATE_READY, "n2": types_pb2.NODE_STATE_NOT_READY}, before)
+    links.check_states({"n1": types_pb2.NODE_STATE_CORDONED}, before)
+    assert found == []
+    links.check_allocations([_stopped("job-d", "n1", "node n1 lost contact", attempt=2)], 8, before)
+    links.check_states({"n1": types_pb2.NODE_STATE_NOT_READY}, before)
+    assert [(inv, key) for inv, key, _ in found] == [(SLOW, "n1/job-d/2"), (SLOW, "n1/view/1")]
+    assert "latency 200 ms" in found[0][2]
+    # A read that began in a window that closed (or was replaced) before it ended counts for nothing.
+    found.clear()
+    links.close("n1")
+    links.check_allocations([_stopped("job-e", "n1", "node n1 lost contact")], 9, before)
+    links.check_states({"n1": types_pb2.NODE_STATE_NOT_READY}, before)
+    assert found == []
 
 
 def _checker() -> Checker:
