@@ -84,8 +84,8 @@ class Probe:
         kv = await self.store.get(self.keys.leader)
         return kv.value.decode() if kv else ""
 
-    async def states(self) -> dict[str, int]:
-        """node → NodeState as the leader sees it ({} while no leader answers)."""
+    async def nodes(self) -> dict[str, types_pb2.Node]:
+        """The nodes as the leader sees them ({} while no leader answers)."""
         leader = await self.leader()
         if not leader:
             return {}
@@ -96,7 +96,18 @@ class Probe:
                 scheduler_pb2.ListNodesRequest(), timeout=3)
         except grpc.aio.AioRpcError:
             return {}
-        return {n.node_id: n.state for n in resp.nodes}
+        return {n.node_id: n for n in resp.nodes}
+
+    async def states(self) -> dict[str, int]:
+        """node → NodeState as the leader sees it ({} while no leader answers)."""
+        return {node_id: n.state for node_id, n in (await self.nodes()).items()}
+
+    async def registered_now(self, node: str) -> bool:
+        """The leader has `node` ready at the address of its agent process of now (not of one before it)."""
+        proc = self.cluster.procs[node]
+        address = f"{self.cluster.address_of(node)}:{proc.ports.get('grpc_port')}"
+        n = (await self.nodes()).get(node)
+        return n is not None and n.state == types_pb2.NODE_STATE_READY and n.agent_address == address
 
     async def job(self, job_id: str) -> dict[str, Any]:
         r = await self.http.get(f"/v1/jobs/{job_id}")
@@ -216,6 +227,7 @@ async def test_latency_below_the_keepalive_timeout_is_not_a_death(cluster: Local
     # A fresh agent: every connection it opens to the scheduler from here on (its exit reports' own channel)
     # is opened over the slow link, as on a host whose link became slow before it had anything to report.
     await asyncio.to_thread(cluster.restart, slow)
+    await eventually(lambda: probe.registered_now(slow), timeout=60, what=f"{slow}'s new agent registered")
     await eventually(probe.all_ready, timeout=60, what="every node ready after the agent's restart")
     # 300 ± 50 ms each way: a round trip of at most 700 ms, below the 1 s keepalive timeout.
     net.impair(slow, Impairment(delay_ms=300.0, jitter_ms=50.0))
