@@ -51,11 +51,12 @@ HEALTH_FILE = "gpu-health.json"
 # The audit log of calls this agent served (the cluster's own log, in etcd, is the scheduler's and gateway's).
 AUDIT_LOG_FILE = "audit.jsonl"
 # grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
+# (Not grpc.min_reconnect_backoff_ms: gRPC takes it as the shortest connect timeout too, and 200 ms cut off
+# every TLS handshake over a link with a few hundred ms of latency; RegisterNode's deadline bounds a connect.)
 # Keepalive: the agent notices a dead or unreachable leader within liveness.TRANSPORT_DETECT_S, which bounds how
 # long its worker fence is renewed after the leader last heard it.
 _SCHEDULER_CHANNEL_OPTIONS = liveness.merged(CHANNEL_OPTIONS, [
-    *liveness.CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)])
+    *liveness.CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)])
 
 
 def scheduler_channel(address: str, tls: ClientTls | None = None) -> ChannelFactory:
