@@ -31,6 +31,7 @@ import pytest
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster
+from trainyard_core.rpc.liveness import TRANSPORT_DETECT_S  # a silent peer is noticed within this
 from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import netns
@@ -49,8 +50,6 @@ pytestmark = [pytest.mark.e2e,
 DEFAULTS = SchedulerSettings.model_fields
 NODE_TIMEOUT_S = float(DEFAULTS["node_timeout_s"].default)
 WORKER_FENCE_S = float(DEFAULTS["worker_fence_s"].default)
-# Keepalive: a silent peer is noticed within one ping interval plus the ping timeout (1 s + 1 s).
-TRANSPORT_DETECT_S = 2.0
 # This machine is shared by several test runs on 2 cores: room on top of each deadline, not a target.
 MARGIN_S = 4.0
 RUN_ID = f"partitions-{os.getpid()}"
