@@ -136,6 +136,7 @@ class SwarmSpec:
     nodes: tuple[tuple[str, int], ...]
     behind_proxy: frozenset[str] = frozenset()
     log_level: str = "WARNING"
+    log_path: str = ""  # "": the parent's stderr
 
 
 class SwarmError(RuntimeError):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent, checkpoint, e2e_latency, heartbeat, recovery, scheduler
+from bench import agent, checkpoint, e2e_latency, fleet, heartbeat, recovery, scheduler
 from trainyard_scheduler.sim.simulator import BUCKETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +44,18 @@ FIGURES: dict[str, set[str]] = {
     "e2e_latency": {
         "submit_to_running_p50_s", "submit_to_running_p95_s", "direct_spawn_p50_s",
         "submit_to_running_p50_vs_direct_spawn", "tls_vs_plaintext_p50", "jobs",
+    },
+    "fleet": {
+        "nodes", "steady_s", "scheduler_cpu_us_per_node_s", "nodes_per_core", "nodes_per_core_vs_target",
+        "scheduler_cpu_percent", "scheduler_cpu_us_per_node_s_no_jobs", "scheduler_idle_cpu_percent",
+        "keepalive_floor_us_per_conn_s", "scheduler_no_jobs_vs_keepalive_floor",
+        "swarm_cpu_percent", "host_busy_percent", "false_deaths", "live_stream_breaks", "detect_s_p99",
+        "detect_s_p50", "detect_s_p99_crash", "detect_s_p99_silent", "detect_vs_target", "stops", "stops_undetected",
+        "leader_rss_mb_at_half_n", "leader_rss_mb_at_n", "leader_rss_mb_extrapolated_10k",
+        "leader_rss_extrapolated_10k_vs_target", "submit_to_admitted_p50_ms_1gpu", "submit_to_admitted_p99_ms_1gpu",
+        "submit_to_admitted_p50_ms_64gpu", "submit_to_admitted_p99_ms_64gpu", "etcd_put_watch_p50_ms",
+        "submit_to_admitted_1gpu_vs_floor", "submit_to_admitted_64gpu_vs_floor", "jobs_1gpu_sampled",
+        "jobs_64gpu_sampled", "jobs_succeeded", "job_errors",
     },
     "heartbeat": {
         "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
@@ -79,6 +91,7 @@ COUNTS: dict[str, dict[str, float]] = {
     "agent": {"xid_injections": agent.TINY.injections, "heartbeat_interval_ms": agent.TINY.heartbeat_interval_ms},
     "checkpoint": {"state_gib": checkpoint.TINY.gib, "reshard_state_gib": checkpoint.TINY.reshard_gib},
     "e2e_latency": {"jobs": e2e_latency.TINY.jobs},
+    "fleet": {"nodes": fleet.TINY.nodes, "stops": 2 * fleet.TINY.stop_rounds * fleet.TINY.stop_per_round},
     "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
                   "windows": heartbeat.TINY.rounds},
     "recovery": {"rounds": recovery.TINY.rounds},
@@ -90,7 +103,7 @@ COUNTS: dict[str, dict[str, float]] = {
     },
 }
 
-SLOW_CLUSTER = {"e2e_latency", "heartbeat", "recovery"}  # they start the whole local cluster
+SLOW_CLUSTER = {"e2e_latency", "fleet", "heartbeat", "recovery"}  # they start the whole local cluster
 
 
 def test_every_benchmark_has_a_tiny_run() -> None:
