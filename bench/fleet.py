@@ -54,11 +54,13 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import grpc
+import grpc.aio
 import httpx
 
 from trainyard.common.v1 import types_pb2
@@ -84,6 +86,7 @@ STATE_POLL_S = 0.05   # GetNode while waiting for a stopped node to be seen
 ADMITTED = frozenset({JobState.ADMITTED.value, JobState.RUNNING.value, JobState.SUCCEEDED.value})
 ENDED_BADLY = frozenset({JobState.FAILED.value, JobState.CANCELLED.value})
 FLOOR_KEY = "/fleet-bench/floor"  # outside the scheduler's prefix: its mirror never sees it
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ class Outcome:
     floor_ms: list[float] = field(default_factory=list)
     job_states: Counter[str] = field(default_factory=Counter)      # "<kind>:<state>" at the end
     job_errors: list[str] = field(default_factory=list)
+    scheduler_unavailable: int = 0  # node-view reads answered UNAVAILABLE: moments without a leader
 
     @property
     def false_deaths(self) -> set[str]:
@@ -191,20 +195,36 @@ class Outcome:
 
 
 class SchedulerView:
-    """The scheduler's node view, as an operator's tool reads it (NodeService over mTLS)."""
+    """The scheduler's node view, as an operator's tool reads it (NodeService over mTLS). A read the scheduler
+    answers UNAVAILABLE (no leader at that moment: its term ended) is counted in `unavailable` and retried,
+    for `patience_s` at most: a leader change is a result of the run, not the end of it."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, patience_s: float = 60.0) -> None:
         self._channel = cluster.channel(cluster.scheduler_addresses[0], identity.SCHEDULER)
         self._stub = scheduler_pb2_grpc.NodeServiceStub(self._channel)
+        self._patience_s = patience_s
+        self.unavailable = 0
+
+    async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self._patience_s
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                self.unavailable += 1
+            await asyncio.sleep(0.5)
 
     async def census(self) -> dict[str, int]:
-        answer = await self._stub.ListNodes(scheduler_pb2.ListNodesRequest(), timeout=120)
+        answer = await self._ask(lambda: self._stub.ListNodes(scheduler_pb2.ListNodesRequest(), timeout=120))
         return {n.node_id: n.state for n in answer.nodes}
 
     async def seen_not_ready(self, node_id: str, since: float, timeout: float) -> float:
         """Seconds from `since` (monotonic) to the first answer that says NOT_READY; inf after `timeout`."""
         while time.monotonic() - since < timeout:
-            answer = await self._stub.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id), timeout=10)
+            answer = await self._ask(lambda: self._stub.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
+                                                                timeout=10))
             if answer.node.state == types_pb2.NODE_STATE_NOT_READY:
                 return time.monotonic() - since
             await asyncio.sleep(STATE_POLL_S)
@@ -389,6 +409,7 @@ class Fleet:
             await self._ramp()
             await self._steady_and_stops()
         finally:
+            self.out.scheduler_unavailable = self.view.unavailable
             await self.view.close()
             await asyncio.gather(*(s.close() for s in [*self.swarms, *self.crash_swarms]), return_exceptions=True)
         return self.out
@@ -578,6 +599,7 @@ def figures(config: Config, out: Outcome) -> dict[str, float]:
         "jobs_64gpu_sampled": float(len(gang)),
         "jobs_succeeded": float(sum(v for k, v in out.job_states.items() if k.endswith(":succeeded"))),
         "job_errors": float(len(out.job_errors)),
+        "scheduler_unavailable_reads": float(out.scheduler_unavailable),
     }
     return f
 
@@ -613,6 +635,9 @@ def _report(config: Config, out: Outcome, f: dict[str, float]) -> None:
     for label, found in (("not ready in a census", out.not_ready), ("gang stopped for", out.lost_contact)):
         if found:
             print(f"  false deaths, {label}: {dict(list(found.items())[:5])}")
+    if out.scheduler_unavailable:
+        print(f"  the scheduler answered UNAVAILABLE (no leader) to {out.scheduler_unavailable} node-view reads: "
+              "its term ended during the run")
     for error in out.job_errors[:5]:
         print(f"  job error: {error}")
 

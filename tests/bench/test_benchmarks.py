@@ -55,7 +55,7 @@ FIGURES: dict[str, set[str]] = {
         "leader_rss_extrapolated_10k_vs_target", "submit_to_admitted_p50_ms_1gpu", "submit_to_admitted_p99_ms_1gpu",
         "submit_to_admitted_p50_ms_64gpu", "submit_to_admitted_p99_ms_64gpu", "etcd_put_watch_p50_ms",
         "submit_to_admitted_1gpu_vs_floor", "submit_to_admitted_64gpu_vs_floor", "jobs_1gpu_sampled",
-        "jobs_64gpu_sampled", "jobs_succeeded", "job_errors",
+        "jobs_64gpu_sampled", "jobs_succeeded", "job_errors", "scheduler_unavailable_reads",
     },
     "heartbeat": {
         "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
