@@ -91,15 +91,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Config:
-    # 5,000 is what this 2-core machine drives with the scheduler, etcd and the swarm on it together.
-    nodes: int = 5_000
-    workers: int = 4               # swarm processes of the nodes that never stop
+    # The most this 2-core machine drives with the scheduler, etcd, the gateway and the swarm on it together:
+    # at 1,500 the scheduler alone is at ~95% of a core with the jobs flowing (~230 us per node-second for
+    # liveness, most of it the 1 s keepalive itself, plus ~0.6 of a core for the jobs), and the swarm takes
+    # ~150-230 us per node-second more. 2,000 did not come up: the scheduler, out of CPU, missed keepalive
+    # answers and its leader lease, and every lost term ended every stream (a re-registration storm).
+    nodes: int = 1_500
+    workers: int = 3               # swarm processes of the nodes that never stop
     steady_s: float = 300.0
     window_s: float = 30.0
     idle_s: float = 5.0
     quiet_s: float = 30.0          # all nodes up, no job yet: the liveness cost alone
     settle_s: float = 5.0
-    ramp_per_s: float = 200.0
+    ramp_per_s: float = 100.0
     register_timeout_s: float = 120.0  # after the last start, for every node to have registered
     stop_rounds: int = 3
     stop_per_round: int = 4        # nodes per way (crash, silent) per round
