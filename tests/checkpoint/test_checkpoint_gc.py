@@ -155,10 +155,11 @@ async def test_background_loop_applies_retention(looping_client: Client) -> None
     await client.set_retention(JOB, keep_last=1)
 
     async def collected() -> bool:
-        return (await client.get(first.id)).state == pb.CHECKPOINT_STATE_DELETED
+        # The record is marked DELETED first, then its files go (never a COMMITTED record without files).
+        return ((await client.get(first.id)).state == pb.CHECKPOINT_STATE_DELETED
+                and not location_dir(first.location).exists())
 
-    await eventually(collected, timeout=10, what="the GC loop to delete the old checkpoint")
-    assert not location_dir(first.location).exists()
+    await eventually(collected, timeout=10, what="the GC loop to delete the old checkpoint, record and files")
 
 
 async def test_gc_racing_concurrent_saves_keeps_what_it_must(
