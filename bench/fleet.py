@@ -108,6 +108,7 @@ class Config:
     stop_rounds: int = 3
     stop_per_round: int = 4        # nodes per way (crash, silent) per round
     detect_timeout_s: float = 30.0
+    drain_s: float = 30.0          # after the stops, for the jobs in flight to end (restarted ones included)
     job_s: float = 3.0
     one_gpu_every_s: float = 1.0
     gang_every_s: float = 5.0
@@ -389,6 +390,11 @@ class Fleet:
         self.swarms: list[Swarm] = []
         self.crash_swarms: list[Swarm] = []
         self.view: SchedulerView | None = None
+        self._began = time.monotonic()
+
+    def _say(self, what: str) -> None:
+        """A progress line: a full run takes minutes."""
+        print(f"fleet +{time.monotonic() - self._began:5.0f}s  {what}", flush=True)
 
     def _spec(self, name: str, nodes: Sequence[tuple[str, int]], behind_proxy: frozenset[str] = frozenset()
               ) -> SwarmSpec:
@@ -405,6 +411,7 @@ class Fleet:
         self.out.idle_cpu_percent = (cpu_s(self.pid) - before) / c.idle_s * 100
         self.out.keepalive_floor_us = await floor_us_per_conn_s(self.cluster.pki_dir, node_ids(c.keepalive_connections),
                                                                 c.keepalive_window_s, self.cluster.workdir / "logs")
+        self._say(f"idle scheduler and keepalive floor measured; starting {c.nodes:,} nodes")
         silent = self._spec("silent", self.plan.silent, frozenset(n for n, _ in self.plan.silent))
         self.crash_swarms = [Swarm(self._spec(f"crash-{r}", nodes)) for r, nodes in enumerate(self.plan.crash)]
         self.swarms = [Swarm(self._spec(f"w{w}", nodes)) for w, nodes in enumerate(self.plan.regular)]
@@ -441,6 +448,7 @@ class Fleet:
                                    f"{c.register_timeout_s:g}s after the ramp, e.g. {missing[:5]}; the end of "
                                    f"{self.swarms[0].spec.log_path}:\n{tail(Path(self.swarms[0].spec.log_path))}")
             await self._all_ready(expected, timeout=60)
+            self._say(f"{expected:,} nodes registered and ready")
             await asyncio.sleep(c.settle_s)
             self.out.rss_mb[expected] = rss_mb(self.pid)
 
@@ -477,6 +485,7 @@ class Fleet:
                 await asyncio.sleep(c.quiet_s)
                 self.out.quiet_cpu_s, self.out.quiet_wall_s = cpu_s(self.pid) - cpu0, time.monotonic() - t0
                 await self._census("the window without jobs")
+                self._say("quiet window measured; jobs start")
                 jobs = asyncio.create_task(flow.run(stop_jobs))
                 floors = asyncio.create_task(self._floor(floor, stop_floor))
                 flow.recording = True
@@ -484,13 +493,16 @@ class Fleet:
                 flow.recording = False
                 stop_floor.set()
                 await floors
+                self._say("steady window measured; stopping nodes")
                 await self._stops()
+                self._say("every stopped node seen not ready (or given up on); waiting for the jobs to end")
                 stop_jobs.set()
                 await jobs
-                await flow.drain(timeout=max(30.0, 5 * c.job_s))
+                await flow.drain(timeout=c.drain_s)
                 await self._census("after the stops")
                 await flow.outcomes(self.out.stopped)
                 await self._stream_breaks()
+                self._say("outcomes read")
             finally:
                 stop_jobs.set()
                 stop_floor.set()

@@ -3,7 +3,8 @@
 Two local clusters (real etcd, scheduler, gateway; no agents) run side by side, one with mTLS and the
 authorization table, one with insecure_plaintext. A swarm in this process speaks the agent's protocol to each:
 `nodes` simulated nodes register (the 8-GPU H100 host of `_swarm.py`) and keep one Heartbeat stream open, beating
-every `interval_ms` with 8 GPUs' metrics, as the agent does; on the TLS side each node presents its own node
+every `interval_ms` with 8 GPUs' metrics, as agents did before their beats carried only changes (the heavier
+beat; the scheduler ignores the metrics now); on the TLS side each node presents its own node
 certificate, so the interceptor checks every beat against the node it names. Both swarms beat at once for
 `rounds` windows of `window_s`; in each window the scheduler's CPU time (utime + stime of its process, from
 /proc), less what the same scheduler spent idle over as long a window before any node registered (its reconcile

@@ -21,9 +21,11 @@ from trainyard_scheduler.domain.progress import progress
 
 from ..scheduler.builders import NOW, make_job
 
+# Jobs still running when it ends (those restarted after a stop) are not waited for long: that no job failed is
+# what is checked, not that every one finished.
 SWARM = fleet.Config(nodes=1_000, workers=2, steady_s=30.0, window_s=10.0, idle_s=1.0, quiet_s=2.0, settle_s=1.0,
-                     ramp_per_s=250.0, stop_rounds=1, stop_per_round=3, job_s=2.0, one_gpu_every_s=1.0,
-                     gang_every_s=4.0, floor_every_s=1.0)
+                     ramp_per_s=400.0, stop_rounds=1, stop_per_round=3, drain_s=5.0, job_s=2.0, one_gpu_every_s=1.0,
+                     gang_every_s=4.0, floor_every_s=1.0, keepalive_connections=20, keepalive_window_s=2.0)
 
 
 # --- pure parts -------------------------------------------------------------------------------------------
