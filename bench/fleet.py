@@ -312,6 +312,12 @@ class JobFlow:
                 await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
 
     async def _one(self, kind: str, n: int) -> None:
+        try:
+            await self._submit_and_wait(kind, n)
+        except httpx.HTTPError as exc:  # the gateway unreachable or too slow: a result, counted
+            self._out.job_errors.append(f"{kind} #{n}: {type(exc).__name__}: {exc}")
+
+    async def _submit_and_wait(self, kind: str, n: int) -> None:
         spec = {"name": f"fleet-{kind}-{n}", "command": ["sleep", f"{self._config.job_s:g}"],
                 "resources": self.KINDS[kind]}
         record = self.recording
