@@ -232,7 +232,8 @@ class Reporter:
             call.cancel()
 
         watchdog = loop.call_later(stale_after, expire)
-        renewer = asyncio.create_task(self._renew_while_open(call), name="worker-lease")
+        renewer = (asyncio.create_task(self._renew_while_open(call), name="worker-lease")
+                   if self._lease_path is not None else None)
         try:
             while True:
                 try:
@@ -253,7 +254,8 @@ class Reporter:
                     raise _Reregister("the scheduler asked for it")
         finally:
             watchdog.cancel()
-            renewer.cancel()
+            if renewer is not None:
+                renewer.cancel()
             self._call = None
             call.cancel()
 

@@ -29,6 +29,7 @@ from .policy.registry import ProfileSpec, build_profile
 from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
+from .state.mirrored_nodes import MirroredNodes
 from .state.policy_repository import PolicyRepository
 from .state.repository import Repository, max_gang_nodes, placement_txn_ops
 from .worker_credentials import WorkerCredentials
@@ -87,7 +88,7 @@ class SchedulerApp:
                                      worker_fence_s=s.worker_fence_s)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
-                                   tool_teams=s.tool_team_map())
+                                   tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
 
         def register(server: object) -> None:

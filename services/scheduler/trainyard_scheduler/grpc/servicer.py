@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
 import grpc.aio
@@ -60,15 +60,19 @@ def _check_job_id(job_id: str) -> None:
 
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
-    """`priority_classes`: the class names a job may ask for (default: the built-in classes). `policy`:
+    """`priority_classes`: the class names a job may ask for (default: the built-in classes). `fleet`: the
+    registered nodes (the replica's mirror of etcd; default: read from etcd at each submit). `policy`:
     where the queues are (default: the same store and keys as `repo`). `max_txn_ops`: the operations one
     store transaction may carry (etcd's --max-txn-ops, probed at start), which bounds the nodes of a gang."""
 
     def __init__(self, repo: Repository, clock: Clock, wake: asyncio.Event,
                  priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
                  max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
-                 tool_teams: Mapping[str, frozenset[str]] | None = None) -> None:
+                 tool_teams: Mapping[str, frozenset[str]] | None = None,
+                 fleet: Callable[[], Awaitable[list[Node]]] | None = None) -> None:
         self._max_gang_nodes = max_gang_nodes(max_txn_ops)
+        # The registered nodes a submit is checked against (the app's mirror; default: read from etcd).
+        self._fleet = fleet or repo.list_nodes
         self._tool_teams = dict(tool_teams or {})
         self._repo = repo
         self._clock = clock
@@ -129,7 +133,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         check_priority_class(spec, self._classes)
         if spec.queue != "default":  # "default" always exists: no read for the common case
             check_queue(spec, await self._policy.queue_names())
-        check_fits_fleet(spec, await self._repo.list_nodes())
+        check_fits_fleet(spec, await self._fleet())
         if spec.resources.nodes > self._max_gang_nodes:
             raise FailedPrecondition(
                 f"resources.nodes={spec.resources.nodes}: a gang is placed in one etcd transaction, which holds "
