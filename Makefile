@@ -49,7 +49,7 @@ run: deps proto
 	$(VENV)/bin/trainyard local up
 
 test: deps sysdeps-test proto
-	$(PY) -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(PY) -m pytest --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 lint: deps proto
 	$(VENV)/bin/ruff check .
