@@ -268,6 +268,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         clean = False
         known: set[str] = set()  # read once per stream: a node whose record is gone is asked to register
         requests = request_iterator.__aiter__()
+        nxt: asyncio.Future[scheduler_pb2.HeartbeatRequest] | None = None
         try:
             while True:
                 # The next beat, or the end of this replica's term, whichever comes first. (Cancelling the
@@ -297,6 +298,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                     clean = True
                     return
         finally:
+            if nxt is not None and not nxt.done():
+                nxt.cancel()  # the call ended (the agent went away, or grpc cancelled it) while a read waited
             if node_id:
                 self._liveness.closed(node_id, clean=clean)
                 self._last_heartbeat[node_id] = self._clock.now()
