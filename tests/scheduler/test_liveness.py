@@ -140,3 +140,13 @@ def test_a_pause_of_the_scheduler_after_a_break_is_not_the_nodes_silence() -> No
     assert live.alive(["n-a"]) == {"n-a"}
     ticking(clock, live, 1.6)
     assert live.alive(["n-a"]) == frozenset()
+
+
+def test_a_stream_of_the_last_term_ending_after_a_new_term_began_is_ignored() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=5.0)
+    live.opened("n-a")
+    live.reset()                       # this replica leads again before the old stream's end arrived
+    live.closed("n-a", clean=False)
+    ticking(clock, live, 4.0)
+    assert live.alive(["n-a"]) == {"n-a"}, "still within the new term's grace: never heard from in it"

@@ -114,8 +114,11 @@ class NodeLiveness:
         self.seen(node_id)
 
     def closed(self, node_id: str, *, clean: bool) -> None:
-        """One of the node's streams ended; `clean`: the agent closed it (not a break)."""
-        left = self._open.get(node_id, 0) - 1
+        """One of the node's streams ended; `clean`: the agent closed it (not a break). A stream of an earlier
+        term (opened before `reset`) ending now says nothing about this term."""
+        if node_id not in self._open:
+            return
+        left = self._open[node_id] - 1
         if left > 0:
             self._open[node_id] = left
             return
