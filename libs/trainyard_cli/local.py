@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -278,7 +277,9 @@ class LocalCluster:
             self.etcd.wait_ready()
             self.etcd_cluster = [self.etcd]
         elif etcd_hosts:
-            self.etcd_cluster = self._start_etcd_on(etcd_hosts, etcd_tls, etcd_admin)
+            # One member on each of the root namespace's bridge addresses, forming one cluster.
+            self.etcd_cluster = start_cluster(len(etcd_hosts), workdir=self.workdir / "etcd", tls=etcd_tls,
+                                              admin=etcd_admin, hosts=etcd_hosts, log_dir=self.workdir / "logs")
             self.etcd = self.etcd_cluster[0]
         else:
             self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd", tls=etcd_tls,
@@ -350,27 +351,6 @@ class LocalCluster:
             return self.network.hosts[name].address
         # Only the nodes have hosts of their own: the control plane listens on the bridge, the gateway on loopback.
         return "127.0.0.1" if name == "gateway" else self.network.bridge_address
-
-    def _start_etcd_on(self, hosts: Sequence[str], tls: pki.CertFiles | None,
-                       admin: pki.CertFiles | None) -> list[EtcdProcess]:
-        """One etcd member on each of `hosts` (addresses of the root namespace), forming one cluster, as
-        `testing.etcd.start_cluster` does on 127.0.0.1/.2/.3; `stop_cluster` removes them."""
-        base = Path(tempfile.mkdtemp(prefix="etcd-", dir=self.workdir / "etcd"))
-        logs = self.workdir / "logs"
-        members = [EtcdProcess(name=f"m{i + 1}", host=h, client_port=free_port(h), peer_port=free_port(h),
-                               data_dir=base / f"m{i + 1}" / "data", log_path=logs / f"etcd-m{i + 1}.log",
-                               tls=tls, admin=admin) for i, h in enumerate(hosts)]
-        initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
-        try:
-            for m in members:
-                m.data_dir.parent.mkdir(parents=True, exist_ok=True)
-                m.start(initial_cluster=initial)
-            for m in members:
-                m.wait_ready()
-        except BaseException:
-            stop_cluster(members)
-            raise
-        return members
 
     @property
     def etcd_endpoints(self) -> str:

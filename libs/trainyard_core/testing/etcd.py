@@ -135,17 +135,20 @@ def start_single(workdir: Path | None = None, host: str = "127.0.0.1", *, tls: C
 
 
 def start_cluster(size: int = 3, workdir: Path | None = None, *, tls: CertFiles | None = None,
-                  admin: CertFiles | None = None) -> list[EtcdProcess]:
+                  admin: CertFiles | None = None, hosts: Sequence[str] | None = None,
+                  log_dir: Path | None = None) -> list[EtcdProcess]:
     """`size` etcd members forming one cluster, member i on 127.0.0.(i+1) (the whole 127/8 is loopback
-    on Linux), each on free ports; data directories on tmpfs unless `workdir` is given. Returns once
-    every member listens; the cluster has a leader shortly after (short raft timers)."""
+    on Linux) or on `hosts[i]`, each on free ports; data directories on tmpfs unless `workdir` is given, logs
+    beside them unless `log_dir` is (etcd-m<i>.log there). Returns once every member listens; the cluster has
+    a leader shortly after (short raft timers)."""
     base = Path(tempfile.mkdtemp(prefix="trainyard-etcd-cluster-", dir=str(workdir) if workdir else _tmp_root()))
+    chosen = list(hosts) if hosts is not None else [f"127.0.0.{i + 1}" for i in range(size)]
     members = []
-    for i in range(size):
-        host = f"127.0.0.{i + 1}"
+    for i, host in enumerate(chosen):
+        log_path = log_dir / f"etcd-m{i + 1}.log" if log_dir is not None else base / f"m{i + 1}.log"
         members.append(EtcdProcess(name=f"m{i + 1}", host=host, client_port=free_port(host),
                                    peer_port=free_port(host), data_dir=base / f"m{i + 1}" / "data",
-                                   log_path=base / f"m{i + 1}.log", tls=tls, admin=admin))
+                                   log_path=log_path, tls=tls, admin=admin))
     for m in members:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
     initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)

@@ -27,15 +27,7 @@ class Notifier:
 
     async def wait(self, timeout: float | None = None) -> bool:
         """True when notified, False after `timeout` seconds."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._waiters.discard(fut)
+        return await wait_any((self,), timeout)
 
 
 async def wait_any(notifiers: Iterable[Notifier], timeout: float | None = None) -> bool:
