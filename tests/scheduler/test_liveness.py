@@ -150,3 +150,87 @@ def test_a_stream_of_the_last_term_ending_after_a_new_term_began_is_ignored() ->
     live.closed("n-a", clean=False)
     ticking(clock, live, 4.0)
     assert live.alive(["n-a"]) == {"n-a"}, "still within the new term's grace: never heard from in it"
+
+
+# --- the incremental bookkeeping against the rules stated plainly ------------------------------------------
+
+class _Plain:
+    """The liveness rules computed from scratch at every question: what NodeLiveness's heap and expired set
+    must agree with."""
+
+    def __init__(self, timeout: float, grace: float, stale: float | None, broken: float) -> None:
+        self.timeout, self.grace, self.stale, self.broken = timeout, max(grace, timeout), stale, broken
+        self.eff = 0.0      # time the process ran
+        self.mono = 0.0
+        self.last: dict[str, float] = {}
+        self.open: dict[str, int] = {}
+
+    def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+        """The nodes alive, and those too close to their deadline for two float sums to agree on."""
+        out, close = set(), set()
+        for n in nodes:
+            if n not in self.last:
+                if self.mono < self.grace:
+                    out.add(n)
+                continue
+            quiet = self.eff - self.last[n]
+            limit = (self.stale if self.stale is not None else float("inf")) if n in self.open else self.timeout
+            if quiet <= limit:
+                out.add(n)
+            if abs(quiet - limit) < 1e-6:
+                close.add(n)
+        return frozenset(out), frozenset(close)
+
+
+def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget"]),
+                             st.sampled_from(["n-a", "n-b", "n-c"]), st.integers(1, 40)), max_size=60)
+
+    @settings(max_examples=300, deadline=None)
+    @given(ops, st.sampled_from([None, 3.0]))
+    def check(steps: list[tuple[str, str, int]], stale: float | None) -> None:
+        nodes = ("n-a", "n-b", "n-c")
+        clock = ManualClock()
+        live = NodeLiveness(clock, timeout_s=2.0, grace_s=3.0, stale_s=stale)
+        live.reset()
+        plain = _Plain(2.0, 3.0, stale, 1.0)
+        start = clock.monotonic()
+        for op, node, n in steps:
+            if op == "run":  # the loop runs normally for n ticks
+                for _ in range(n):
+                    clock.advance(TICK_S)
+                    live.tick()
+                    plain.eff += TICK_S
+            elif op == "pause":  # the process does not run for n ticks (then ticks once)
+                clock.advance(TICK_S * n)
+                live.tick()
+                plain.eff += TICK_S * n if n <= 2 else TICK_S
+            elif op == "seen":
+                live.seen(node)
+                plain.last[node] = plain.eff
+            elif op == "open":
+                live.opened(node)
+                plain.open[node] = plain.open.get(node, 0) + 1
+                plain.last[node] = plain.eff
+            elif op in ("close", "break") and node in plain.open:
+                live.closed(node, clean=op == "close")
+                plain.open[node] -= 1
+                if not plain.open[node]:
+                    del plain.open[node]
+                    plain.last[node] = plain.eff - (0.0 if op == "close" else plain.broken)
+            elif op == "forget":
+                live.forget(node)
+                plain.last.pop(node, None)
+                plain.open.pop(node, None)
+            plain.mono = clock.monotonic() - start
+            expected, close = plain.alive(nodes)
+            assert live.alive(nodes) - close == expected - close, (op, node, n)
+            expiry = live.next_expiry(nodes)
+            if expiry is not None:
+                # Waking then finds a change (or a node the caller no longer names): never a wake too late.
+                assert expiry >= 0
+
+    check()

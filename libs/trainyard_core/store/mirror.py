@@ -7,12 +7,17 @@ batch, so a reconcile loop can sleep until something happens.
 `exclude`: sub-prefixes left out of the copy (the audit log under `<prefix>/audit/`, which grows with every
 mutating call): their keys are neither loaded nor kept, and a batch of only such keys moves `revision` on
 without setting `changed`.
+
+`subscribe()`: a `Changes` that collects the keys touched since its owner last took them (or says "everything"
+after a reload), so a consumer can keep its own decoded view current at the cost of what changed, not of the
+whole copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Mapping
 
 from ..errors import Unavailable
@@ -20,6 +25,28 @@ from .api import KeyValue, Store, WatchCompacted
 
 log = logging.getLogger(__name__)
 _TOP = "\U0010ffff"
+
+
+class Changes:
+    """Keys put or deleted in the mirror since the last `take`; `full` after a reload (every key may differ)."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._full = True
+
+    def note(self, key: str) -> None:
+        if not self._full:
+            self._keys.add(key)
+
+    def reloaded(self) -> None:
+        self._full = True
+        self._keys.clear()
+
+    def take(self) -> tuple[bool, set[str]]:
+        """(everything changed, the keys that did); resets."""
+        full, keys = self._full, self._keys
+        self._full, self._keys = False, set()
+        return full, keys
 
 
 class PrefixMirror:
@@ -34,6 +61,14 @@ class PrefixMirror:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._rev_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Held weakly: a consumer that is gone (a reconciler of an ended term) stops being fed.
+        self._subscribers: weakref.WeakSet[Changes] = weakref.WeakSet()
+
+    def subscribe(self) -> Changes:
+        """A change set fed from now on (it starts `full`: its owner builds from the whole copy first)."""
+        changes = Changes()
+        self._subscribers.add(changes)
+        return changes
 
     @property
     def items(self) -> Mapping[str, KeyValue]:
@@ -82,6 +117,8 @@ class PrefixMirror:
                 # Every key of the excluded range sorts before this one (the highest code point after it).
                 after = max(after, skipped + _TOP)
         self._items = items
+        for sub in self._subscribers:
+            sub.reloaded()
         self._set_revision(revision)
 
     def _set_revision(self, revision: int, notify: bool = True) -> None:
@@ -110,6 +147,8 @@ class PrefixMirror:
                         if ev.key.startswith(self._exclude):
                             continue
                         kept += 1
+                        for sub in self._subscribers:
+                            sub.note(ev.key)
                         if ev.kind == "put":
                             old = self._items.get(ev.key)
                             self._items[ev.key] = KeyValue(

@@ -23,6 +23,8 @@ A node's proof of life is its heartbeat stream to this leader (docs/architecture
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 from collections.abc import Iterable
 
 from trainyard_core.clock import Clock
@@ -33,6 +35,14 @@ TICK_S = 0.1
 
 
 class NodeLiveness:
+    """Kept incrementally: each proof of life moves the node's deadline, a heap orders the deadlines, and the
+    nodes whose deadline passed are a set. What the reconcile loop asks every cycle (`alive`, `next_expiry`)
+    is therefore set arithmetic plus the deadlines that passed since the last question, not a walk over the
+    fleet.
+
+    Times are kept on a clock that stops while this process is paused ("effective" time: monotonic time less
+    the paused total), so a node's silence is the difference of two such readings."""
+
     def __init__(self, clock: Clock, timeout_s: float, *, grace_s: float | None = None,
                  stale_s: float | None = None, broken_s: float = KEEPALIVE_TIMEOUT_S) -> None:
         self._clock = clock
@@ -40,15 +50,22 @@ class NodeLiveness:
         self._grace = timeout_s if grace_s is None else max(grace_s, timeout_s)
         self._stale = stale_s
         self._broken = broken_s
-        # node → (monotonic time of its last proof of life, total paused time at that moment). For a node
-        # with an open stream: its last message.
-        self._last: dict[str, tuple[float, float]] = {}
+        # node → effective time of its last proof of life (for a node with an open stream: its last message).
+        self._last: dict[str, float] = {}
         # node → its heartbeat streams open now (an agent that reconnects may briefly hold two).
         self._open: dict[str, int] = {}
-        self._since = clock.monotonic()
+        # node → the effective time it is lost at if nothing more is heard (absent: it cannot expire), the
+        # heap of those deadlines (entries are dropped lazily once they no longer match), and the nodes whose
+        # deadline has passed.
+        self._deadline: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._expired: set[str] = set()
         self._paused = 0.0
-        self._paused_at_since = 0.0
         self._last_tick = clock.monotonic()
+        # When this term began: monotonic (the grace runs on the wall clock) and effective (the silence of a
+        # node never heard from).
+        self._since = clock.monotonic()
+        self._since_eff = self._eff(self._since)
         # What each agent last said it runs: {(job_id, attempt)}.
         self._running: dict[str, frozenset[tuple[str, int]]] = {}
         self._running_at: dict[str, float] = {}
@@ -61,11 +78,15 @@ class NodeLiveness:
         """Start of a term as leader."""
         self._last.clear()
         self._open.clear()
+        self._deadline.clear()
+        self._heap.clear()
+        self._expired.clear()
         self._running.clear()
         self._running_at.clear()
-        self._since = self._clock.monotonic()
-        self._paused_at_since = self._paused
-        self._last_tick = self._since
+        now = self._clock.monotonic()
+        self._last_tick = now
+        self._since = now
+        self._since_eff = self._eff(now)
 
     # -- pauses of this process -----------------------------------------------------------------------
     def tick(self) -> None:
@@ -78,6 +99,12 @@ class NodeLiveness:
         gap = now - self._last_tick
         return gap - TICK_S if gap > 2 * TICK_S else 0.0
 
+    def _eff(self, now: float) -> float:
+        return now - self._paused - self._pause_now(now)
+
+    def _now(self) -> float:
+        return self._eff(self._clock.monotonic())
+
     async def run_ticker(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.tick()
@@ -86,10 +113,31 @@ class NodeLiveness:
             except TimeoutError:
                 pass
 
-    def _silence(self, entry: tuple[float, float], now: float) -> float:
-        seen_at, paused_then = entry
-        paused = self._paused + self._pause_now(now) - paused_then
-        return max(0.0, now - seen_at - paused)
+    # -- deadlines ------------------------------------------------------------------------------------
+    def _limit(self, node_id: str) -> float:
+        """How long the node may go without proof of life: an open stream only goes stale (or never, with no
+        stale limit); a node without one is lost after the timeout."""
+        if node_id in self._open:
+            return math.inf if self._stale is None else self._stale
+        return self._timeout
+
+    def _rearm(self, node_id: str) -> None:
+        self._expired.discard(node_id)
+        deadline = self._last[node_id] + self._limit(node_id)
+        if deadline == math.inf:
+            self._deadline.pop(node_id, None)
+            return
+        self._deadline[node_id] = deadline
+        heapq.heappush(self._heap, (deadline, node_id))
+
+    def _advance(self, now: float) -> None:
+        """Move every node whose deadline is behind `now` to the expired set."""
+        heap = self._heap
+        while heap and heap[0][0] < now:
+            deadline, node_id = heapq.heappop(heap)
+            if self._deadline.get(node_id) == deadline:
+                del self._deadline[node_id]
+                self._expired.add(node_id)
 
     # -- reports --------------------------------------------------------------------------------------
     def report_running(self, node_id: str, running: frozenset[tuple[str, int]]) -> None:
@@ -105,8 +153,8 @@ class NodeLiveness:
 
     def seen(self, node_id: str, *, backdate_s: float = 0.0) -> None:
         """A proof of life now (`backdate_s` earlier)."""
-        now = self._clock.monotonic()
-        self._last[node_id] = (now - backdate_s, self._paused + self._pause_now(now))
+        self._last[node_id] = self._now() - backdate_s
+        self._rearm(node_id)
 
     def opened(self, node_id: str) -> None:
         """A heartbeat stream of the node is open from now on."""
@@ -131,56 +179,57 @@ class NodeLiveness:
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
         self._open.pop(node_id, None)
+        self._deadline.pop(node_id, None)
+        self._expired.discard(node_id)
         self._running.pop(node_id, None)
         self._running_at.pop(node_id, None)
+
+    # -- questions ------------------------------------------------------------------------------------
+    def _quiet(self, node_id: str, now: float) -> float | None:
+        seen = self._last.get(node_id)
+        return None if seen is None else max(0.0, now - seen)
 
     def last_seen_age(self, node_id: str) -> float | None:
         """Seconds without proof of life (pauses of this process excluded; 0 while its stream is open and
         not stale); None when never heard from."""
-        entry = self._last.get(node_id)
-        return None if entry is None else self._age(node_id, entry, self._clock.monotonic())
-
-    def _age(self, node_id: str, entry: tuple[float, float], now: float) -> float:
-        quiet = self._silence(entry, now)
-        if node_id in self._open and (self._stale is None or quiet <= self._stale):
-            return 0.0
-        return quiet
-
-    def _limit(self, node_id: str) -> float:
-        """How long the node may go without proof of life: a stale open stream counts from its last message."""
-        return self._stale if node_id in self._open and self._stale is not None else self._timeout
+        quiet = self._quiet(node_id, self._now())
+        if quiet is None:
+            return None
+        return 0.0 if node_id in self._open and quiet <= self._limit(node_id) else quiet
 
     def silence(self, node_ids: Iterable[str]) -> dict[str, float]:
         """Seconds of silence of each node (pauses of this process excluded); for a node never heard by this
         leader, the time since it leads."""
-        now = self._clock.monotonic()
+        now = self._now()
         out = {}
         for n in node_ids:
-            e = self._last.get(n)
-            out[n] = self._age(n, e, now) if e is not None else self._silence((self._since, self._paused_at_since), now)
+            quiet = self._quiet(n, now)
+            if quiet is None:
+                out[n] = max(0.0, now - self._since_eff)
+            else:
+                out[n] = 0.0 if n in self._open and quiet <= self._limit(n) else quiet
         return out
 
     def alive(self, node_ids: Iterable[str]) -> frozenset[str]:
-        now = self._clock.monotonic()
-        in_grace = now - self._since < self._grace
-        return frozenset(n for n in node_ids
-                         if ((e := self._last.get(n)) is not None and self._alive(n, e, now))
-                         or (e is None and in_grace))
-
-    def _alive(self, node_id: str, entry: tuple[float, float], now: float) -> bool:
-        quiet = self._silence(entry, now)
-        if node_id in self._open:
-            return self._stale is None or quiet <= self._stale
-        return quiet <= self._timeout
+        mono = self._clock.monotonic()
+        self._advance(self._eff(mono))
+        ids = frozenset(node_ids)
+        out = ids.difference(self._expired)
+        if mono - self._since >= self._grace:
+            out = out.intersection(self._last)
+        return out
 
     def next_expiry(self, node_ids: Iterable[str]) -> float | None:
-        """Seconds until the first of `node_ids` now alive would be lost if it stays silent (None: none
-        would); the reconcile loop wakes then, so a loss is acted on at the deadline, not a cycle later."""
-        now = self._clock.monotonic()
-        waits = []
-        for n in node_ids:
-            e = self._last.get(n)
-            left = self._grace - (now - self._since) if e is None else self._limit(n) - self._silence(e, now)
-            if left >= 0:
-                waits.append(left)
+        """Seconds until the first node now alive would be lost if it stays silent (None: none would); the
+        reconcile loop wakes then, so a loss is acted on at the deadline, not a cycle later. (A node this
+        leader tracks but `node_ids` no longer names can make that wake early, never late.)"""
+        now = self._now()
+        self._advance(now)
+        heap = self._heap
+        while heap and self._deadline.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        waits = [heap[0][0] - now] if heap else []
+        in_grace = self._grace - (self._clock.monotonic() - self._since)
+        if in_grace >= 0 and not frozenset(node_ids).issubset(self._last):
+            waits.append(in_grace)
         return min(waits) if waits else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,10 +28,7 @@ from .domain.models import Allocation, Job, JobState, Node
 from .domain.progress import progress
 from .domain.queues import (
     DEFAULT_QUEUE,
-    FairShareUsage,
     PolicyConfig,
-    QueueConfig,
-    TeamQuota,
     decay_usage,
     standing,
 )
@@ -42,10 +38,9 @@ from .liveness import NodeLiveness
 from .policy.api import Profile
 from .policy.index import ClusterIndex
 from .policy.place import Decision, Preemption, Unplaced, place
-from .state.codec import decode_allocation, decode_job, decode_node, decode_queue, decode_quota, decode_usage
 from .state.holdings import HeldElsewhere, decode_holding
-from .state.keys import Keys
 from .state.repository import Repository
+from .state.snapshots import PolicyState, SnapshotBuilder
 
 log = logging.getLogger(__name__)
 
@@ -85,114 +80,6 @@ class ReconcileSettings:
     # Agents' worker fence (see RegisterNodeResponse.worker_fence_s); 0: none, lost nodes' workers are
     # presumed dead at once.
     worker_fence_s: float = 0.0
-
-
-@dataclass
-class PolicyState:
-    """The operator policy found in etcd this cycle."""
-
-    queues: dict[str, QueueConfig]
-    quotas: dict[str, TeamQuota]
-    usage: FairShareUsage
-    usage_revision: int
-
-
-class SnapshotBuilder:
-    """Decodes the mirror into domain records, re-decoding only keys whose revision changed."""
-
-    def __init__(self, mirror: PrefixMirror, keys: Keys) -> None:
-        self._mirror = mirror
-        self._keys = keys
-        self._cache: dict[str, tuple[int, object]] = {}
-
-    def _decode(self, key: str, rev: int, raw: bytes, fn: Callable[[bytes], object]) -> object:
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] == rev:
-            return hit[1]
-        obj = fn(raw)
-        self._cache[key] = (rev, obj)
-        return obj
-
-    def build(self, liveness: NodeLiveness,
-              released_at: Mapping[tuple[str, int], float]) -> tuple[ClusterSnapshot, PolicyState]:
-        jobs: dict[str, Job] = {}
-        job_revs: dict[str, int] = {}
-        allocs: dict[str, Allocation] = {}
-        alloc_revs: dict[str, int] = {}
-        nodes: dict[str, Node] = {}
-        queues: dict[str, QueueConfig] = {}
-        quotas: dict[str, TeamQuota] = {}
-        usage, usage_rev = FairShareUsage(), 0
-        latest: dict[str, str] = {}
-        k = self._keys
-        items = self._mirror.items
-        for key, kv in items.items():
-            if key.startswith(k.jobs):
-                job = self._decode(key, kv.mod_revision, kv.value, decode_job)
-                assert isinstance(job, Job)
-                if not job.state.terminal:
-                    jobs[job.id] = job
-                    job_revs[job.id] = kv.mod_revision
-            elif key.startswith(k.allocations):
-                alloc = self._decode(key, kv.mod_revision, kv.value, decode_allocation)
-                assert isinstance(alloc, Allocation)
-                allocs[alloc.job_id] = alloc
-                alloc_revs[alloc.job_id] = kv.mod_revision
-            elif key.startswith(k.nodes):
-                node = self._decode(key, kv.mod_revision, kv.value, decode_node)
-                assert isinstance(node, Node)
-                nodes[node.node_id] = node
-            elif key.startswith(k.queues):
-                q = self._decode_quietly(key, kv.mod_revision, kv.value, decode_queue)
-                if isinstance(q, QueueConfig):
-                    queues[q.name] = q
-            elif key.startswith(k.quotas):
-                quota = self._decode_quietly(key, kv.mod_revision, kv.value, decode_quota)
-                if isinstance(quota, TeamQuota):
-                    quotas[quota.team] = quota
-            elif key == k.usage:
-                u = self._decode_quietly(key, kv.mod_revision, kv.value, decode_usage)
-                if isinstance(u, FairShareUsage):
-                    usage, usage_rev = u, kv.mod_revision
-            elif key.startswith(k.checkpoints_latest):
-                latest[key[len(k.checkpoints_latest):]] = kv.value.decode(errors="replace")
-        if len(self._cache) > len(items):
-            live = set(items)
-            for stale in [key for key in self._cache if key not in live]:
-                del self._cache[stale]
-        # What preempting a running job would lose runs from its latest committed checkpoint.
-        for job_id in allocs:
-            job = jobs.get(job_id)
-            ckpt = latest.get(job_id)
-            if job is not None and ckpt:
-                at = self._checkpoint_time(f"{k.checkpoints}{job_id}/{ckpt}")
-                if at is not None:
-                    jobs[job_id] = replace(job, last_checkpoint_at=at)
-        alive = liveness.alive(nodes)
-        snap = ClusterSnapshot(nodes=nodes, alive=alive, jobs=jobs, allocations=allocs,
-                               job_revisions=job_revs, allocation_revisions=alloc_revs,
-                               reported_running=liveness.running(),
-                               reported_at=liveness.running_reported_at(), released_at=released_at,
-                               silence=liveness.silence(n for n in nodes if n not in alive))
-        return snap, PolicyState(queues, quotas, usage, usage_rev)
-
-    def _decode_quietly(self, key: str, rev: int, raw: bytes, fn: Callable[[bytes], object]) -> object:
-        """Operator records: one that does not decode is logged and ignored, never fatal to the loop."""
-        try:
-            return self._decode(key, rev, raw, fn)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("ignoring undecodable record %s: %s", key, exc)
-            return None
-
-    def _checkpoint_time(self, key: str) -> float | None:
-        kv = self._mirror.items.get(key)
-        if kv is None:
-            return None
-
-        def created(raw: bytes) -> object:
-            return float(json.loads(raw)["created_at"])
-        at = self._decode_quietly(key, kv.mod_revision, kv.value, created)
-        return at if isinstance(at, float) else None
 
 
 class Reconciler:
@@ -353,16 +240,14 @@ class Reconciler:
                     self._orphan_stops.pop(next(iter(self._orphan_stops)))
                 self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
 
-    @staticmethod
-    def _observe(snap: ClusterSnapshot) -> None:
+    def _observe(self, snap: ClusterSnapshot) -> None:
         by_state: dict[str, int] = {}
         for job in snap.jobs.values():
             by_state[job.state.value] = by_state.get(job.state.value, 0) + 1
         for state in ("pending", "admitted", "running", "preempted", "restarting"):
             metrics.JOBS.labels(state).set(by_state.get(state, 0))
         metrics.GPUS_ALLOCATED.set(sum(len(a.gpu_indices) for al in snap.allocations.values() for a in al.assignments))
-        metrics.GPUS_TOTAL.set(sum(1 for n in snap.nodes.values() if n.node_id in snap.alive for g in n.gpus
-                                   if g.healthy))
+        metrics.GPUS_TOTAL.set(self._snapshots.healthy_gpus(snap.alive))
         metrics.NODES.labels("true").set(len(snap.alive))
         metrics.NODES.labels("false").set(len(snap.nodes) - len(snap.alive))
 
