@@ -59,7 +59,7 @@ lint: deps proto
 bench: deps sysdeps-test proto
 	$(PY) -m bench $(BENCH)
 
-# The bounded chaos run (about 3 minutes) is part of `make test`; this is the long one.
+# The bounded chaos run (70 s of faults, about 2 minutes) is part of `make test`; this is the long one.
 CHAOS_DURATION_S ?= 900
 .PHONY: chaos
 chaos: deps proto

@@ -43,7 +43,7 @@ def chaos_settings() -> ChaosSettings:
     seed = os.environ.get("CHAOS_SEED", "").strip()
     kinds = os.environ.get("CHAOS_FAULTS", "")
     return ChaosSettings(seed=int(seed) if seed else secrets.randbelow(2**31),
-                         duration_s=float(os.environ.get("CHAOS_DURATION_S", "100")),
+                         duration_s=float(os.environ.get("CHAOS_DURATION_S", "70")),
                          settle_s=float(os.environ.get("CHAOS_SETTLE_S", "150")),
                          max_in_flight=int(os.environ.get("CHAOS_MAX_IN_FLIGHT", "4")),
                          faults=frozenset(k.strip() for k in kinds.split(",") if k.strip()) or None)

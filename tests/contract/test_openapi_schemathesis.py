@@ -40,7 +40,7 @@ from ..e2e.conftest import Api, local_cluster
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("TRAINYARD_SCHEMATHESIS_SEED", "20261201"))
-MAX_EXAMPLES = int(os.environ.get("TRAINYARD_SCHEMATHESIS_EXAMPLES", "50"))
+MAX_EXAMPLES = int(os.environ.get("TRAINYARD_SCHEMATHESIS_EXAMPLES", "30"))
 # A bound on the run, not an expectation: it takes about a minute, and being stopped fails the test. (Not
 # schemathesis' own max-time, which makes fuzzing and stateful testing fill whatever time they are given.)
 MAX_TIME_S = 420
