@@ -1,9 +1,11 @@
 """The floor under the scheduler's liveness cost, measured in the fleet benchmark's own run: a bare gRPC server
 with the scheduler's transport — the shared bootstrap (`start_grpc_server`, mTLS) with the scheduler's keepalive
-options (`trainyard_core.rpc.liveness.SERVER_OPTIONS`) — holding one idle Heartbeat stream per connection from
-clients with the agent's own channel options (`trainyard_agent.app.scheduler_channel`), each presenting its node
-certificate. No message moves after each stream's first beat: what the server process spends is what keeping
-connections alive costs (HTTP/2 pings both ways, TLS, gRPC's threads), per connection-second.
+options (`trainyard_core.rpc.liveness.SERVER_OPTIONS`) and the scheduler's own pulse endpoint and sessions
+(`trainyard_scheduler.pulses`) — holding one idle Heartbeat stream per connection from clients with the agent's
+own channel options (`trainyard_agent.app.scheduler_channel`), each presenting its node certificate and sending
+liveness pulses with the agent's own `Pulser`. No message moves on a stream after its first beat: what the
+server process spends is what keeping nodes proved alive costs (pulses in and acknowledgements out, HTTP/2
+pings at the transport's rates, TLS, gRPC's threads), per connection-second.
 
 The server and the clients run in child processes of their own (the server's CPU is read from /proc).
 """
@@ -25,28 +27,47 @@ import grpc.aio
 
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.app import scheduler_channel
-from trainyard_core.rpc import liveness
+from trainyard_agent.pulse import Pulser
+from trainyard_agent.report import split_target
+from trainyard_core.clock import SystemClock
+from trainyard_core.rpc import liveness, pulse
 from trainyard_core.rpc.server import start_grpc_server
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
+from trainyard_scheduler.liveness import NodeLiveness
+from trainyard_scheduler.pulses import PulseSessions, start_endpoint
 
 from ._swarm import cpu_s
 
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name
 
 
-async def _echo(request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
-                context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
-    """NodeService.Heartbeat that answers every beat and does nothing else: the stream stays open, idle."""
-    async for req in request_iterator:
-        yield scheduler_pb2.HeartbeatResponse(ack_seq=req.seq)
+def _echo(sessions: PulseSessions) -> Callable[..., AsyncIterator[scheduler_pb2.HeartbeatResponse]]:
+    async def heartbeat(request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
+        """NodeService.Heartbeat that answers every beat, opens a pulse session with the first, and does
+        nothing else: the stream stays open, idle."""
+        session = 0
+        try:
+            async for req in request_iterator:
+                answer = scheduler_pb2.HeartbeatResponse(ack_seq=req.seq)
+                if not session and req.pulses:
+                    session, answer.pulse_key = sessions.open(req.node_id)
+                    answer.pulse_session = session
+                    answer.pulse_interval_ms = round(pulse.PULSE_INTERVAL_S * 1000)
+                yield answer
+        finally:
+            sessions.close(session)
+    return heartbeat
 
 
-def _register(server: grpc.aio.Server) -> None:
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Heartbeat": grpc.stream_stream_rpc_method_handler(
-            _echo, request_deserializer=scheduler_pb2.HeartbeatRequest.FromString,
-            response_serializer=scheduler_pb2.HeartbeatResponse.SerializeToString)}),))
+def _register(sessions: PulseSessions) -> Callable[[grpc.aio.Server], None]:
+    def register(server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Heartbeat": grpc.stream_stream_rpc_method_handler(
+                _echo(sessions), request_deserializer=scheduler_pb2.HeartbeatRequest.FromString,
+                response_serializer=scheduler_pb2.HeartbeatResponse.SerializeToString)}),))
+    return register
 
 
 def _to_log(path: str) -> None:
@@ -61,11 +82,14 @@ def _serve(conn: Connection, pki_dir: str, log_path: str) -> None:
     _to_log(log_path)
 
     async def main() -> None:
+        sessions = PulseSessions(NodeLiveness(SystemClock(), 2.0))
         server = await start_grpc_server(
             host="127.0.0.1", port=0, tls=pki.files_for(Path(pki_dir), identity.SCHEDULER), service_names=[SERVICE],
-            options=liveness.SERVER_OPTIONS, register=_register)
+            options=liveness.SERVER_OPTIONS, register=_register(sessions))
+        endpoint = await start_endpoint("127.0.0.1", server.port, sessions)
         conn.send(server.port)
         await asyncio.to_thread(conn.recv)
+        endpoint.close()
         await server.stop(grace=0)
 
     with contextlib.suppress(EOFError, OSError):
@@ -80,16 +104,26 @@ def _connect(conn: Connection, pki_dir: str, address: str, node_ids: Sequence[st
     async def main() -> None:
         stop = asyncio.Event()
         channels = []
+        pulsers = []
+        host, port = split_target(address)
         try:
             for node_id in node_ids:
-                channel = scheduler_channel(address, ClientTls(pki.files_for(Path(pki_dir), identity.node(node_id))))()
+                tls = ClientTls(pki.files_for(Path(pki_dir), identity.node(node_id)))
+                channel = scheduler_channel(address, tls)().channel
                 channels.append(channel)
                 call = scheduler_pb2_grpc.NodeServiceStub(channel).Heartbeat(_one_beat(node_id, stop))
-                await call.read()  # the stream is open and answered
+                answer = await call.read()  # the stream is open and answered
+                assert isinstance(answer, scheduler_pb2.HeartbeatResponse) and answer.pulse_session
+                pulser = Pulser(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key,
+                                interval_s=answer.pulse_interval_ms / 1000, clock=SystemClock())
+                await pulser.start()
+                pulsers.append(pulser)
             conn.send("open")
             await asyncio.to_thread(conn.recv)
         finally:
             stop.set()
+            for p in pulsers:
+                await p.stop()
             for channel in channels:
                 await channel.close()
 
@@ -98,7 +132,7 @@ def _connect(conn: Connection, pki_dir: str, address: str, node_ids: Sequence[st
 
 
 async def _one_beat(node_id: str, stop: asyncio.Event) -> AsyncIterator[scheduler_pb2.HeartbeatRequest]:
-    yield scheduler_pb2.HeartbeatRequest(node_id=node_id, seq=1)
+    yield scheduler_pb2.HeartbeatRequest(node_id=node_id, seq=1, pulses=True)
     await stop.wait()
 
 

@@ -8,8 +8,9 @@ with its own node certificate, and its own AgentService server the scheduler lau
 
 A run, in order:
 1. idle: the scheduler's CPU over `idle_s` before any node exists (reported beside, not subtracted); then the
-   keepalive floor (`_keepalive.py`): a bare server with the scheduler's transport and keepalive options holding
-   `keepalive_connections` idle streams, its CPU per connection-second over `keepalive_window_s`;
+   liveness floor (`_keepalive.py`): a bare server with the scheduler's transport, keepalive options and pulse
+   endpoint holding `keepalive_connections` idle streams whose clients pulse, its CPU per connection-second
+   over `keepalive_window_s`;
 2. ramp: half the nodes register (`ramp_per_s`) and a census (ListNodes) finds every one ready, then
    `settle_s`, the leader's RSS; the same for the other half;
 3. quiet: every node up and no job yet, the scheduler's CPU over `quiet_s` (the liveness cost alone);
@@ -29,7 +30,7 @@ Figures:
   the jobs' own cost (placing, launching, exits) is in it. `nodes_per_core` = 1e6 / that (target >= 20,000:
   10k nodes at <= 50 % of a core), `scheduler_cpu_percent` the same as % of a core. Beside it:
   `scheduler_cpu_us_per_node_s_no_jobs` (the quiet window) and `keepalive_floor_us_per_conn_s`, with their
-  ratio: how much of the liveness cost is the transport's keepalive itself.
+  ratio: how much of the liveness cost is the transport and the pulses themselves.
 - `false_deaths`: nodes that were never stopped but that a census saw not ready, or that a gang was stopped
   for ("node X lost contact"), over the steady window and the stops (target 0). `live_stream_breaks`: how
   many times such nodes had to register again (each one a heartbeat stream that ended; not a death unless
@@ -593,7 +594,8 @@ def figures(config: Config, out: Outcome) -> dict[str, float]:
         "scheduler_cpu_percent": out.steady_cpu_s / out.steady_wall_s * 100,
         "scheduler_cpu_us_per_node_s_no_jobs": out.quiet_cpu_s / (n * out.quiet_wall_s) * 1e6,
         "keepalive_floor_us_per_conn_s": out.keepalive_floor_us,
-        "scheduler_no_jobs_vs_keepalive_floor": out.quiet_cpu_s / (n * out.quiet_wall_s) * 1e6 / out.keepalive_floor_us,
+        "scheduler_no_jobs_vs_keepalive_floor": (out.quiet_cpu_s / (n * out.quiet_wall_s) * 1e6 / out.keepalive_floor_us
+                                                 if out.keepalive_floor_us > 0 else math.nan),
         "scheduler_idle_cpu_percent": out.idle_cpu_percent,
         "swarm_cpu_percent": out.swarm_cpu_s / out.steady_wall_s * 100,
         "host_busy_percent": out.host_busy_percent,

@@ -160,7 +160,9 @@ def test_loss_drops_the_fraction_it_says(net: HostNetwork) -> None:
     assert 800 <= _dropped(net, "a") <= 1200
     net.impair("a", Impairment(loss_pct=100.0))
     net.run_in("a", sys.executable, "-c", UDP_BURST, root, "9", "100")
-    assert _dropped(net, "a") == 100
+    # Every one of the burst, and at most a few frames the host sent on its own meanwhile (ARP, IPv6
+    # neighbour discovery) that the same filter dropped.
+    assert 100 <= _dropped(net, "a") <= 110
     assert not reach(net, "a", root)
     net.heal("a")
     assert reach(net, "a", root)

@@ -31,7 +31,7 @@ import pytest
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster
-from trainyard_core.rpc.liveness import TRANSPORT_DETECT_S  # a silent peer is noticed within this
+from trainyard_core.rpc.pulse import ACK_WINDOW_S  # the lease stops being renewed this soon after the cut
 from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import netns
@@ -189,13 +189,13 @@ async def test_a_node_that_reaches_only_the_standby_is_lost_and_its_gang_moves(c
 
         async def lost() -> bool:
             return (await probe.states()).get(node) == types_pb2.NODE_STATE_NOT_READY
-        await eventually(lost, timeout=NODE_TIMEOUT_S + TRANSPORT_DETECT_S + MARGIN_S,
+        await eventually(lost, timeout=NODE_TIMEOUT_S + MARGIN_S,
                          what=f"{node} not ready in the leader's view after being cut from it")
         assert await probe.leader() == leader, "the leader changed: this test needs the cut leader to stay"
 
         async def old_dead() -> bool:
             return not any(procs.alive(w.pid, w.start_time) for w in old)
-        left = cut_at + WORKER_FENCE_S + TRANSPORT_DETECT_S + MARGIN_S - asyncio.get_running_loop().time()
+        left = cut_at + WORKER_FENCE_S + ACK_WINDOW_S + MARGIN_S - asyncio.get_running_loop().time()
         await eventually(old_dead, timeout=max(left, 0.1),
                          what=f"the old workers {[w.pid for w in old]} on {node} killed by the worker fence")
 

@@ -164,6 +164,7 @@ class _Plain:
         self.mono = 0.0
         self.last: dict[str, float] = {}
         self.open: dict[str, int] = {}
+        self.pulsed: dict[str, int] = {}
 
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
@@ -174,7 +175,8 @@ class _Plain:
                     out.add(n)
                 continue
             quiet = self.eff - self.last[n]
-            limit = (self.stale if self.stale is not None else float("inf")) if n in self.open else self.timeout
+            unpulsed_open = n in self.open and n not in self.pulsed
+            limit = (self.stale if self.stale is not None else float("inf")) if unpulsed_open else self.timeout
             if quiet <= limit:
                 out.add(n)
             if abs(quiet - limit) < 1e-6:
@@ -186,7 +188,8 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget"]),
+    ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget",
+                                              "open_p", "close_p", "break_p"]),
                              st.sampled_from(["n-a", "n-b", "n-c"]), st.integers(1, 40)), max_size=60)
 
     @settings(max_examples=300, deadline=None)
@@ -211,20 +214,34 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
             elif op == "seen":
                 live.seen(node)
                 plain.last[node] = plain.eff
-            elif op == "open":
-                live.opened(node)
+            elif op in ("open", "open_p"):
+                pulsed = op == "open_p"
+                live.opened(node, pulsed=pulsed)
                 plain.open[node] = plain.open.get(node, 0) + 1
+                if pulsed:
+                    plain.pulsed[node] = plain.pulsed.get(node, 0) + 1
                 plain.last[node] = plain.eff
-            elif op in ("close", "break") and node in plain.open:
-                live.closed(node, clean=op == "close")
+            elif op in ("close", "break", "close_p", "break_p") and (
+                    plain.pulsed.get(node, 0) if op.endswith("_p")
+                    else plain.open.get(node, 0) - plain.pulsed.get(node, 0)) > 0:
+                pulsed, clean = op.endswith("_p"), op.startswith("close")
+                live.closed(node, clean=clean, pulsed=pulsed)
+                if pulsed:
+                    plain.pulsed[node] -= 1
+                    if not plain.pulsed[node]:
+                        del plain.pulsed[node]
                 plain.open[node] -= 1
                 if not plain.open[node]:
                     del plain.open[node]
-                    plain.last[node] = plain.eff - (0.0 if op == "close" else plain.broken)
+                    if clean:
+                        plain.last[node] = plain.eff
+                    elif not pulsed:
+                        plain.last[node] = plain.eff - plain.broken
             elif op == "forget":
                 live.forget(node)
                 plain.last.pop(node, None)
                 plain.open.pop(node, None)
+                plain.pulsed.pop(node, None)
             plain.mono = clock.monotonic() - start
             expected, close = plain.alive(nodes)
             assert live.alive(nodes) - close == expected - close, (op, node, n)

@@ -25,7 +25,7 @@ from tests.scheduler.test_scheduler_tls import agent_settings, sched_settings
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.app import AgentApp, scheduler_channel
-from trainyard_core.rpc.liveness import TRANSPORT_DETECT_S
+from trainyard_core.rpc.pulse import ACK_WINDOW_S, RECONNECT_AFTER_S
 from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
@@ -36,12 +36,15 @@ from trainyard_scheduler.app import SchedulerApp
 NODE = identity.node("node-1")
 
 
+NODE_TIMEOUT_S = 2.0
+
+
 @pytest.fixture
 async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
     # The defaults of liveness: a refresh beat every 10 s, lost 2 s without proof of life.
     settings = sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(pki_dir, identity.SCHEDULER))
     # A lease longer than the blocked-loop test's pause, so that test pauses liveness and not the election.
-    settings = settings.model_copy(update={"node_timeout_s": 2.0, "heartbeat_interval_ms": 10_000,
+    settings = settings.model_copy(update={"node_timeout_s": NODE_TIMEOUT_S, "heartbeat_interval_ms": 10_000,
                                            "leader_ttl_s": 5})
     app = SchedulerApp(settings)
     await app.start()
@@ -117,24 +120,29 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
     await until_state(leader, pki_dir, True, "node-1 to be ready")
     await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
     seq = agent.reporter.seq
-    # Three node timeouts without a beat (the refresh is every 10 s): the open stream keeps it alive.
-    for _ in range(6):
-        await asyncio.sleep(1.0)
-        assert await ready(leader, pki_dir), "an idle node with an open stream must stay ready"
-    assert agent.reporter.seq == seq, "no beat was needed for that"
     lease = agent.supervisor.lease_path
     renewed = lease.stat().st_mtime_ns
+    # Three node timeouts without a beat (the refresh is every 10 s): its pulses keep it alive, and the leader's
+    # acknowledgements keep its worker lease renewed.
+    for _ in range(6):
+        await asyncio.sleep(1.0)
+        assert await ready(leader, pki_dir), "an idle node that pulses must stay ready"
+    assert agent.reporter.seq == seq, "no beat was needed for that"
+    assert len(leader.pulses) == 1 and agent.reporter.pulser is not None and agent.reporter.pulser.acks >= 6
+    assert lease.stat().st_mtime_ns > renewed, "the lease is renewed while the leader acknowledges pulses"
 
     proxy.cut()   # the host goes dark: no FIN, no reset
+    cut_at = time.monotonic()
     await until_state(leader, pki_dir, False, "node-1 to be lost after its link went silent")
-    await eventually(lambda: _true(not leader.liveness.connected("node-1")), what="its stream to end")
-    # The agent's own keepalive ends its side too: the lease is no longer renewed.
-    await eventually(lambda: _true(not agent.reporter.connected), what="the agent to notice the dead link",
-                     timeout=3 * TRANSPORT_DETECT_S + 5)
+    assert time.monotonic() - cut_at < NODE_TIMEOUT_S + 1.5, "lost about a node timeout after its last pulse"
+    # No acknowledgement comes back: the lease stops being renewed within the acknowledgement window.
+    await asyncio.sleep(ACK_WINDOW_S + 0.5)
     stopped = lease.stat().st_mtime_ns
-    assert stopped >= renewed
     await asyncio.sleep(1.0)
     assert lease.stat().st_mtime_ns == stopped, "the worker lease must run down while the leader is unreachable"
+    # Its pulses unanswered, the agent ends its side of the stream: it looks for a leader again.
+    await eventually(lambda: _true(not agent.reporter.connected), what="the agent to notice the dead link",
+                     timeout=RECONNECT_AFTER_S + 3)
 
     proxy.heal()
     await until_state(leader, pki_dir, True, "node-1 to be back once its link is", timeout=30.0)

@@ -1,16 +1,21 @@
-"""A TCP proxy on loopback that can go silent: the test double of a cut cable or a powered-off host.
+"""A TCP and UDP proxy on loopback that can go silent: the test double of a cut cable or a powered-off host.
 
 `cut()` stops forwarding in both directions without closing anything, so neither end gets a FIN or a reset:
 only its own timeouts (HTTP/2 keepalive here) can tell it the other end is gone — which is what a dead host
 looks like, unlike a killed process, whose kernel closes its sockets at once. `heal()` forwards again (bytes
 held back meanwhile are dropped, as a real network would have). `close()` closes the listener and every
 connection (a FIN to both ends).
+
+UDP on the same port number is relayed too (the agents' liveness pulses go to the port their stream does):
+each client address gets its own socket towards the target, and answers come back to that client. Silent,
+datagrams are dropped both ways.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 
 class BlackholeProxy:
@@ -22,6 +27,8 @@ class BlackholeProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.silent = False
         self.port = 0
+        self._udp: socket.socket | None = None
+        self._udp_up: dict[tuple[str, int], socket.socket] = {}
 
     @property
     def address(self) -> str:
@@ -30,7 +37,44 @@ class BlackholeProxy:
     async def start(self) -> BlackholeProxy:
         self._server = await asyncio.start_server(self._accept, self._listen_host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind((self._listen_host, self.port))
+        udp.setblocking(False)
+        self._udp = udp
+        asyncio.get_running_loop().add_reader(udp.fileno(), self._udp_in)
         return self
+
+    def _udp_in(self) -> None:
+        """Client → target: each client address through its own upstream socket."""
+        assert self._udp is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, addr = self._udp.recvfrom(65536)
+            except OSError:  # nothing more to read now (or an ICMP error, reported once)
+                return
+            if self.silent:
+                continue
+            up = self._udp_up.get(addr)
+            if up is None:
+                up = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                up.setblocking(False)
+                up.connect(self._target)
+                self._udp_up[addr] = up
+                loop.add_reader(up.fileno(), self._udp_back, up, addr)
+            with contextlib.suppress(OSError):
+                up.send(data)
+
+    def _udp_back(self, up: socket.socket, addr: tuple[str, int]) -> None:
+        """Target → client."""
+        while True:
+            try:
+                data = up.recv(65536)
+            except OSError:  # nothing more to read now (or an ICMP error, reported once)
+                return
+            if not self.silent and self._udp is not None:
+                with contextlib.suppress(OSError):
+                    self._udp.sendto(data, addr)
 
     def cut(self) -> None:
         self.silent = True
@@ -42,6 +86,12 @@ class BlackholeProxy:
         if self._server is not None:
             self._server.close()
             self._server = None
+        loop = asyncio.get_running_loop()
+        for sock in [*self._udp_up.values(), *([self._udp] if self._udp is not None else [])]:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        self._udp_up.clear()
+        self._udp = None
         for w in list(self._writers):
             w.close()
         for t in list(self._tasks):

@@ -36,7 +36,7 @@ from .health.policy import HealthPolicy, load_policy
 from .model import Health, HealthCounters, Inventory, NodeInfo, Vendor
 from .nvml.adapter import NvmlAdapter, NvmlModule
 from .nvml.fake import FakeNvml
-from .report import Backoff, ChannelFactory, ExitReporter, NodeView, Reporter
+from .report import Backoff, ChannelFactory, ExitReporter, Link, NodeView, Reporter
 from .settings import AgentSettings, state_path
 from .tenancy import Tenancy
 from .workers.fence import LeaderFence
@@ -53,8 +53,8 @@ AUDIT_LOG_FILE = "audit.jsonl"
 # grpc's own reconnect backoff grows to 2 minutes by default; a restarted scheduler must be found sooner.
 # (Not grpc.min_reconnect_backoff_ms: gRPC takes it as the shortest connect timeout too, and 200 ms cut off
 # every TLS handshake over a link with a few hundred ms of latency; RegisterNode's deadline bounds a connect.)
-# Keepalive: the agent notices a dead or unreachable leader within liveness.TRANSPORT_DETECT_S, which bounds how
-# long its worker fence is renewed after the leader last heard it.
+# Keepalive (slow: liveness.AGENT_KEEPALIVE_S) only clears connections that died without a FIN; the agent notices
+# a silent leader by its unacknowledged pulses (pulse.py), which also bound how long its worker fence is renewed.
 _SCHEDULER_CHANNEL_OPTIONS = liveness.merged(CHANNEL_OPTIONS, [
     *liveness.CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)])
 
@@ -68,10 +68,14 @@ def scheduler_channel(address: str, tls: ClientTls | None = None) -> ChannelFact
     from the scheduler and nobody else. Credentials are taken at each new channel, so a rotated certificate
     is used from the next session on."""
     targets = itertools.cycle([t.strip() for t in address.split(",") if t.strip()])
-    if tls is None:
-        return lambda: grpc.aio.insecure_channel(next(targets), options=_SCHEDULER_CHANNEL_OPTIONS)
     options = [*_SCHEDULER_CHANNEL_OPTIONS, target_name_option(identity.SCHEDULER)]
-    return lambda: grpc.aio.secure_channel(next(targets), tls.credentials(), options=options)
+
+    def connect() -> Link:
+        target = next(targets)
+        if tls is None:
+            return Link(grpc.aio.insecure_channel(target, options=_SCHEDULER_CHANNEL_OPTIONS), target)
+        return Link(grpc.aio.secure_channel(target, tls.credentials(), options=options), target)
+    return connect
 
 
 def _host_memory_mb() -> int:

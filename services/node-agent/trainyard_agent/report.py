@@ -10,15 +10,21 @@
 - CONNECTING: a fresh channel; RegisterNode carries the whole node (inventory with current health,
   labels, addresses) and the allocations whose workers still run here, so a restarted or failed-over
   scheduler rebuilds its view without touching running workers.
-- STREAMING: the open Heartbeat stream is the node's liveness (docs/architecture.md, "Node liveness"):
-  HTTP/2 keepalive pings on both ends (`trainyard_core.rpc.liveness`) keep it true without messages. Beats
+- STREAMING: the open Heartbeat stream carries the node's changes, and its first answer hands the agent a
+  pulse session: from then on a `Pulser` (pulse.py) sends the leader an authenticated UDP datagram every
+  PULSE_INTERVAL_S, which is what proves the node alive (docs/architecture.md, "Node liveness"). HTTP/2
+  pulses unacknowledged for RECONNECT_AFTER_S tell the agent the leader is gone (it registers again, with
+  the next replica); slow HTTP/2 keepalive (`trainyard_core.rpc.liveness`) only clears dead connections. Beats
   carry only changes: one when the stream opens, one at once when a GPU's health or the running allocations
   change, and a refresh every interval (the scheduler's `heartbeat_interval_ms`, else the agent's setting)
   when nothing does. Each has a sequence number, every GPU whose health changed since the registration, and
   the running allocations; GPU metrics are not sent (Prometheus scrapes them from the agent). The scheduler
   answers each; no answer for 3 intervals counts as a broken stream.
-- While the stream is open the worker fence's lease is renewed every LEASE_RENEW_S; when the stream breaks
-  (the leader ended it, died, or stopped answering pings) renewals stop until a leader takes the node again.
+- The worker fence's lease is renewed every LEASE_RENEW_S while the stream is open and the leader
+  acknowledged a pulse sent within ACK_WINDOW_S; renewals stop when either fails (the leader ended the
+  stream, died, stopped answering, or cannot be reached) until a leader takes the node again. A leader that
+  offers no pulse session gets no renewals at all (the safe side: such a leader cannot tell this node is
+  alive in time).
 - `stop()` ends the stream cleanly (the scheduler then counts the node's silence from that moment, not from
   a keepalive timeout earlier).
 - Backoff restarts from its initial delay after every successful registration.
@@ -50,6 +56,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
+from trainyard_core.rpc import pulse
 from trainyard_core.rpc.liveness import LEASE_RENEW_S
 
 from . import metrics
@@ -57,6 +64,7 @@ from .grpc import convert
 from .health.book import HealthBook
 from .model import NodeInfo, RunningAllocation
 from .notify import Notifier, wait_any
+from .pulse import Pulser
 from .workers import lease
 from .workers.fence import LeaderFence
 from .workers.model import WorkerExit
@@ -66,7 +74,23 @@ log = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 5.0
 # How long `stop()` waits for the scheduler to see the stream's clean end before cancelling it.
 CLOSE_WAIT_S = 1.0
-ChannelFactory = Callable[[], grpc.aio.Channel]
+
+
+@dataclass(frozen=True)
+class Link:
+    """A channel to one scheduler replica, and the host:port it dials (pulses go to the same, over UDP)."""
+
+    channel: grpc.aio.Channel
+    target: str
+
+
+ChannelFactory = Callable[[], Link]
+
+
+def split_target(target: str) -> tuple[str, int]:
+    """host:port (or [v6]:port) → (host, port)."""
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class Backoff:
@@ -133,6 +157,8 @@ class Reporter:
         self.acked_seq = 0
         self.registrations = 0
         self.connected = False
+        # The current stream's pulser (None until the leader gives the stream a pulse session).
+        self.pulser: Pulser | None = None
         self.fatal: InvalidArgument | None = None
         self.fatal_event = asyncio.Event()
 
@@ -159,9 +185,10 @@ class Reporter:
         with log_context(node_id=self.node_id):
             warned = False
             while not self._stopping.is_set():
-                channel = self._connect()
+                link = self._connect()
+                channel = link.channel
                 try:
-                    await self._session(channel)
+                    await self._session(channel, link.target)
                 except _Refused as refused:
                     self._fail(refused.error)
                     return
@@ -192,7 +219,7 @@ class Reporter:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    async def _session(self, channel: grpc.aio.Channel) -> None:
+    async def _session(self, channel: grpc.aio.Channel, target: str) -> None:
         stub = scheduler_pb2_grpc.NodeServiceStub(channel)
         health = self._view.health
         # Changes from here on are sent as "changed since registration"; the node below includes them too.
@@ -224,15 +251,16 @@ class Reporter:
         # pending grpc.aio read from outside the call can leave the waiting task hanging forever.)
         stale_after = max(3 * interval, 2.0)
         loop = asyncio.get_running_loop()
-        stale = False
+        stale = ""
 
-        def expire() -> None:
+        def expire(why: str = "the scheduler stopped answering heartbeats") -> None:
             nonlocal stale
-            stale = True
+            stale = why
             call.cancel()
 
         watchdog = loop.call_later(stale_after, expire)
-        renewer = (asyncio.create_task(self._renew_while_open(call), name="worker-lease")
+        pulser: list[Pulser] = []
+        renewer = (asyncio.create_task(self._renew_while_open(call, pulser), name="worker-lease")
                    if self._lease_path is not None else None)
         try:
             while True:
@@ -241,7 +269,7 @@ class Reporter:
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
                     if stale and not (task and task.cancelling()):
-                        raise _Reregister("the scheduler stopped answering heartbeats") from None
+                        raise _Reregister(stale) from None
                     raise
                 watchdog.cancel()
                 watchdog = loop.call_later(stale_after, expire)
@@ -252,18 +280,35 @@ class Reporter:
                 self._fence.observe(response.leader_epoch)
                 if response.reregister:
                     raise _Reregister("the scheduler asked for it")
+                if response.pulse_session and not pulser:
+                    pulser.append(await self._start_pulses(
+                        target, response, lambda: expire("the leader stopped acknowledging liveness pulses")))
         finally:
             watchdog.cancel()
             if renewer is not None:
                 renewer.cancel()
             self._call = None
             call.cancel()
+            for p in pulser:
+                await p.stop()
+            self.pulser = None
 
-    async def _renew_while_open(self, call: grpc.aio.Call) -> None:
-        """The worker lease follows the stream: renewed while it is open (keepalive ends it within
-        TRANSPORT_DETECT_S of the leader going silent), and no longer once it is done."""
+    async def _start_pulses(self, target: str, answer: scheduler_pb2.HeartbeatResponse,
+                            on_silent: Callable[[], None]) -> Pulser:
+        host, port = split_target(target)
+        p = Pulser(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key,
+                   interval_s=answer.pulse_interval_ms / 1000 if answer.pulse_interval_ms > 0
+                   else pulse.PULSE_INTERVAL_S, clock=self._clock, on_silent=on_silent)
+        await p.start()
+        self.pulser = p
+        return p
+
+    async def _renew_while_open(self, call: grpc.aio.Call, pulser: list[Pulser]) -> None:
+        """The worker lease follows the leader's acknowledgements: renewed while the stream is open and a
+        pulse sent within ACK_WINDOW_S was acknowledged, and no longer once the stream is done."""
         while not call.done():
-            self._renew_lease()
+            if pulser and pulser[0].fresh():
+                self._renew_lease()
             await asyncio.sleep(LEASE_RENEW_S)
 
     def _renew_lease(self) -> None:
@@ -292,7 +337,7 @@ class Reporter:
                 self.seq += 1
                 yield convert.heartbeat_request(node_id=self.node_id, seq=self.seq, sent_at=self._clock.now(),
                                                 changed_gpus=health.changed_since(registered_version),
-                                                running=running)
+                                                running=running, pulses=True)
                 sent_version, sent_running, next_refresh = version, running, loop.time() + interval
             if health.version == version and not self._stopping.is_set():
                 await wait_any(notifiers, timeout=max(0.0, next_refresh - loop.time()))
@@ -347,7 +392,7 @@ class ExitReporter:
 
     async def _run(self) -> None:
         with log_context(node_id=self.node_id):
-            channel = self._connect()
+            channel = self._connect().channel
             warned = False
             try:
                 while True:
@@ -377,7 +422,7 @@ class ExitReporter:
                         # A fresh channel: a long-lived one may sit in grpc's own (long) reconnect backoff.
                         await channel.close()
                         await asyncio.sleep(self._backoff.next())
-                        channel = self._connect()
+                        channel = self._connect().channel
                         continue
                     warned = False
                     self._backoff.reset()

@@ -19,13 +19,14 @@ from trainyard_core.store.etcd_check import check_access
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.store.mirror import PrefixMirror
 
-from . import metrics
+from . import metrics, pulses
 from .grpc.agent_client import GrpcAgents
 from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
 from .leadership import Leadership
 from .liveness import NodeLiveness
 from .policy.registry import ProfileSpec, build_profile
+from .pulses import PulseSessions
 from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
@@ -56,6 +57,7 @@ class SchedulerApp:
         self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s, audit=self.audit)
         self._worker_credentials = WorkerCredentials.from_settings(settings)
         self.grpc_port = 0
+        self._pulse_endpoint: pulses.PulseEndpoint | None = None
         self.leadership = Leadership("")
         self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s,
                                      stale_s=settings.stale_stream_s)
@@ -84,8 +86,9 @@ class SchedulerApp:
             return mirror.items.get(key)
         repo = Repository(self.store, self.keys, fence=lambda: election_holder[0].fence(),
                           holdings_source=from_mirror, max_txn_ops=txn_ops)
+        self.pulses = PulseSessions(self.liveness)
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
-                                     worker_fence_s=s.worker_fence_s)
+                                     worker_fence_s=s.worker_fence_s, pulses=self.pulses)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
@@ -102,6 +105,8 @@ class SchedulerApp:
                                                service_names=names, tls=s.tls, audit=self.audit,
                                                audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
         self.grpc_port = self._server.port
+        # Liveness pulses come to the same port number, over UDP (pulses.py).
+        self._pulse_endpoint = await pulses.start_endpoint(s.listen_host, self.grpc_port, self.pulses)
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"
         self.leadership.identity = identity
@@ -169,6 +174,9 @@ class SchedulerApp:
         self.leadership.epoch = 0
         if self._server is not None:
             await self._server.stop(grace=2.0)
+        if self._pulse_endpoint is not None:
+            self._pulse_endpoint.close()
+            self._pulse_endpoint = None
         await self._mirror.stop()
         if isinstance(self._agents, GrpcAgents):
             await self._agents.close()

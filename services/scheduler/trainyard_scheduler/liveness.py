@@ -1,18 +1,20 @@
 """Which nodes are alive (kept in the leader's memory, never in etcd, so an etcd leader change does not
 delay them).
 
-A node's proof of life is its heartbeat stream to this leader (docs/architecture.md, "Node liveness"):
+A node's proof of life is what reaches this leader from its agent (docs/architecture.md, "Node liveness"):
 
-- While the stream is open the node is alive. HTTP/2 keepalive (`trainyard_core.rpc.liveness`) closes the
-  connection of a peer that stops answering pings within KEEPALIVE_INTERVAL_S + KEEPALIVE_TIMEOUT_S, so an
-  open stream is a live, reachable agent, and keeping it so costs no Python work per node.
-- When the stream ends, the node's last proof of life is the end — less KEEPALIVE_TIMEOUT_S when it broke (a
-  keepalive timeout, a reset, a crash), since the peer may have been silent that long before the break was
-  noticed. A clean end (the agent closed its side while stopping) counts from the end itself.
-- A node is lost when it has had no proof of life for `timeout_s`, and not before.
-- Messages on the stream (beats: changes, and a refresh every heartbeat interval) are proof of life too. An
-  open stream that carried no message for `stale_s` (three refresh intervals) means the agent's loop no
-  longer runs though its process answers pings: the node is lost then as well.
+- Pulses: an agent whose heartbeat stream holds a pulse session (pulses.py) sends an authenticated datagram
+  every PULSE_INTERVAL_S; each valid one is a proof of life. Such a node is alive while its last proof is at
+  most `timeout_s` old, stream open or not: pulses, not the connection, say the agent runs and reaches us.
+  When its stream breaks, its last pulse stands (nothing is added); a clean end (the agent closed its side
+  while stopping) counts as a proof at the end itself.
+- An open stream without pulses (an agent that did not ask for them) is alive while it is open: HTTP/2
+  keepalive (`trainyard_core.rpc.liveness`) closes the connection of a peer that stops answering pings. When
+  such a stream ends, its last proof is the end — less KEEPALIVE_TIMEOUT_S when it broke.
+- Messages on the stream (beats: changes, and a refresh every heartbeat interval) are proofs of life too. An
+  open stream without pulses that carried no message for `stale_s` (three refresh intervals) means the
+  agent's loop no longer runs though its process answers pings: the node is lost then as well.
+- A node is lost when it has had no proof of life for its limit, and not before.
 - A new leader has heard from nobody yet: every registered node counts as alive for `grace_s` after the
   leader starts (long enough for the agents to find it), so a failover never declares live nodes dead.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
@@ -52,8 +54,10 @@ class NodeLiveness:
         self._broken = broken_s
         # node → effective time of its last proof of life (for a node with an open stream: its last message).
         self._last: dict[str, float] = {}
-        # node → its heartbeat streams open now (an agent that reconnects may briefly hold two).
+        # node → its heartbeat streams open now (an agent that reconnects may briefly hold two), and how many
+        # of those hold a pulse session.
         self._open: dict[str, int] = {}
+        self._pulsed: dict[str, int] = {}
         # node → the effective time it is lost at if nothing more is heard (absent: it cannot expire), the
         # heap of those deadlines (entries are dropped lazily once they no longer match), and the nodes whose
         # deadline has passed.
@@ -78,6 +82,7 @@ class NodeLiveness:
         """Start of a term as leader."""
         self._last.clear()
         self._open.clear()
+        self._pulsed.clear()
         self._deadline.clear()
         self._heap.clear()
         self._expired.clear()
@@ -115,9 +120,9 @@ class NodeLiveness:
 
     # -- deadlines ------------------------------------------------------------------------------------
     def _limit(self, node_id: str) -> float:
-        """How long the node may go without proof of life: an open stream only goes stale (or never, with no
-        stale limit); a node without one is lost after the timeout."""
-        if node_id in self._open:
+        """How long the node may go without proof of life: the timeout, unless it has an open stream without
+        pulses, which only goes stale (or never, with no stale limit)."""
+        if node_id in self._open and node_id not in self._pulsed:
             return math.inf if self._stale is None else self._stale
         return self._timeout
 
@@ -156,22 +161,37 @@ class NodeLiveness:
         self._last[node_id] = self._now() - backdate_s
         self._rearm(node_id)
 
-    def opened(self, node_id: str) -> None:
-        """A heartbeat stream of the node is open from now on."""
+    def opened(self, node_id: str, *, pulsed: bool = False) -> None:
+        """A heartbeat stream of the node is open from now on; `pulsed`: it holds a pulse session."""
         self._open[node_id] = self._open.get(node_id, 0) + 1
+        if pulsed:
+            self._pulsed[node_id] = self._pulsed.get(node_id, 0) + 1
         self.seen(node_id)
 
-    def closed(self, node_id: str, *, clean: bool) -> None:
-        """One of the node's streams ended; `clean`: the agent closed it (not a break). A stream of an earlier
-        term (opened before `reset`) ending now says nothing about this term."""
+    def closed(self, node_id: str, *, clean: bool, pulsed: bool = False) -> None:
+        """One of the node's streams ended; `clean`: the agent closed it (not a break); `pulsed`: it held a
+        pulse session. A stream of an earlier term (opened before `reset`) ending now says nothing about this
+        term."""
         if node_id not in self._open:
             return
+        if pulsed and node_id in self._pulsed:
+            left_pulsed = self._pulsed[node_id] - 1
+            if left_pulsed > 0:
+                self._pulsed[node_id] = left_pulsed
+            else:
+                del self._pulsed[node_id]
         left = self._open[node_id] - 1
         if left > 0:
             self._open[node_id] = left
+            self._rearm(node_id)
             return
         self._open.pop(node_id, None)
-        self.seen(node_id, backdate_s=0.0 if clean else self._broken)
+        if clean:
+            self.seen(node_id)
+        elif pulsed:
+            self._rearm(node_id)  # its last pulse stands
+        else:
+            self.seen(node_id, backdate_s=self._broken)
 
     def connected(self, node_id: str) -> bool:
         return self._open.get(node_id, 0) > 0
@@ -179,6 +199,7 @@ class NodeLiveness:
     def forget(self, node_id: str) -> None:
         self._last.pop(node_id, None)
         self._open.pop(node_id, None)
+        self._pulsed.pop(node_id, None)
         self._deadline.pop(node_id, None)
         self._expired.discard(node_id)
         self._running.pop(node_id, None)

@@ -19,7 +19,8 @@ from typing import Protocol
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, InvalidArgument, TrainyardError, Unavailable
 from trainyard_core.logs import log_context
-from trainyard_core.rpc.liveness import LEASE_RENEW_S, TRANSPORT_DETECT_S
+from trainyard_core.rpc.liveness import LEASE_RENEW_S
+from trainyard_core.rpc.pulse import ACK_WINDOW_S
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
@@ -45,9 +46,9 @@ from .state.snapshots import PolicyState, SnapshotBuilder
 log = logging.getLogger(__name__)
 
 # Added to the worker fence before a lost node's workers are presumed gone: the agent renews its lease while
-# its stream looks open to it, which can be up to TRANSPORT_DETECT_S (+ one renewal period) after the leader's
-# last proof of life from it, and shims look at the lease every 0.25 s.
-FENCE_MARGIN_S = 0.5 + TRANSPORT_DETECT_S + LEASE_RENEW_S
+# the leader acknowledged a pulse it sent within ACK_WINDOW_S (the leader's last proof of life from it is no
+# older than that pulse), once per renewal period, and shims look at the lease every 0.25 s.
+FENCE_MARGIN_S = 0.5 + ACK_WINDOW_S + LEASE_RENEW_S
 # Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
 ORPHAN_STOP_RETRY_S = 2.0
 

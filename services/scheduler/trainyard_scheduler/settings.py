@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
-from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
+from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
@@ -42,12 +42,12 @@ class SchedulerSettings(EtcdSettings):
     env_prefix: ClassVar[str] = "TRAINYARD_SCHEDULER_"
 
     listen_host: str = "127.0.0.1"
-    listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port (TCP), and the same number over UDP for "
+                             "the agents' liveness pulses; 0 picks a free one")
     advertise_address: str = Field("", description="host:port other components use to reach this replica")
     node_timeout_s: float = Field(2.0, gt=0, description="a node without proof of life this long is lost: its "
-                                  "heartbeat stream is its proof of life while open (keepalive pings every 1 s "
-                                  "close a dead peer's within 1 s more), and a broken stream counts from 1 s before "
-                                  "it broke. Pauses of the scheduler process itself do not count")
+                                  "agent's liveness pulses (every 0.5 s) are its proof of life. Pauses of the "
+                                  "scheduler process itself do not count. More than two pulse intervals")
     heartbeat_interval_ms: int = Field(10_000, ge=50, le=60_000, description="agents send a beat at once on a "
                                        "change (GPU health, running workers) and this often when nothing changes; "
                                        "an open stream silent for 3 intervals counts as a lost node")
@@ -157,10 +157,10 @@ class SchedulerSettings(EtcdSettings):
             raise ValueError(f"worker_fence_s ({self.worker_fence_s}) must be at least node_timeout_s + "
                              f"leader_ttl_s ({self.node_timeout_s + self.leader_ttl_s:g}): a scheduler failover "
                              "would otherwise kill every worker")
-        if self.node_timeout_s <= KEEPALIVE_TIMEOUT_S:
-            raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be more than the keepalive timeout "
-                             f"({KEEPALIVE_TIMEOUT_S:g}s): a broken heartbeat stream counts from that long before "
-                             "it broke, so a shorter timeout declares a node lost the moment its stream breaks")
+        if self.node_timeout_s <= 2 * PULSE_INTERVAL_S:
+            raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be more than two liveness pulse intervals "
+                             f"({2 * PULSE_INTERVAL_S:g}s): with less, one pulse lost on the network would be a "
+                             "lost node")
         return self
 
     @property

@@ -61,11 +61,12 @@ def register_request(node: NodeInfo, running: Iterable[RunningAllocation]) -> sc
 
 
 def heartbeat_request(*, node_id: str, seq: int, sent_at: float, changed_gpus: Sequence[Accelerator],
-                      running: Iterable[RunningAllocation]) -> scheduler_pb2.HeartbeatRequest:
-    """A beat: changes only. GPU metrics are not sent (the agent's Prometheus endpoint has them)."""
+                      running: Iterable[RunningAllocation], pulses: bool = False) -> scheduler_pb2.HeartbeatRequest:
+    """A beat: changes only. GPU metrics are not sent (the agent's Prometheus endpoint has them). `pulses`:
+    ask for a pulse session (the leader answers the stream's first beat with one)."""
     return scheduler_pb2.HeartbeatRequest(node_id=node_id, seq=seq, sent_at=timestamp(sent_at),
                                           gpus=[gpu_to_pb(g) for g in changed_gpus],
-                                          running=running_to_pb(running))
+                                          running=running_to_pb(running), pulses=pulses)
 
 
 def exit_report(node_id: str, exit: WorkerExit) -> scheduler_pb2.ReportWorkerExitRequest:

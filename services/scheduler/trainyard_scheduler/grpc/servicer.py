@@ -24,6 +24,7 @@ from trainyard_core.errors import (
 )
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
+from trainyard_core.rpc import pulse
 from trainyard_core.security import authz
 
 from ..domain.health import apply_gpu_health, cordon_for_health
@@ -39,6 +40,7 @@ from ..domain.validation import (
 )
 from ..leadership import Leadership
 from ..liveness import NodeLiveness
+from ..pulses import PulseSessions
 from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
 from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, Repository, max_gang_nodes
@@ -208,8 +210,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
 class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     def __init__(self, repo: Repository, leadership: Leadership, liveness: NodeLiveness, clock: Clock,
-                 heartbeat_interval_ms: int, *, worker_fence_s: float = 0.0) -> None:
+                 heartbeat_interval_ms: int, *, worker_fence_s: float = 0.0,
+                 pulses: PulseSessions | None = None) -> None:
         self._repo = repo
+        # Liveness pulse sessions, one per stream that asks (None: this replica offers none).
+        self._pulses = pulses
         self._worker_fence_s = worker_fence_s
         self._leadership = leadership
         self._liveness = liveness
@@ -257,7 +262,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
 
     async def Heartbeat(self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
-        """The open stream is the node's liveness (liveness.py); beats carry only changes and a slow refresh.
+        """The stream carries the node's changes (a beat on each, and a slow refresh); its first answer opens a
+        pulse session when the agent asks, and the pulses are then the node's liveness (liveness.py, pulses.py).
         Liveness is noted before anything touches etcd, and an etcd failure (a leader change, a lost member)
         never ends the stream: a node must not look lost because the store hiccupped. Health changes that
         could not be written are kept and written with a later beat. The stream ends when this replica's
@@ -266,6 +272,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         term_over = self._term_over()
         node_id = ""
         clean = False
+        session, key = 0, b""
         known: set[str] = set()  # read once per stream: a node whose record is gone is asked to register
         requests = request_iterator.__aiter__()
         nxt: asyncio.Future[scheduler_pb2.HeartbeatRequest] | None = None
@@ -284,15 +291,21 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 except StopAsyncIteration:
                     clean = True
                     return
-                if not node_id:
+                first = not node_id
+                if first:
                     if not is_valid_id(req.node_id):
                         raise InvalidArgument(f"node_id {req.node_id!r} is not a valid node id")
                     node_id = req.node_id
-                    self._liveness.opened(node_id)
+                    if req.pulses and self._pulses is not None:
+                        session, key = self._pulses.open(node_id)
+                    self._liveness.opened(node_id, pulsed=bool(session))
                 elif req.node_id != node_id:
                     raise InvalidArgument(f"one heartbeat stream carries one node: it began as {node_id!r}, "
                                           f"not {req.node_id!r}")
                 answer = await self._beat(req, known)
+                if first and session:
+                    answer.pulse_session, answer.pulse_key = session, key
+                    answer.pulse_interval_ms = round(pulse.PULSE_INTERVAL_S * 1000)
                 yield answer
                 if answer.reregister:
                     clean = True
@@ -300,8 +313,10 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         finally:
             if nxt is not None and not nxt.done():
                 nxt.cancel()  # the call ended (the agent went away, or grpc cancelled it) while a read waited
+            if session and self._pulses is not None:
+                self._pulses.close(session)
             if node_id:
-                self._liveness.closed(node_id, clean=clean)
+                self._liveness.closed(node_id, clean=clean, pulsed=bool(session))
                 self._last_heartbeat[node_id] = self._clock.now()
 
     async def _beat(self, req: scheduler_pb2.HeartbeatRequest,
@@ -340,6 +355,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             self._term.set_result(None)
         self._term = None
         self._pending_health.clear()
+        if self._pulses is not None:
+            self._pulses.clear()
 
     def _term_over(self) -> asyncio.Future[None]:
         if self._term is None:

@@ -1,0 +1,118 @@
+"""The agent's end of liveness pulses (`trainyard_core.rpc.pulse`): one `Pulser` per heartbeat stream that
+the leader gave a pulse session.
+
+It sends a pulse every interval to the host and port the stream goes to (UDP, from a socket connected to that
+address, so only datagrams from there are read) and reads the leader's acknowledgements. `fresh()` says
+whether the newest acknowledged pulse was sent within ACK_WINDOW_S: the worker lease is renewed only then,
+because the leader has heard from this node at least that recently. When nothing was acknowledged for
+RECONNECT_AFTER_S (since the newest acknowledged pulse was sent, or since the pulser started) it calls
+`on_silent` once: the reporter then ends the stream and looks for the leader again. A send that fails (no
+route, the leader's port closed) is retried with the next pulse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from trainyard_core.clock import Clock
+from trainyard_core.rpc import pulse
+
+log = logging.getLogger(__name__)
+
+# Sends whose time is still remembered (an acknowledgement for an older pulse is ignored): ACK_WINDOW_S
+# worth of pulses is all that `fresh` looks at.
+_REMEMBERED = 64
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, pulser: Pulser) -> None:
+        self._pulser = pulser
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self._pulser._acked(data)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP "port unreachable" for an earlier pulse (the leader's process is gone): the stream will say so.
+        self._pulser.send_errors += 1
+
+
+class Pulser:
+    def __init__(self, *, host: str, port: int, session: int, key: bytes, interval_s: float,
+                 clock: Clock, on_silent: Callable[[], None] | None = None) -> None:
+        self._addr = (host, port)
+        self._session = session
+        self._key = key
+        self._interval = interval_s
+        self._clock = clock
+        self._on_silent = on_silent
+        self._started_at = clock.monotonic()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+        self._sent_at: dict[int, float] = {}
+        self._acked_seq = 0
+        # Monotonic time the newest acknowledged pulse was sent at (-inf: none yet).
+        self.acked_sent_at = float("-inf")
+        self.sent = 0
+        self.acks = 0
+        self.send_errors = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), remote_addr=self._addr)
+        self._task = asyncio.create_task(self._run(), name="liveness-pulses")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    def fresh(self) -> bool:
+        """The leader acknowledged a pulse sent within ACK_WINDOW_S."""
+        return self._clock.monotonic() - self.acked_sent_at <= pulse.ACK_WINDOW_S
+
+    def silent_for(self) -> float:
+        """Seconds since the newest acknowledged pulse was sent (or since the start, before any)."""
+        return self._clock.monotonic() - max(self.acked_sent_at, self._started_at)
+
+    async def _run(self) -> None:
+        silent_called = False
+        while True:
+            self._send()
+            await asyncio.sleep(self._interval)
+            if not silent_called and self._on_silent is not None and self.silent_for() > pulse.RECONNECT_AFTER_S:
+                silent_called = True
+                self._on_silent()
+
+    def _send(self) -> None:
+        if self._transport is None:
+            return
+        self._seq += 1
+        self._sent_at[self._seq] = self._clock.monotonic()
+        if len(self._sent_at) > _REMEMBERED:
+            del self._sent_at[next(iter(self._sent_at))]
+        try:
+            self._transport.sendto(pulse.encode(pulse.PULSE, self._session, self._seq, self._key))
+            self.sent += 1
+        except OSError as exc:
+            self.send_errors += 1
+            log.debug("liveness pulse not sent: %s", exc)
+
+    def _acked(self, data: bytes) -> None:
+        got = pulse.verify(data, self._key, pulse.ACK)
+        if got is None or got.session != self._session or got.seq <= self._acked_seq:
+            return
+        sent_at = self._sent_at.get(got.seq)
+        if sent_at is None:  # not one of ours, or too old to matter
+            return
+        self._acked_seq = got.seq
+        self.acked_sent_at = max(self.acked_sent_at, sent_at)
+        self.acks += 1

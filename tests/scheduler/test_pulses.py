@@ -1,0 +1,114 @@
+"""Liveness pulses (trainyard_core.rpc.pulse): the wire format and its authentication, the leader's sessions,
+and an agent's Pulser against the leader's real UDP endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from trainyard_agent.pulse import Pulser
+from trainyard_core.clock import ManualClock, SystemClock
+from trainyard_core.rpc import pulse
+from trainyard_core.testing.wait import eventually
+from trainyard_scheduler import metrics
+from trainyard_scheduler.liveness import TICK_S, NodeLiveness
+from trainyard_scheduler.pulses import PulseSessions, start_endpoint
+
+KEY = bytes(range(32))
+
+
+def test_a_datagram_verifies_only_with_its_key_and_its_kind() -> None:
+    data = pulse.encode(pulse.PULSE, 7, 42, KEY)
+    assert len(data) == pulse.SIZE
+    assert pulse.peek_session(data) == 7
+    assert pulse.verify(data, KEY, pulse.PULSE) == pulse.Datagram(pulse.PULSE, 7, 42)
+    assert pulse.verify(data, bytes(32), pulse.PULSE) is None, "another session's key"
+    assert pulse.verify(data, KEY, pulse.ACK) is None, "a pulse reflected back is not an acknowledgement"
+    flipped = bytearray(data)
+    flipped[10] ^= 1
+    assert pulse.verify(bytes(flipped), KEY, pulse.PULSE) is None, "a changed sequence"
+    assert pulse.verify(data[:-1], KEY, pulse.PULSE) is None and pulse.peek_session(data[:-1]) is None
+    assert pulse.peek_session(b"\x02" + data[1:]) is None, "another version"
+
+
+def _count(result: str) -> float:
+    return metrics.PULSES.labels(result)._value.get()
+
+
+def _run(clock: ManualClock, live: NodeLiveness, seconds: float) -> None:
+    """The leader's loop runs normally meanwhile (its ticker ticks: the time is not a pause of its own)."""
+    for _ in range(round(seconds / TICK_S)):
+        clock.advance(TICK_S)
+        live.tick()
+
+
+def test_the_leader_takes_each_pulse_of_an_open_session_once_and_answers_it() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0.0)
+    live.reset()
+    sessions = PulseSessions(live)
+    ident, key = sessions.open("node-1")
+    live.opened("node-1", pulsed=True)
+    before = {r: _count(r) for r in ("accepted", "replayed", "unknown_session", "bad_mac", "malformed")}
+
+    _run(clock, live, 1.9)
+    ack = sessions.received(pulse.encode(pulse.PULSE, ident, 1, key))
+    assert ack is not None and pulse.verify(ack, key, pulse.ACK) == pulse.Datagram(pulse.ACK, ident, 1)
+    _run(clock, live, 1.9)
+    assert live.alive(["node-1"]) == {"node-1"}, "the pulse 1.9 s ago is its proof of life"
+    assert sessions.received(pulse.encode(pulse.PULSE, ident, 1, key)) is None, "a replay"
+    assert sessions.received(pulse.encode(pulse.PULSE, ident, 2, bytes(32))) is None, "a forged pulse"
+    assert sessions.received(pulse.encode(pulse.PULSE, ident + 1, 3, key)) is None, "no such session"
+    assert sessions.received(b"hello") is None
+    _run(clock, live, 0.2)
+    assert live.alive(["node-1"]) == frozenset(), "none of those was a proof of life"
+    assert {r: _count(r) - before[r] for r in before} == {
+        "accepted": 1, "replayed": 1, "unknown_session": 1, "bad_mac": 1, "malformed": 1}
+
+    sessions.close(ident)
+    assert sessions.received(pulse.encode(pulse.PULSE, ident, 5, key)) is None, "the stream ended"
+    again, key2 = sessions.open("node-1")
+    sessions.clear()
+    assert sessions.received(pulse.encode(pulse.PULSE, again, 1, key2)) is None, "the term ended"
+    assert len(sessions) == 0
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_pulser_is_fresh_while_the_leader_answers_and_stale_once_it_stops() -> None:
+    live = NodeLiveness(SystemClock(), timeout_s=2.0)
+    sessions = PulseSessions(live)
+    port = _free_udp_port()
+    endpoint = await start_endpoint("127.0.0.1", port, sessions)
+    ident, key = sessions.open("node-1")
+    pulser = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.1, clock=SystemClock())
+    await pulser.start()
+    try:
+        assert not pulser.fresh(), "nothing acknowledged yet"
+        await eventually(lambda: _fresh(pulser), timeout=5.0, what="an acknowledgement")
+        assert live.last_seen_age("node-1") is not None
+        sessions.clear()  # the leader's term ends: it answers no more
+        await asyncio.sleep(pulse.ACK_WINDOW_S + 0.3)
+        assert not pulser.fresh(), "no acknowledgement for longer than the window"
+        assert pulser.sent > pulser.acks > 0
+    finally:
+        await pulser.stop()
+        endpoint.close()
+
+
+async def _fresh(p: Pulser) -> bool:
+    return p.fresh()
+
+
+async def test_the_endpoint_says_which_port_it_could_not_take() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"UDP 127.0.0.1:{port}"):
+            await start_endpoint("127.0.0.1", port, PulseSessions(NodeLiveness(SystemClock(), 2.0)))
