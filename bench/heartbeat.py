@@ -15,6 +15,13 @@ Figures: `heartbeat_cpu_us_tls`, `heartbeat_cpu_us_plaintext` (medians over the 
 `_plaintext` (the idle baseline, % of a core), `beat_ack_p50_ms_tls` /
 `_plaintext` (beat sent → its ack seen by the swarm) and their ratio. The fleet benchmark (`fleet.py`) measures
 the scheduler holding thousands of agents; this one isolates what transport security adds to each beat.
+
+Then the same nodes hold the agent's current protocol: one stream each whose first beat asks for a pulse
+session, no further beat, and the agent's own `Pulser` sending a pulse every 0.5 s (what keeps an idle node
+alive now; beats go out only on a change). Over as many windows, the scheduler's CPU per node-second (idle
+baseline subtracted): `liveness_cpu_us_per_node_s_tls`, `_plaintext`, and `liveness_cpu_tls_vs_plaintext`,
+what transport security adds to keeping a node alive (the pulses themselves are the same datagrams in both:
+authenticated by their session key, not by TLS).
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.grpc.convert import node_to_pb
+from trainyard_agent.pulse import Pulser
+from trainyard_agent.report import split_target
 from trainyard_cli.local import LocalCluster
+from trainyard_core.clock import SystemClock
 from trainyard_core.rpc.server import insecure_channel, secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
@@ -71,6 +81,7 @@ class SimNode:
         self.latencies_ms: list[float] = []
         self._sent: dict[int, float] = {}
         self.recording = False
+        self.pulser: Pulser | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         stub = scheduler_pb2_grpc.NodeServiceStub(self.channel)
@@ -94,6 +105,28 @@ class SimNode:
             if sent is not None and self.recording:
                 self.acked += 1
                 self.latencies_ms.append((time.perf_counter() - sent) * 1e3)
+
+    async def hold(self, address: str, stop: asyncio.Event) -> None:
+        """The current protocol, idle: one beat asking for pulses, then pulses only, until `stop`."""
+        stub = scheduler_pb2_grpc.NodeServiceStub(self.channel)
+
+        async def beats() -> AsyncIterator[scheduler_pb2.HeartbeatRequest]:
+            yield scheduler_pb2.HeartbeatRequest(node_id=self.node_id, seq=1, pulses=True)
+            await stop.wait()
+
+        call = stub.Heartbeat(beats())
+        first = await call.read()
+        assert isinstance(first, scheduler_pb2.HeartbeatResponse) and first.pulse_session, first
+        host, port = split_target(address)
+        pulser = Pulser(host=host, port=port, session=first.pulse_session, key=first.pulse_key,
+                        interval_s=first.pulse_interval_ms / 1000, clock=SystemClock())
+        await pulser.start()
+        self.pulser = pulser
+        try:
+            await stop.wait()
+        finally:
+            await pulser.stop()
+            call.cancel()
 
 
 async def _swarm(cluster: LocalCluster, count: int, interval_s: float, tls: bool) -> list[SimNode]:
@@ -141,12 +174,18 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    tls_us, plain_us = statistics.median(per_beat[True]), statistics.median(per_beat[False])
+    ack = {tls: statistics.median([v for n in swarm for v in n.latencies_ms]) for tls, swarm in swarms.items()}
+    try:
+        live = await _liveness(config, clusters, swarms, pids, idle)
+    finally:
         for swarm in swarms.values():
             for n in swarm:
                 await n.channel.close()
-    tls_us, plain_us = statistics.median(per_beat[True]), statistics.median(per_beat[False])
-    ack = {tls: statistics.median([v for n in swarm for v in n.latencies_ms]) for tls, swarm in swarms.items()}
     return {
+        "liveness_cpu_us_per_node_s_tls": live[True],
+        "liveness_cpu_us_per_node_s_plaintext": live[False],
+        "liveness_cpu_tls_vs_plaintext": live[True] / live[False],
         "heartbeat_cpu_us_tls": tls_us,
         "heartbeat_cpu_us_plaintext": plain_us,
         "heartbeat_cpu_tls_vs_plaintext": tls_us / plain_us,
@@ -159,6 +198,36 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
         "interval_ms": float(config.interval_ms),
         "windows": float(config.rounds),
     }
+
+
+async def _liveness(config: Config, clusters: dict[bool, LocalCluster], swarms: dict[bool, list[SimNode]],
+                    pids: dict[bool, int], idle: dict[bool, float]) -> dict[bool, float]:
+    """The scheduler's CPU per node-second (idle subtracted, median of the windows) with every node holding an
+    idle stream and pulsing, on each side."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(n.hold(clusters[tls].scheduler_addresses[0], stop))
+             for tls, swarm in swarms.items() for n in swarm]
+    per_node_s: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        await asyncio.sleep(2.0)  # every stream open and its pulser started
+        for task in tasks:
+            if task.done():
+                task.result()
+        for _ in range(config.rounds):
+            before = {tls: cpu_s(pid) for tls, pid in pids.items()}
+            started = time.perf_counter()
+            await asyncio.sleep(config.window_s)
+            took = time.perf_counter() - started
+            for tls, swarm in swarms.items():
+                busy = cpu_s(pids[tls]) - before[tls] - idle[tls] * took
+                per_node_s[tls].append(max(busy, 0.0) / (len(swarm) * took) * 1e6)
+        acked = [n.pulser.acks for swarm in swarms.values() for n in swarm if n.pulser is not None]
+        if len(acked) != sum(len(s) for s in swarms.values()) or min(acked) == 0:
+            raise RuntimeError("some simulated nodes never had a pulse acknowledged: the figure would be wrong")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {tls: statistics.median(v) for tls, v in per_node_s.items()}
 
 
 def run(config: Config = Config()) -> dict[str, float]:

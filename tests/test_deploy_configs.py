@@ -227,7 +227,7 @@ def test_bad_settings_name_the_setting(tmp_path: Path) -> None:
         load_settings(SchedulerSettings, prog="s", env_prefix="P_", argv=["--config", str(bad)], env={})
 
 
-def test_node_timeout_must_be_longer_than_the_keepalive_timeout() -> None:
-    with pytest.raises(SettingsError, match=r"node_timeout_s \(1.0\) must be more than the keepalive timeout"):
+def test_node_timeout_must_be_longer_than_two_pulse_intervals() -> None:
+    with pytest.raises(SettingsError, match=r"node_timeout_s \(1.0\) must be more than two liveness pulse intervals"):
         load_settings(SchedulerSettings, prog="s", env_prefix="P_",
                       argv=["--node-timeout-s", "1", "--heartbeat-interval-ms", "1000"], env={})

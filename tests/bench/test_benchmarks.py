@@ -59,6 +59,7 @@ FIGURES: dict[str, set[str]] = {
     },
     "heartbeat": {
         "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
+        "liveness_cpu_us_per_node_s_tls", "liveness_cpu_us_per_node_s_plaintext", "liveness_cpu_tls_vs_plaintext",
         "scheduler_idle_cpu_percent_tls", "scheduler_idle_cpu_percent_plaintext",
         "beat_ack_p50_ms_plaintext", "beat_ack_p50_tls_vs_plaintext", "nodes", "interval_ms", "windows",
     },

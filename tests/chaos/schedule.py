@@ -36,8 +36,8 @@ FAULT_WEIGHTS: dict[str, float] = {
 # The kinds that need network namespaces (netns.available()); left out of the plan, and said so, without.
 NETWORK_KINDS = frozenset({"partition_agent_leader", "partition_leader_etcd", "partition_gateway_scheduler",
                            "isolate_node", "packet_loss", "latency"})
-# Latency drawn for the `latency` kind, one way: the round trip 2 * (delay + jitter) stays below the 1 s
-# keepalive timeout with room to spare, so the node must not die of it (invariant (f)).
+# Latency drawn for the `latency` kind, one way: the round trip 2 * (delay + jitter) stays below a second, well
+# inside the 2 s pulse acknowledgement window, so the node must not die of it (invariant (f)).
 LATENCY_MS = (50.0, 300.0)
 MAX_JITTER_MS = 50.0
 LOSS_PCT = (5.0, 30.0)

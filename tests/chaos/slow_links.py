@@ -1,7 +1,7 @@
 """Invariant (f) of the chaos checker: no false death for a node that is only slow.
 
-While a node's only fault is latency below the timeout (the `latency` kind: round trip under 1 s, the
-keepalive timeout), the node must not be lost. netfaults.py opens a window for the node once the delay is on
+While a node's only fault is latency (the `latency` kind: a round trip under 1 s, well inside the 2 s pulse
+acknowledgement window), the node must not be lost. netfaults.py opens a window for the node once the delay is on
 (`open`) and closes it before the delay goes (`close`); the node has no other fault meanwhile (one fault per
 node). Within a window:
 

@@ -41,7 +41,7 @@ def test_network_faults_are_drawn_within_their_bounds_and_on_both_sides_of_the_d
     for f in faults:
         by_kind.setdefault(f.kind, []).append(f)
     assert set(by_kind) >= NETWORK_KINDS | {"freeze_agent", "freeze_scheduler", "freeze_etcd_member"}
-    # Latency: the round trip (both ways, delay + jitter each) stays below the 1 s keepalive timeout.
+    # Latency: the round trip (both ways, delay + jitter each) stays below a second.
     assert all(2 * (f.amount + f.jitter_ms) < 1000 and 50 <= f.amount <= 300 for f in by_kind["latency"])
     assert all(5 <= f.amount <= 30 for f in by_kind["packet_loss"])
     for kind, deadline in (("partition_agent_leader", 2.5), ("isolate_node", 2.5), ("freeze_agent", 2.5),

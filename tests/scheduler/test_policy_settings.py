@@ -53,7 +53,7 @@ def test_speed_factor_flags_override(tmp_path: Path) -> None:
     ("placement_order: random\n", "placement_order"),
     ("priority_classes: {normal: {value: lots}}\n", "priority_classes.normal.value"),
     ("node_timeout_s: 6\nworker_fence_s: 8\n", "worker_fence_s (8.0) must be at least node_timeout_s + leader_ttl_s"),
-    ("node_timeout_s: 1\n", "node_timeout_s (1.0) must be more than the keepalive timeout"),
+    ("node_timeout_s: 1\n", "node_timeout_s (1.0) must be more than two liveness pulse intervals"),
     ("max_infra_restarts: -1\n", "max_infra_restarts"),
 ])
 def test_bad_policy_settings_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:

@@ -23,8 +23,8 @@ it has, HTB, the u32 and BPF classifiers and pfifo:
 No qdisc here can hold a packet back, so latency is done in user space by a delay line (delayline.py): the
 host's veth peer leaves the bridge and a tap device takes its place; the delay line carries every frame
 between the two after the delay, with jitter that never reorders frames (a frame leaves no earlier than the
-one before it). `LATENCY_LIMIT_MS` bounds delay plus jitter so the round trip stays below a second, the
-keepalive timeout the node liveness path is built on.
+one before it). `LATENCY_LIMIT_MS` bounds delay plus jitter so the round trip stays below a second, well inside
+the 2 s window in which an agent needs its pulses acknowledged (rpc/pulse.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import ipaddress
 from dataclasses import dataclass
 
 DROP_CLASS = "1:99"
-# A round trip of (delay + jitter) * 2 stays below the 1 s keepalive timeout with room for the host itself.
+# A round trip of (delay + jitter) * 2 stays below a second: well inside the 2 s pulse acknowledgement window.
 LATENCY_LIMIT_MS = 400.0
 # Classic BPF: ld [SKF_AD_OFF + SKF_AD_RANDOM]; jge #K, 0, 1; ret #-1 (the filter's flowid); ret #0 (no match).
 _LD_RANDOM = "32 0 0 4294963256"
@@ -73,7 +73,7 @@ class Impairment:
                              "the delay")
         if self.delay_ms + self.jitter_ms > LATENCY_LIMIT_MS:
             raise ValueError(f"delay_ms + jitter_ms ({self.delay_ms + self.jitter_ms:g}) is above "
-                             f"{LATENCY_LIMIT_MS:g}: the round trip must stay below the 1 s keepalive timeout")
+                             f"{LATENCY_LIMIT_MS:g}: the round trip must stay below a second (pulses need acknowledging within 2 s)")
 
     @property
     def drops(self) -> bool:

@@ -17,6 +17,8 @@ GPUS_TOTAL = Gauge("trainyard_scheduler_gpus_healthy", "Healthy GPUs on live nod
 NODES = Gauge("trainyard_scheduler_nodes", "Registered nodes by liveness", ["alive"])
 PULSES = Counter("trainyard_scheduler_pulses_total",
                  "Liveness pulses received from agents, by result (accepted, or why one was dropped)", ["result"])
+PULSE_ACKS_DROPPED = Counter("trainyard_scheduler_pulse_acks_dropped_total",
+                             "Pulse acknowledgements the kernel would not send (a full send buffer, no route)")
 PULSE_SESSIONS = Gauge("trainyard_scheduler_pulse_sessions", "Open liveness pulse sessions (one per agent stream)")
 IS_LEADER = Gauge("trainyard_scheduler_is_leader", "1 while this replica leads")
 AGENT_CALL_FAILURES = Counter("trainyard_scheduler_agent_call_failures_total", "Failed launch/stop calls to agents",

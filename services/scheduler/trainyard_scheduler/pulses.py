@@ -29,12 +29,17 @@ from .liveness import NodeLiveness
 log = logging.getLogger(__name__)
 
 RCVBUF_BYTES = 8 << 20
+# A drain answers up to a batch of pulses at once: at 1,500 nodes the default 208 KiB send buffer (each small
+# datagram is charged ~1 KiB until the receiver reads it) overflowed and acknowledgements were dropped.
+SNDBUF_BYTES = 8 << 20
 # How often the endpoint takes what arrived, and the most it takes at once (then the loop runs other work).
 DRAIN_S = 0.05
 MAX_BATCH = 20_000
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux's number; not every Python names it
-# Below this the kernel may drop pulses of a large fleet during a busy moment of the loop.
-RCVBUF_WARN_BYTES = 1 << 20
+# Linux's numbers; not every Python names them.
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+# Below this the kernel may drop pulses (or acknowledgements) of a large fleet during a busy moment of the loop.
+BUF_WARN_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -108,7 +113,7 @@ class PulseEndpoint:
         self._sock = sock
         self._sessions = sessions
         self._task: asyncio.Task[None] | None = None
-        self.acks_not_sent = 0
+        self._acks_dropped = metrics.PULSE_ACKS_DROPPED
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pulse endpoint")
@@ -139,7 +144,7 @@ class PulseEndpoint:
                 try:
                     sock.sendto(ack, addr)
                 except OSError:  # the send buffer is full, or no route back: the agent sends again
-                    self.acks_not_sent += 1
+                    self._acks_dropped.inc()
         return MAX_BATCH
 
 
@@ -150,15 +155,17 @@ def _socket(host: str, port: int) -> socket.socket:
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
-        try:  # root (CAP_NET_ADMIN) may go past net.core.rmem_max
-            sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, RCVBUF_BYTES)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        if got < RCVBUF_WARN_BYTES:
-            log.warning("the pulse endpoint's receive buffer is %d bytes (net.core.rmem_max caps it); pulses "
-                        "of a large fleet may be dropped while the scheduler is busy: raise it with "
-                        "`sysctl -w net.core.rmem_max=%d`", got, RCVBUF_BYTES)
+        for force, plain, size, what, cap in ((_SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF_BYTES, "receive", "rmem_max"),
+                                              (_SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF_BYTES, "send", "wmem_max")):
+            try:  # root (CAP_NET_ADMIN) may go past net.core.[rw]mem_max
+                sock.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                sock.setsockopt(socket.SOL_SOCKET, plain, size)
+            got = sock.getsockopt(socket.SOL_SOCKET, plain)
+            if got < BUF_WARN_BYTES:
+                log.warning("the pulse endpoint's %s buffer is %d bytes (net.core.%s caps it); pulses or their "
+                            "acknowledgements may be dropped for a large fleet while the scheduler is busy: raise "
+                            "it with `sysctl -w net.core.%s=%d`", what, got, cap, cap, size)
         sock.bind(addr)
     except OSError:
         sock.close()
