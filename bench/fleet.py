@@ -92,11 +92,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Config:
-    # The most this 2-core machine drives with the scheduler, etcd, the gateway and the swarm on it together:
-    # at 1,500 the scheduler alone is at ~95% of a core with the jobs flowing (~230 us per node-second for
-    # liveness, most of it the 1 s keepalive itself, plus ~0.6 of a core for the jobs), and the swarm takes
-    # ~150-230 us per node-second more. 2,000 did not come up: the scheduler, out of CPU, missed keepalive
-    # answers and its leader lease, and every lost term ended every stream (a re-registration storm).
+    # The most this 2-core machine drives with the scheduler, etcd, the gateway and the swarm on it together: at
+    # 1,500 the scheduler is at ~70% of a core with the jobs flowing (~220 us per node-second for liveness from
+    # pulses, ~0.4 of a core for the jobs), and the swarm takes ~50% of a core more. With the former 1 s
+    # keepalive, 2,000 did not come up (the scheduler, out of CPU, missed pings and its leader lease).
     nodes: int = 1_500
     workers: int = 3               # swarm processes of the nodes that never stop
     steady_s: float = 300.0

@@ -73,7 +73,8 @@ class Impairment:
                              "the delay")
         if self.delay_ms + self.jitter_ms > LATENCY_LIMIT_MS:
             raise ValueError(f"delay_ms + jitter_ms ({self.delay_ms + self.jitter_ms:g}) is above "
-                             f"{LATENCY_LIMIT_MS:g}: the round trip must stay below a second (pulses need acknowledging within 2 s)")
+                             f"{LATENCY_LIMIT_MS:g}: the round trip must stay below a second (pulses need "
+                             "acknowledging within 2 s)")
 
     @property
     def drops(self) -> bool:
