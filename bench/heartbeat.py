@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -185,7 +186,8 @@ async def _measure(config: Config, clusters: dict[bool, LocalCluster]) -> dict[s
     return {
         "liveness_cpu_us_per_node_s_tls": live[True],
         "liveness_cpu_us_per_node_s_plaintext": live[False],
-        "liveness_cpu_tls_vs_plaintext": live[True] / live[False],
+        # (NaN when the plaintext side's CPU is lost in its idle baseline: a window too short for the nodes.)
+        "liveness_cpu_tls_vs_plaintext": live[True] / live[False] if live[False] > 0 else math.nan,
         "heartbeat_cpu_us_tls": tls_us,
         "heartbeat_cpu_us_plaintext": plain_us,
         "heartbeat_cpu_tls_vs_plaintext": tls_us / plain_us,

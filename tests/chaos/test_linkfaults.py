@@ -54,7 +54,7 @@ PORT, OTHER_PORT = 7101, 7102
 # -- pure ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"loss_pct": 101.0}, "loss_pct"), ({"loss_pct": -1.0}, "loss_pct"),
-    ({"delay_ms": 50.0, "jitter_ms": 60.0}, "jitter"), ({"delay_ms": 350.0, "jitter_ms": 100.0}, "keepalive"),
+    ({"delay_ms": 50.0, "jitter_ms": 60.0}, "jitter"), ({"delay_ms": 350.0, "jitter_ms": 100.0}, "round trip"),
     ({"delay_ms": -5.0}, "delay_ms")])
 def test_an_impairment_out_of_range_is_refused_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
