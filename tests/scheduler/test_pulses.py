@@ -112,3 +112,31 @@ async def test_the_endpoint_says_which_port_it_could_not_take() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=f"UDP 127.0.0.1:{port}"):
             await start_endpoint("127.0.0.1", port, PulseSessions(NodeLiveness(SystemClock(), 2.0)))
+
+
+async def test_a_failing_drain_is_logged_and_the_endpoint_keeps_draining(caplog: pytest.LogCaptureFixture) -> None:
+    live = NodeLiveness(SystemClock(), timeout_s=2.0)
+    sessions = PulseSessions(live)
+    port = _free_udp_port()
+    endpoint = await start_endpoint("127.0.0.1", port, sessions)
+    calls = []
+
+    def broken(data: bytes) -> bytes | None:
+        calls.append(data)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return None
+    sessions.received = broken  # type: ignore[method-assign]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.sendto(b"x", ("127.0.0.1", port))
+            await eventually(lambda: _true(len(calls) == 1), timeout=5.0, what="the first drain")
+            s.sendto(b"y", ("127.0.0.1", port))
+            await eventually(lambda: _true(len(calls) == 2), timeout=5.0, what="a drain after the failed one")
+        finally:
+            endpoint.close()
+    assert "pulse endpoint: draining failed" in caplog.text
+
+
+async def _true(value: bool) -> bool:
+    return value

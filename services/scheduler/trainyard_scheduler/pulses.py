@@ -127,7 +127,11 @@ class PulseEndpoint:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(DRAIN_S)
-            self.drain()
+            try:
+                self.drain()
+            except Exception:
+                # A bug here must not stop every node's liveness for good: log it and drain again next time.
+                log.exception("pulse endpoint: draining failed")
 
     def drain(self) -> int:
         """Take every datagram waiting (at most MAX_BATCH); answer the valid pulses. Returns how many were read."""
