@@ -28,7 +28,6 @@ import grpc.aio
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.app import scheduler_channel
 from trainyard_agent.pulse import Pulser
-from trainyard_agent.report import split_target
 from trainyard_core.clock import SystemClock
 from trainyard_core.rpc import liveness, pulse
 from trainyard_core.rpc.server import start_grpc_server
@@ -105,7 +104,6 @@ def _connect(conn: Connection, pki_dir: str, address: str, node_ids: Sequence[st
         stop = asyncio.Event()
         channels = []
         pulsers = []
-        host, port = split_target(address)
         try:
             for node_id in node_ids:
                 tls = ClientTls(pki.files_for(Path(pki_dir), identity.node(node_id)))
@@ -114,8 +112,7 @@ def _connect(conn: Connection, pki_dir: str, address: str, node_ids: Sequence[st
                 call = scheduler_pb2_grpc.NodeServiceStub(channel).Heartbeat(_one_beat(node_id, stop))
                 answer = await call.read()  # the stream is open and answered
                 assert isinstance(answer, scheduler_pb2.HeartbeatResponse) and answer.pulse_session
-                pulser = Pulser(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key,
-                                interval_s=answer.pulse_interval_ms / 1000, clock=SystemClock())
+                pulser = Pulser.for_session(address, answer, SystemClock())
                 await pulser.start()
                 pulsers.append(pulser)
             conn.send("open")

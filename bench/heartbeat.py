@@ -42,7 +42,6 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.grpc.convert import node_to_pb
 from trainyard_agent.pulse import Pulser
-from trainyard_agent.report import split_target
 from trainyard_cli.local import LocalCluster
 from trainyard_core.clock import SystemClock
 from trainyard_core.rpc.server import insecure_channel, secure_channel
@@ -119,9 +118,7 @@ class SimNode:
         call = stub.Heartbeat(beats())
         first = await call.read()
         assert isinstance(first, scheduler_pb2.HeartbeatResponse) and first.pulse_session, first
-        host, port = split_target(address)
-        pulser = Pulser(host=host, port=port, session=first.pulse_session, key=first.pulse_key,
-                        interval_s=first.pulse_interval_ms / 1000, clock=SystemClock())
+        pulser = Pulser.for_session(address, first, SystemClock())
         await pulser.start()
         self.pulser = pulser
         try:

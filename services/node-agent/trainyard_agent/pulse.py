@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.clock import Clock
 from trainyard_core.rpc import pulse
 
@@ -25,6 +26,12 @@ log = logging.getLogger(__name__)
 # Sends whose time is still remembered (an acknowledgement for an older pulse is ignored): ACK_WINDOW_S
 # worth of pulses is all that `fresh` looks at.
 _REMEMBERED = 64
+
+
+def split_target(target: str) -> tuple[str, int]:
+    """host:port (or [v6]:port) → (host, port)."""
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -59,6 +66,15 @@ class Pulser:
         self.sent = 0
         self.acks = 0
         self.send_errors = 0
+
+    @classmethod
+    def for_session(cls, target: str, answer: scheduler_pb2.HeartbeatResponse, clock: Clock,
+                    on_silent: Callable[[], None] | None = None) -> Pulser:
+        """The pulser of the session a stream's first answer opened, towards the stream's own host:port."""
+        host, port = split_target(target)
+        interval = answer.pulse_interval_ms / 1000 if answer.pulse_interval_ms > 0 else pulse.PULSE_INTERVAL_S
+        return cls(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key, interval_s=interval,
+                   clock=clock, on_silent=on_silent)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

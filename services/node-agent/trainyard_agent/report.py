@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
@@ -56,7 +57,6 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
-from trainyard_core.rpc import pulse
 from trainyard_core.rpc.liveness import LEASE_RENEW_S
 
 from . import metrics
@@ -85,12 +85,6 @@ class Link:
 
 
 ChannelFactory = Callable[[], Link]
-
-
-def split_target(target: str) -> tuple[str, int]:
-    """host:port (or [v6]:port) → (host, port)."""
-    host, _, port = target.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class Backoff:
@@ -259,8 +253,7 @@ class Reporter:
             call.cancel()
 
         watchdog = loop.call_later(stale_after, expire)
-        pulser: list[Pulser] = []
-        renewer = (asyncio.create_task(self._renew_while_open(call, pulser), name="worker-lease")
+        renewer = (asyncio.create_task(self._renew_while_open(call), name="worker-lease")
                    if self._lease_path is not None else None)
         try:
             while True:
@@ -280,34 +273,25 @@ class Reporter:
                 self._fence.observe(response.leader_epoch)
                 if response.reregister:
                     raise _Reregister("the scheduler asked for it")
-                if response.pulse_session and not pulser:
-                    pulser.append(await self._start_pulses(
-                        target, response, lambda: expire("the leader stopped acknowledging liveness pulses")))
+                if response.pulse_session and self.pulser is None:
+                    self.pulser = Pulser.for_session(target, response, self._clock, functools.partial(
+                        expire, "the leader stopped acknowledging liveness pulses"))
+                    await self.pulser.start()
         finally:
             watchdog.cancel()
             if renewer is not None:
                 renewer.cancel()
             self._call = None
             call.cancel()
-            for p in pulser:
-                await p.stop()
-            self.pulser = None
+            if self.pulser is not None:
+                await self.pulser.stop()
+                self.pulser = None
 
-    async def _start_pulses(self, target: str, answer: scheduler_pb2.HeartbeatResponse,
-                            on_silent: Callable[[], None]) -> Pulser:
-        host, port = split_target(target)
-        p = Pulser(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key,
-                   interval_s=answer.pulse_interval_ms / 1000 if answer.pulse_interval_ms > 0
-                   else pulse.PULSE_INTERVAL_S, clock=self._clock, on_silent=on_silent)
-        await p.start()
-        self.pulser = p
-        return p
-
-    async def _renew_while_open(self, call: grpc.aio.Call, pulser: list[Pulser]) -> None:
+    async def _renew_while_open(self, call: grpc.aio.Call) -> None:
         """The worker lease follows the leader's acknowledgements: renewed while the stream is open and a
         pulse sent within ACK_WINDOW_S was acknowledged, and no longer once the stream is done."""
         while not call.done():
-            if pulser and pulser[0].fresh():
+            if self.pulser is not None and self.pulser.fresh():
                 self._renew_lease()
             await asyncio.sleep(LEASE_RENEW_S)
 
