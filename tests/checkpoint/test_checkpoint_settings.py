@@ -131,3 +131,25 @@ def test_the_old_prefix_still_works_with_a_warning(caplog: pytest.LogCaptureFixt
     s = load_settings(CheckpointSettings, prog="c", env_prefix="TRAINYARD_CHECKPOINT_",
                       env={PREFIX + "LISTEN_PORT": "7000", **WORKER_ENV})
     assert s.listen_port == 7000
+
+
+def test_run_as_maps_teams_from_the_setting_and_the_site_file(tmp_path: Path) -> None:
+    site = tmp_path / "teams"
+    site.write_text("# team uid:gid\nml 2001:2001\nresearch 2002:2002\n")
+    s = load({PREFIX + "RUN_AS": "ml=2003:2003", PREFIX + "RUN_AS_FILE": str(site)})
+    assert s.run_as == {"ml": "2003:2003", "research": "2002:2002"}, "run_as entries win over the file"
+    assert {team: (i.uid, i.gid) for team, i in s.owners().items()} == {"ml": (2003, 2003), "research": (2002, 2002)}
+    assert load({}).owners() == {}
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RUN_AS": "ml=0:0"}, "uid 0 is root"),
+    ({"RUN_AS": "ml=2001:2001,research=2001:2002"}, "both run as uid 2001"),
+    ({"RUN_AS": "ML!=2001:2001"}, "is not a team name"),
+    ({"RUN_AS_FILE": "/nonexistent/teams"}, "cannot read run_as_file"),
+    ({"RUN_AS": "ml=2001:2001", "STORAGE_URL": "s3://ckpt-bucket/p"}, "with s3:// storage there are none"),
+])
+def test_bad_run_as_is_refused_with_what_to_fix(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load({PREFIX + k: v for k, v in env.items()})
+    assert message in info.value.message

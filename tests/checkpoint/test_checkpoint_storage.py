@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,7 @@ import pytest
 from trainyard_checkpoint.checksum import ChecksumMismatch
 from trainyard_checkpoint.storage import PosixStorage
 from trainyard_core.errors import FailedPrecondition
+from trainyard_core.security.unix_ids import Identity
 
 
 @pytest.fixture
@@ -114,3 +119,78 @@ async def test_list_locations_names_only_checkpoint_directories(storage: PosixSt
     found = sorted((s.job_id, s.checkpoint_id, s.location) for s in await storage.list_locations())
     assert found == [(j, c, storage.location_for(j, c)) for j, c in
                      (("job-a", "ckpt-1"), ("job-a", "ckpt-2"), ("job-b", "ckpt-3"))]
+
+
+async def test_what_is_not_a_regular_file_is_refused_without_blocking(storage: PosixStorage, tmp_path: Path) -> None:
+    location = storage.location_for("job-a", "ckpt-5")
+    await storage.prepare(location)
+    directory = tmp_path / "root" / "job-a" / "ckpt-5"
+    os.mkfifo(directory / "fifo.distcp")  # a read of it would wait for a writer forever
+    with pytest.raises(FailedPrecondition, match="not a regular file"):
+        await storage.stat(location, "fifo.distcp")
+    with pytest.raises(FailedPrecondition, match="not a regular file"):
+        list(storage.read_blocks(location, "fifo.distcp", 100))
+
+
+async def test_a_link_in_place_of_the_manifest_is_not_followed(storage: PosixStorage, tmp_path: Path) -> None:
+    location = storage.location_for("job-a", "ckpt-6")
+    await storage.prepare(location)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"manifest bytes")
+    os.symlink(secret, tmp_path / "root" / "job-a" / "ckpt-6" / "manifest.json")
+    with pytest.raises(FailedPrecondition, match=r"already exists .* with other content"):
+        await storage.write_once(location, "manifest.json", b"manifest bytes")
+    assert secret.read_bytes() == b"manifest bytes"
+
+
+# Teams apart (`owners`): directories handed to the team's uid; see also test_job_credentials.py, where workers of a
+# team's uid save and load through the real store.
+OWNERS = {"ml": Identity(2001, 2001)}
+
+
+@pytest.fixture
+def public_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="trainyard-ckpt-owners-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_owned_directories_go_to_the_team_and_stay_the_stores_above(public_tmp: Path) -> None:
+    storage = PosixStorage(public_tmp / "root", OWNERS)
+    storage.ensure_root()
+    location = storage.location_for("job-a", "ckpt-1")
+    await storage.prepare(location, "ml")
+    await storage.prepare(location, "ml")  # idempotent
+    directory = public_tmp / "root" / "job-a" / "ckpt-1"
+    modes = {p: (os.lstat(p).st_uid, stat.S_IMODE(os.lstat(p).st_mode))
+             for p in (public_tmp / "root", directory.parent, directory)}
+    assert modes == {public_tmp / "root": (0, 0o711), directory.parent: (0, 0o711), directory: (2001, 0o700)}
+    # A shard the team's worker wrote with umask 077 is read and removed by the store.
+    fd = os.open(directory / "s.distcp", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"abc")
+    os.close(fd)
+    os.chown(directory / "s.distcp", 2001, 2001)
+    assert await storage.stat(location, "s.distcp") == 3
+    await storage.remove(location)
+    assert not directory.exists()
+
+    for team, message in (("vision", "team 'vision' has no Unix identity"), ("", "no team recorded")):
+        with pytest.raises(FailedPrecondition, match=message):
+            await storage.prepare(storage.location_for("job-b", "ckpt-1"), team)
+    # A job directory someone else made is not used: its owner could swap checkpoints in it.
+    os.mkdir(public_tmp / "root" / "job-c")
+    os.chown(public_tmp / "root" / "job-c", 2001, 2001)
+    with pytest.raises(FailedPrecondition, match="belongs to uid 2001, not to the store"):
+        await storage.prepare(storage.location_for("job-c", "ckpt-1"), "ml")
+
+
+def test_owned_storage_needs_root_and_parents_others_may_pass(public_tmp: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(OSError, match=r"workers cannot reach .* \(chmod o\+x"):
+        PosixStorage(tmp_path / "root", OWNERS).ensure_root()  # pytest's tmp_path is 0700
+    monkeypatch.setattr(os, "geteuid", lambda: 1234)
+    with pytest.raises(OSError, match=r"run_as needs the checkpoint-store to run as root \(it runs as uid 1234\)"):
+        PosixStorage(public_tmp / "root", OWNERS).ensure_root()

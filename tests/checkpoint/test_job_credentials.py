@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,7 @@ from trainyard_core.security import identity, job_credentials, pki
 from trainyard_core.security.job_credentials import JobCredential, JobGrant, JobIssuer
 from trainyard_core.security.tls import ClientTls, target_name_option
 
-from .checkpoint_support import Client, dcp_like_files, rpc_error, write_shards
+from .checkpoint_support import Client, dcp_like_files, location_dir, rpc_error, write_shards
 from .conftest import running_app
 from .scripts.gang import Zygote, job_env, run_gang, zygote_fixture  # noqa: F401 - the zygote fixture
 
@@ -300,3 +305,80 @@ def test_minted_certificates_name_the_job_attempt_and_team(issuer: JobIssuer) ->
     # Past half its lifetime, the next launch of the attempt gets a fresh one.
     assert issuer.credential("job-x", 3, "ml", now + dt.timedelta(minutes=31)) is not cred
 
+
+
+# Teams apart on a POSIX storage: the store hands each checkpoint directory to its job's team (`run_as`, the
+# agents' mapping), and workers write their shards as their team's uid, umask 077, as the agent runs them.
+ML, RESEARCH = (2001, 2001), (2002, 2002)
+RUN_AS = {"ml": "2001:2001", "research": "2002:2002"}
+
+
+@pytest.fixture
+def public_root() -> Iterator[Path]:
+    """A directory every uid may pass (pytest's tmp_path is root's, 0700): what keeps teams apart below it is
+    the store's own modes."""
+    path = Path(tempfile.mkdtemp(prefix="trainyard-ckpt-teams-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def teams_app(public_root: Path, etcd_settings: dict[str, str], key_prefix: str, job_pki: Path,
+                    clock: ManualClock) -> AsyncIterator[CheckpointApp]:
+    if os.geteuid() != 0:
+        pytest.fail("teams apart on the storage need root (the store hands directories to other uids); "
+                    "make test runs as root")
+    settings = CheckpointSettings(listen_host="127.0.0.1", listen_port=0,
+                                  storage_url=(public_root / "checkpoints").as_uri(), run_as=RUN_AS,
+                                  **etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
+                                  shutdown_grace_s=1.0, gc_interval_s=0, tool_teams=["ops:ml"],
+                                  **pki.files_for(job_pki, identity.CHECKPOINT_STORE).settings())
+    async with running_app(settings, clock) as app:
+        yield app
+
+
+def _as_uid(user: tuple[int, int], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, user=user[0], group=user[1], extra_groups=[], umask=0o077, capture_output=True,
+                          text=True, timeout=30, check=False)
+
+
+async def test_workers_save_as_their_teams_uid_and_other_teams_cannot_read(
+        teams_app: CheckpointApp, issuer: JobIssuer, job_pki: Path, public_root: Path, zygote: Zygote) -> None:
+    cred = issuer.credential("job-ml", 0, "ml", _now())
+    env = job_env(f"127.0.0.1:{teams_app.grpc_port}", "job-ml")
+    del env["TRAINYARD_CHECKPOINT_PLAINTEXT"]
+    env.update(cred.env(), HOME=str(public_root))
+    out = public_root / "out"
+    for sub in (out, out / "save", out / "load"):  # where each rank writes its report, as the team's uid
+        sub.mkdir()
+        os.chown(sub, *ML)
+    saved = await run_gang(zygote, ["save", "1", "2"], world_size=2, env=env, out=out / "save", user=ML)
+    assert [r["step"] for r in saved[0]["saved"]] == [1, 2]
+    loaded = await run_gang(zygote, ["load"], world_size=1, env=env, out=out / "load", user=ML)
+    assert loaded[0]["step"] == 2 and loaded[0]["mismatches"] == [], loaded
+
+    async with as_service(teams_app, job_pki, identity.tool("ops"), team="ml") as ops:
+        latest = await ops.latest("job-ml")
+    directory = location_dir(latest.location)
+    root = directory.parent.parent
+    for path, owner, mode in ((root, (0, 0), 0o711), (directory.parent, (0, 0), 0o711), (directory, ML, 0o700)):
+        st = os.lstat(path)
+        assert ((st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode)) == (owner, mode), path
+    shards = [p for p in directory.iterdir() if p.name.endswith(".distcp")]
+    assert shards and all((p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) == (ML[0], 0o600) for p in shards)
+
+    # Another team's uid lists nothing and reads nothing of it; the team's own uid does.
+    for argv in (("ls", str(root)), ("ls", str(directory)), ("cat", str(shards[0]))):
+        denied = _as_uid(RESEARCH, *argv)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (argv, denied)
+    assert _as_uid(ML, "wc", "-c", str(shards[0])).stdout.split()[0] == str(shards[0].stat().st_size)
+
+    # A job of a team the store has no identity for cannot begin: its workers could not write, nor be apart.
+    stranger = issuer.credential("job-vision", 0, "vision", _now())
+    async with as_job(teams_app, stranger) as job:
+        err = await rpc_error(job.begin("job-vision", 1, world_size=1))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert "team 'vision' has no Unix identity" in err.details() and "run_as" in err.details()

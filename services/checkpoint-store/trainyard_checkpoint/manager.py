@@ -113,6 +113,10 @@ class CheckpointManager:
         if req.retention is not None and await self._repo.retention(req.job_id) != req.retention:
             await self._repo.set_retention(req.job_id, req.retention)
 
+        # Whose the directory is where the storage keeps teams apart: recorded by the access check of this very
+        # call when a worker's credential makes it (access.py).
+        team = await self._repo.job_team(req.job_id) or ""
+
         async def attempt() -> Checkpoint | None:
             fence = await self._repo.attempt_fence(req.job_id)
             stale = domain.attempt_problem(req.job_id, req.attempt, fence.attempt)
@@ -128,7 +132,7 @@ class CheckpointManager:
             # The directory first: if the store write then fails, an empty directory is all that is
             # left (GC removes it as an orphan), while the other order could leave a WRITING record
             # with nowhere to write.
-            await self._storage.prepare(location)
+            await self._storage.prepare(location, team)
             return ckpt if await self._repo.create(ckpt, fence) else None
 
         ckpt = await self._retry("begin", attempt)

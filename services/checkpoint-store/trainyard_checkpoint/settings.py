@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from trainyard_core.security import identity
 from trainyard_core.security.identity import Principal
+from trainyard_core.security.unix_ids import Identity, check_run_as, read_run_as_file
 from trainyard_core.settings import EtcdSettings
 
 # S3 bucket names: 3-63 characters, lower-case letters, digits, '.', '-'.
@@ -111,6 +112,35 @@ class CheckpointSettings(EtcdSettings):
         "trainyard://tool/<name>) may act on, as TOOL:TEAM pairs (e.g. ops:ml,ops:research), as the scheduler's "
         "setting of that name; a tool names one of them in x-trainyard-team. The gateway acts for its users' teams")
 
+    run_as: dict[str, str] = Field(
+        default_factory=dict,
+        description="POSIX storage on a host where workers run as their team's Unix identity (the agents' run_as): "
+                    "the same mapping, e.g. ml=2001:2001,research=2002:2002. Each job's checkpoint directories are "
+                    "then handed to its team's uid:gid, mode 0700, so its workers can write their shards and no "
+                    "other team can read them. Needs the store to run as root (it reads and removes what workers "
+                    "wrote). Empty: directories stay the store's own (one team, or S3)")
+    run_as_file: str = Field("", description="site file of the same mapping, one 'team uid:gid' per line, '#' "
+                                             "comments (the agents' run_as_file); run_as entries win")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_run_as_file(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            path = data.get("run_as_file")
+            if path and isinstance(path, str):
+                data = {**data, "run_as": {**read_run_as_file(path), **dict(data.get("run_as") or {})}}
+        return data
+
+    @field_validator("run_as")
+    @classmethod
+    def _check_run_as(cls, v: dict[str, str]) -> dict[str, str]:
+        check_run_as(v)  # user names are looked up here: one missing on this host stops the store at start
+        return v
+
+    def owners(self) -> dict[str, Identity]:
+        """Each team's identity on the storage (empty: no mapping)."""
+        return check_run_as(self.run_as)
+
     @field_validator("tool_teams")
     @classmethod
     def _tool_teams(cls, v: list[str]) -> list[str]:
@@ -125,6 +155,13 @@ class CheckpointSettings(EtcdSettings):
     def _check_storage_url(cls, value: str) -> str:
         parse_storage_url(value)
         return value
+
+    @model_validator(mode="after")
+    def _check_run_as_storage(self) -> CheckpointSettings:
+        if self.run_as and self.storage.scheme != "file":
+            raise ValueError("run_as hands POSIX checkpoint directories to teams; with s3:// storage there are "
+                             "none: leave run_as and run_as_file empty (bucket policies keep S3 apart)")
+        return self
 
     @model_validator(mode="after")
     def _check_s3_credentials(self) -> CheckpointSettings:

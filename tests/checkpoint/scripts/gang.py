@@ -92,9 +92,14 @@ class Zygote:
             self.stop()
             raise RuntimeError(f"the worker zygote did not start: {(tmp / 'zygote.log').read_text()[-4000:]}")
 
-    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> Worker:
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], log: Path,
+                    user: tuple[int, int] | None = None) -> Worker:
+        """`user`: the (uid, gid) the worker runs as, as the agent's run_as would (the zygote must be root)."""
         reader, writer = await asyncio.open_unix_connection(self.path)
-        writer.write(json.dumps({"argv": list(argv), "env": dict(env), "log": str(log)}).encode() + b"\n")
+        request: dict[str, Any] = {"argv": list(argv), "env": dict(env), "log": str(log)}
+        if user is not None:
+            request["user"] = list(user)
+        writer.write(json.dumps(request).encode() + b"\n")
         await writer.drain()
         answer = json.loads(await asyncio.wait_for(reader.readline(), 30))
         return Worker(answer["pid"], reader, writer, log)
@@ -124,14 +129,14 @@ def zygote_fixture() -> Iterator[Zygote]:
 
 
 async def start_gang(zygote: Zygote, args: Sequence[str], *, world_size: int, env: Mapping[str, str],
-                     out: Path, script: Path = WORKER) -> list[Worker]:
+                     out: Path, script: Path = WORKER, user: tuple[int, int] | None = None) -> list[Worker]:
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     port = free_port()
     workers = []
     for rank in range(world_size):
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                     "MASTER_PORT": str(port), "OUT": str(out)}
-        workers.append(await zygote.spawn([str(script), *args], rank_env, out / f"rank{rank}.log"))
+        workers.append(await zygote.spawn([str(script), *args], rank_env, out / f"rank{rank}.log", user))
     return workers
 
 
@@ -154,10 +159,10 @@ def logs_of(workers: Sequence[Worker]) -> str:
 
 async def run_gang(zygote: Zygote, args: Sequence[str], *, world_size: int, env: Mapping[str, str], out: Path,
                    timeout: float = 30.0, script: Path = WORKER, exit_code: int = 0,
-                   reports: bool = True) -> list[dict[str, Any]]:
+                   reports: bool = True, user: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """Run `script args` as ranks 0..world_size-1 to completion, each expected to exit with `exit_code`;
     every rank's `rank<N>.json` report, by rank (none when `reports` is False)."""
-    workers = await start_gang(zygote, args, world_size=world_size, env=env, out=out, script=script)
+    workers = await start_gang(zygote, args, world_size=world_size, env=env, out=out, script=script, user=user)
     try:
         exits: list[Exit] | None = await asyncio.wait_for(asyncio.gather(*(w.wait() for w in workers)), timeout)
     except TimeoutError:

@@ -7,7 +7,8 @@ environment, argv and log file, forms its own gloo group, talks to the real chec
     python zygote.py SOCKET_PATH      prints "ready" once it listens
 
 Protocol, one Unix-socket connection per worker: the test sends one JSON line {"argv": [script, args...],
-"env": {...}, "log": path}; the zygote answers {"pid": N} at once and {"exit": code} or {"signal": n} when
+"env": {...}, "log": path, "user": [uid, gid] (optional: run as that identity)}; the zygote answers
+{"pid": N} at once and {"exit": code} or {"signal": n} when
 the worker ends, then closes the connection. Only the zygote forks; it never runs torch code itself.
 """
 
@@ -54,6 +55,15 @@ def run_child(request: dict[str, object], sel: selectors.BaseSelector, conn: soc
         os.close(fd)
         # A test that gives up on a worker first asks it for every thread's stack (into its log).
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        user = request.get("user")
+        if user is not None:
+            # A worker of a team's Unix identity, as the node agent runs one with run_as: no groups but the
+            # team's, umask 077 (tests/checkpoint/test_job_credentials.py, teams apart on the storage).
+            uid, gid = (int(v) for v in user)  # type: ignore[attr-defined]
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.umask(0o077)
         env = request["env"]
         assert isinstance(env, dict)
         os.environ.clear()

@@ -18,7 +18,7 @@ def open_storage(settings: CheckpointSettings) -> CheckpointStorage:
                          access_key_id=key, secret_access_key=secret, session_token=token,
                          conditional_writes=settings.s3_conditional_writes)
     assert url.path is not None
-    return PosixStorage(url.path)
+    return PosixStorage(url.path, settings.owners())
 
 
 __all__ = ["CheckpointStorage", "PosixStorage", "open_storage"]

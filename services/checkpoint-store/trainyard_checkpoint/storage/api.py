@@ -45,8 +45,9 @@ class CheckpointStorage(Protocol):
     async def check(self) -> None:
         """Start-up check that the root is usable (OSError with an operator's message otherwise)."""
 
-    async def prepare(self, location: str) -> None:
-        """Make the location ready for workers to write into."""
+    async def prepare(self, location: str, team: str = "") -> None:
+        """Make the location ready for the workers of `team` (the job's recorded team, "" none) to write
+        into; FailedPrecondition when this storage keeps teams apart and cannot give it to that team."""
 
     async def stat(self, location: str, path: str) -> int | None:
         """Size of the shard at `path` (relative to `location`), None when missing."""

@@ -7,6 +7,19 @@ containment checks against links planted in a checkpoint directory.
 
 Filesystem calls block (and take milliseconds on a busy parallel filesystem), so each runs in a worker
 thread; the event loop keeps serving other calls meanwhile.
+
+Teams apart (`owners`, the store's `run_as`: the same team → uid:gid mapping the agents run workers as). A
+team's workers cannot write into a directory of the store's own, and must not read another team's shards,
+so with a mapping:
+- the root is 0711 (others pass through to their job's directory by name, cannot list job ids), and every
+  directory above it must let others pass;
+- `<root>/<job_id>` is the store's, 0711: nobody but the store creates, renames or replaces entries in it, so
+  a checkpoint directory's path always leads where the store made it;
+- `<root>/<job_id>/<checkpoint_id>` is made 0700 and handed to the job's team's uid:gid: its workers write
+  their shards there (as their uid, umask 077), nobody else of another uid reads them.
+The store then reads, verifies and removes files its workers own, so it runs as root; everything it opens in
+a team's directory is opened without following a final symbolic link, and checked after opening to lie
+inside the checkpoint's directory (a link swapped in between a look and an open leads nowhere else).
 """
 
 from __future__ import annotations
@@ -17,12 +30,13 @@ import os
 import secrets
 import shutil
 import stat as stat_mod
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from trainyard_core.errors import FailedPrecondition, Unavailable
 from trainyard_core.ids import is_valid_id
+from trainyard_core.security.unix_ids import Identity
 
 from ..checksum import ChecksumMismatch
 from ..domain.gc import StoredLocation
@@ -30,6 +44,13 @@ from ..domain.validation import is_checkpoint_id
 
 # Errors from link() that mean "this filesystem has no hard links", not "something is wrong".
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+# With owners: the root and each job's directory let others pass by name, not list; a checkpoint's is its team's.
+PASS_MODE = 0o711
+PRIVATE_MODE = 0o700
+
+
+def _inside(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == directory
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -41,10 +62,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class PosixStorage:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, owners: Mapping[str, Identity] | None = None) -> None:
         if not root.is_absolute():
             raise ValueError(f"storage root {root} must be an absolute path")
         self._root = root
+        self._owners = dict(owners or {})
         # Containment checks compare real paths, so a root reached through a symlink still works.
         self._real_root = Path(os.path.realpath(root))
 
@@ -70,6 +92,28 @@ class PosixStorage:
             raise OSError(errno.EACCES, f"checkpoint storage root {self._root} is not writable by this "
                                         "process (set --storage-url / TRAINYARD_CHECKPOINT_STORE_STORAGE_URL)")
         self._real_root = Path(os.path.realpath(self._root))
+        if self._owners:
+            self._ensure_shared_root()
+
+    def _ensure_shared_root(self) -> None:
+        """With owners: a store running as root, a root of its own that others may pass, not list, under
+        parents they may pass. OSError saying what to change."""
+        if os.geteuid() != 0:
+            raise OSError(errno.EPERM, f"run_as needs the checkpoint-store to run as root (it runs as uid "
+                                       f"{os.geteuid()}): it hands each checkpoint directory to its team's uid and "
+                                       "reads and removes what the workers wrote there. Run it as root, or leave "
+                                       "run_as empty (one team, or S3 storage)")
+        st = os.lstat(self._root)
+        if not stat_mod.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise OSError(errno.EPERM, f"checkpoint storage root {self._root} must be a directory of root's, not a "
+                                       f"link or uid {st.st_uid}'s: whoever owns it could swap one job's "
+                                       "checkpoints for another's")
+        os.chmod(self._root, PASS_MODE)
+        for parent in self._root.parents:
+            if not os.stat(parent).st_mode & stat_mod.S_IXOTH:
+                raise OSError(errno.EACCES, f"workers cannot reach their checkpoint directories under {self._root}: "
+                                            f"{parent} does not let other users pass (chmod o+x {parent}, or "
+                                            "put the storage under directories they may pass)")
 
     async def check(self) -> None:
         await asyncio.to_thread(self.ensure_root)
@@ -96,16 +140,64 @@ class PosixStorage:
                                      f"(<root>/<job_id>/<checkpoint_id>) of {self.url}")
         return path
 
-    async def prepare(self, location: str) -> None:
-        directory = self._directory(location)
+    def owner_of(self, team: str) -> Identity | None:
+        """Whose a job's checkpoint directories are: None, the store's own (no owners); FailedPrecondition for
+        a job with no team, or a team without an identity, when teams are kept apart."""
+        if not self._owners:
+            return None
+        found = self._owners.get(team)
+        if found is not None:
+            return found
+        if not team:
+            raise FailedPrecondition("this job has no team recorded (its checkpoints are begun by its workers, "
+                                     "with the credential the scheduler gives them), and with run_as a "
+                                     "checkpoint directory must belong to a team")
+        raise FailedPrecondition(f"team {team!r} has no Unix identity on the checkpoint storage: add it to the "
+                                 f"checkpoint-store's run_as (e.g. --run-as {team}=<uid>:<gid>, as on the agents)")
+
+    @staticmethod
+    def _directory_here(path: Path, mode: int) -> os.stat_result:
+        """`path` as a directory (made with `mode` if missing), never a link."""
         try:
-            await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+            os.mkdir(path, mode)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise FailedPrecondition(f"{path} is not a directory (a link or a file in its place)")
+        return st
+
+    def _prepare_sync(self, directory: Path, owner: Identity | None) -> None:
+        if owner is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            return
+        # The root is the store's (ensure_root); the job's directory too, so nothing in it can be swapped.
+        job = directory.parent
+        st = self._directory_here(job, PASS_MODE)
+        if st.st_uid != 0:
+            raise FailedPrecondition(f"the job's checkpoint directory {job} belongs to uid {st.st_uid}, not to the "
+                                     "store: remove it (its checkpoints would be at the mercy of that user)")
+        os.chmod(job, PASS_MODE, follow_symlinks=False)
+        self._directory_here(directory, PRIVATE_MODE)
+        os.chown(directory, owner.uid, owner.gid, follow_symlinks=False)
+        os.chmod(directory, PRIVATE_MODE, follow_symlinks=False)
+
+    async def prepare(self, location: str, team: str = "") -> None:
+        directory = self._directory(location)
+        owner = self.owner_of(team)
+        try:
+            await asyncio.to_thread(self._prepare_sync, directory, owner)
         except OSError as e:
             raise Unavailable(f"cannot create checkpoint directory {directory}: {e.strerror}") from e
 
-    def _resolve(self, directory: Path, path: str) -> tuple[str, int] | None:
-        """The real path of a shard and its size, None when missing; refuses what is not a regular file
-        inside the checkpoint's directory."""
+    def _resolve(self, directory: Path, path: str) -> tuple[int, int] | None:
+        """An open read-only descriptor of a shard and its size, None when missing; refuses what is not a
+        regular file inside the checkpoint's directory. The caller closes the descriptor.
+
+        The real path is checked first (for a clear message), then the file is opened without following a
+        final link and without blocking (a FIFO planted in place of a shard would hang a read), and what was
+        opened is checked again: a regular file, whose path (the kernel's, /proc/self/fd) is inside the
+        directory, so a link swapped in after the look leads nowhere else."""
         full = directory / path
         try:
             real = os.path.realpath(full, strict=True)
@@ -116,35 +208,47 @@ class PosixStorage:
                 raise FailedPrecondition(f"shard {path!r} is a symbolic link loop") from e
             raise Unavailable(f"cannot read shard {path!r} in {directory}: {e.strerror}") from e
         real_dir = os.path.realpath(directory)
-        if os.path.commonpath([real, real_dir]) != real_dir:
+        if not _inside(real, real_dir):
             raise FailedPrecondition(f"shard {path!r} is a link that leads outside the checkpoint's "
                                      "directory")
         try:
-            st = os.stat(real)
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise FailedPrecondition(f"shard {path!r} became a symbolic link while it was read") from e
             raise Unavailable(f"cannot read shard {path!r} in {directory}: {e.strerror}") from e
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise FailedPrecondition(f"shard {path!r} is not a regular file")
-        return real, st.st_size
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise FailedPrecondition(f"shard {path!r} is not a regular file")
+            try:
+                opened = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                opened = real  # no /proc: the look above is all there is
+            if not _inside(opened, real_dir):
+                raise FailedPrecondition(f"shard {path!r} is a link that leads outside the checkpoint's "
+                                         "directory")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st.st_size
 
     async def stat(self, location: str, path: str) -> int | None:
         directory = self._directory(location)
         found = await asyncio.to_thread(self._resolve, directory, path)
-        return None if found is None else found[1]
+        if found is None:
+            return None
+        os.close(found[0])
+        return found[1]
 
     def read_blocks(self, location: str, path: str, block_bytes: int) -> Generator[bytes, None, None]:
         directory = self._directory(location)
         found = self._resolve(directory, path)
         if found is None:
             raise ChecksumMismatch(path, "missing")
-        try:
-            f = open(found[0], "rb", buffering=0)  # noqa: SIM115 - closed below, a generator spans it
-        except FileNotFoundError:
-            raise ChecksumMismatch(path, "missing") from None
-        except OSError as e:
-            raise Unavailable(f"cannot read shard {path!r} in {directory}: {e.strerror}") from e
+        f = os.fdopen(found[0], "rb", buffering=0)
         with f:
             try:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -194,7 +298,17 @@ class PosixStorage:
 
     @staticmethod
     def _same_or_refuse(final: Path, data: bytes) -> None:
-        if final.read_bytes() != data:
+        # Not following a link: in a team's directory, its workers could have put one there.
+        try:
+            fd = os.open(final, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            fd = -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as f:
+                same = stat_mod.S_ISREG(os.fstat(f.fileno()).st_mode) and f.read(len(data) + 1) == data
+        if fd < 0 or not same:
             raise FailedPrecondition(f"{final.name} already exists in {final.parent} with other content: "
                                      "another commit of this checkpoint with a different shard list got "
                                      "there first; begin a new checkpoint")
