@@ -8,8 +8,8 @@ BENCH_AGENT_HEARTBEAT_INTERVAL_MS=10000 to measure the default). Keepalive pings
 gRPC's C core. Nothing here is ever lost.
 
 Figures:
-- agent_cpu_percent_of_core: utime + stime from /proc/<pid>/stat over the 60 s window (after start-up),
-  as a percentage of one core. Target ≤ 1.
+- agent_cpu_percent_of_core: the process's CPU time (its CPU-time clock, `_swarm.cpu_s`) over the 60 s window
+  (after start-up), as a percentage of one core. Target ≤ 1.
 - agent_rss_mb: the largest VmRSS (/proc/<pid>/status) seen, sampled every second through the window and
   the XID phase. Target ≤ 80.
 - xid_to_scheduler_ms: p99 over 20 injections (XID 79 on GPU 0..7 in turn, through the InjectFault RPC)
@@ -43,11 +43,12 @@ from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port
 from trainyard_core.testing.wait import until
 
+from ._swarm import cpu_s
+
 NODE = "bench-node"
 GPUS = 8
 TARGET_CPU_PERCENT = 1.0
 TARGET_RSS_MB = 80.0
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,6 @@ class Config:
 
 
 TINY = Config(window_s=3.0, warmup_s=1.0, injections=2, rtt_samples=5)
-
-
-def _cpu_seconds(pid: int) -> float:
-    # Fields after the command name (which may hold spaces, hence the split at ')'): utime is the 14th
-    # field of the line, stime the 15th; all threads of the process are included.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def _rss_mb(pid: int) -> float:
@@ -157,14 +151,14 @@ def run(config: Config = Config()) -> dict[str, float]:
                 time.sleep(config.warmup_s)
                 rss = [_rss_mb(pid)]
                 idle_rss = [_rss_mb(idle.pid)]
-                cpu0, idle_cpu0, t0 = _cpu_seconds(pid), _cpu_seconds(idle.pid), time.monotonic()
+                cpu0, idle_cpu0, t0 = cpu_s(pid), cpu_s(idle.pid), time.monotonic()
                 while time.monotonic() - t0 < config.window_s:
                     time.sleep(1.0)
                     rss.append(_rss_mb(pid))
                     idle_rss.append(_rss_mb(idle.pid))
                 elapsed = time.monotonic() - t0
-                cpu = (_cpu_seconds(pid) - cpu0) / elapsed * 100
-                idle_cpu = (_cpu_seconds(idle.pid) - idle_cpu0) / elapsed * 100
+                cpu = (cpu_s(pid) - cpu0) / elapsed * 100
+                idle_cpu = (cpu_s(idle.pid) - idle_cpu0) / elapsed * 100
 
                 rtts = []
                 for _ in range(config.rtt_samples):

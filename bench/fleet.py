@@ -25,7 +25,7 @@ A run, in order:
 6. a last census, and every job's outcome.
 
 Figures:
-- `scheduler_cpu_us_per_node_s`: the scheduler process's utime + stime (/proc) over the steady windows,
+- `scheduler_cpu_us_per_node_s`: the scheduler process's CPU time (`_swarm.cpu_s`) over the steady windows,
   divided by nodes x seconds. Raw: the idle baseline (`scheduler_idle_cpu_percent`) is NOT subtracted, and
   the jobs' own cost (placing, launching, exits) is in it. `nodes_per_core` = 1e6 / that (target >= 20,000:
   10k nodes at <= 50 % of a core), `scheduler_cpu_percent` the same as % of a core. Beside it:

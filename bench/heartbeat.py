@@ -6,9 +6,9 @@ authorization table, one with insecure_plaintext. A swarm in this process speaks
 every `interval_ms` with 8 GPUs' metrics, as agents did before their beats carried only changes (the heavier
 beat; the scheduler ignores the metrics now); on the TLS side each node presents its own node
 certificate, so the interceptor checks every beat against the node it names. Both swarms beat at once for
-`rounds` windows of `window_s`; in each window the scheduler's CPU time (utime + stime of its process, from
-/proc), less what the same scheduler spent idle over as long a window before any node registered (its reconcile
-loop and election), is divided by the beats it acknowledged.
+`rounds` windows of `window_s`; in each window the scheduler's CPU time (its process's CPU-time clock,
+`_swarm.cpu_s`), less what the same scheduler spent idle over as long a window before any node registered
+(its reconcile loop and election), is divided by the beats it acknowledged.
 
 Figures: `heartbeat_cpu_us_tls`, `heartbeat_cpu_us_plaintext` (medians over the windows),
 `heartbeat_cpu_tls_vs_plaintext` (the ratio of the two; target <= 1.2), `scheduler_idle_cpu_percent_tls` /

@@ -27,9 +27,16 @@ log = logging.getLogger(__name__)
 
 # Large enough for a 10k-node ListNodes answer; well below etcd's request cap is not a concern here.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# No BDP probes: gRPC's C core answers data it receives with a PING to size its flow-control window for bulk
+# transfers, which a control plane of small messages does not make (checkpoint bytes go to storage, not over
+# gRPC). On TLS each probe is a record written and read on both ends: measured on this machine (a bare
+# grpc.aio echo server, 100 mTLS streams, a 600-byte message every 0.5 s each), 630-710 µs of server CPU per
+# message with probes, 330-340 µs without; plaintext 215-240 either way. Both ends must turn them off.
+NO_BDP_PROBE = ("grpc.http2.bdp_probe", 0)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    NO_BDP_PROBE,
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -38,6 +45,7 @@ CHANNEL_OPTIONS = [
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    NO_BDP_PROBE,
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
