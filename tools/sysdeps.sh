@@ -7,9 +7,10 @@ set -euo pipefail
 what=${1:-test}
 # run: etcd for the local cluster. test: etcdctl (etcd-client) for the control-plane fault tests,
 # systemd for `systemd-analyze verify` of the unit files in deploy/systemd, iproute2 (`ip`) for the tests that
-# put each node in a network namespace of its own.
+# put each node in a network namespace of its own, postgresql for the scheduler's history store tests (they start
+# a throwaway server of their own; the package's own cluster is not used).
 run_pkgs=(etcd-server)
-test_pkgs=(etcd-server etcd-client systemd iproute2)
+test_pkgs=(etcd-server etcd-client systemd iproute2 postgresql)
 case "$what" in
   run) pkgs=("${run_pkgs[@]}") ;;
   test) pkgs=("${test_pkgs[@]}") ;;

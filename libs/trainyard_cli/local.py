@@ -304,6 +304,8 @@ class LocalCluster:
                 "stop_grace_s": str(self.stop_grace_s), "node_timeout_s": str(self.node_timeout_s),
                 "heartbeat_interval_ms": str(self.heartbeat_interval_ms), "reconcile_interval_s": "0.5",
                 "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.SCHEDULER),
+                # The embedded history store: every replica on this machine opens the same SQLite file.
+                "history_url": f"sqlite+aiosqlite:///{self.workdir / 'history.db'}",
                 **self._job_issuer()})
         self.procs["checkpoint-store"] = self._proc(
             "checkpoint-store", "trainyard_checkpoint.main", "TRAINYARD_CHECKPOINT_STORE_",

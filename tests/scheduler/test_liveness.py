@@ -197,7 +197,8 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
     def check(steps: list[tuple[str, str, int]], stale: float | None) -> None:
         nodes = ("n-a", "n-b", "n-c")
         clock = ManualClock()
-        live = NodeLiveness(clock, timeout_s=2.0, grace_s=3.0, stale_s=stale)
+        # broken_s given, not the default (the keepalive timeout): the model below is told the same.
+        live = NodeLiveness(clock, timeout_s=2.0, grace_s=3.0, stale_s=stale, broken_s=1.0)
         live.reset()
         plain = _Plain(2.0, 3.0, stale, 1.0)
         start = clock.monotonic()

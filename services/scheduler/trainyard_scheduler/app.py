@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 
@@ -20,9 +21,11 @@ from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics, pulses
+from .archive import Archiver, ArchiveSettings
 from .grpc.agent_client import GrpcAgents
 from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
+from .history.access import History
 from .leadership import Leadership
 from .liveness import NodeLiveness
 from .policy.registry import ProfileSpec, build_profile
@@ -67,12 +70,17 @@ class SchedulerApp:
         self._stop = asyncio.Event()
         self._leader_task: asyncio.Task[None] | None = None
         self.reconciler: Reconciler | None = None
+        self.archiver: Archiver | None = None
+        self.history = History(settings.history()) if settings.history() else None
 
     async def start(self) -> None:
         s = self.settings
         if isinstance(self.store, EtcdStore):
             await check_access(self.store, s.etcd_prefix)  # a wrong etcd credential stops the start here
         await self._mirror.start()
+        if self.history is None:
+            log.warning("history_url is not set: finished jobs stay in etcd for good (and in every replica's "
+                        "memory). Set it to a PostgreSQL or SQLite URL (docs/operations.md, 'Job history')")
         largest_gang_ops = placement_txn_ops(contract.MAX_NODES)
         txn_ops = await txn_ops_limit(self.store, self.keys.leader, largest_gang_ops)
         if txn_ops < largest_gang_ops:
@@ -85,11 +93,11 @@ class SchedulerApp:
         async def from_mirror(key: str) -> KeyValue | None:
             return mirror.items.get(key)
         repo = Repository(self.store, self.keys, fence=lambda: election_holder[0].fence(),
-                          holdings_source=from_mirror, max_txn_ops=txn_ops)
+                          holdings_source=from_mirror, max_txn_ops=txn_ops, idempotency_ttl_s=s.idempotency_ttl_s)
         self.pulses = PulseSessions(self.liveness)
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s, pulses=self.pulses)
-        job_servicer = JobServicer(repo, self.clock, self._mirror.changed,
+        job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
@@ -154,7 +162,16 @@ class SchedulerApp:
 
             watcher = asyncio.create_task(watch_loss())
             ticker = asyncio.create_task(self.liveness.run_ticker(stop_term), name="liveness ticker")
+            archiving: asyncio.Task[None] | None = None
+            if self.history is not None:
+                self.archiver = Archiver(repo=repo, mirror=self._mirror, history=self.history, clock=self.clock,
+                                         settings=ArchiveSettings(job_ttl_s=s.job_ttl_s),
+                                         leading=functools.partial(_not_set, stop_term))
+                archiving = asyncio.create_task(self.archiver.run(stop_term), name="archiver")
             await self.reconciler.run(stop_term)
+            stop_term.set()
+            if archiving is not None:
+                await archiving
             watcher.cancel()
             ticker.cancel()
             self.leadership.step_down()
@@ -178,8 +195,14 @@ class SchedulerApp:
             self._pulse_endpoint.close()
             self._pulse_endpoint = None
         await self._mirror.stop()
+        if self.history is not None:
+            await self.history.close()
         if isinstance(self._agents, GrpcAgents):
             await self._agents.close()
         if self._own_store:
             await self.store.close()
             await self._election_store.close()
+
+
+def _not_set(event: asyncio.Event) -> bool:
+    return not event.is_set()

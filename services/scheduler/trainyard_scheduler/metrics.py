@@ -26,3 +26,10 @@ AGENT_CALL_FAILURES = Counter("trainyard_scheduler_agent_call_failures_total", "
 PREEMPTIONS = Counter("trainyard_scheduler_preemptions_total", "Gangs stopped to make room for another job")
 MIRROR_BEHIND = Counter("trainyard_scheduler_mirror_behind_total",
                         "Cycles skipped because the watch had not yet delivered this leader's own writes")
+HISTORY_BACKLOG = Gauge("trainyard_scheduler_history_backlog_jobs",
+                        "Finished jobs not yet written to the history store (they stay in etcd until they are)")
+HISTORY_ARCHIVED = Counter("trainyard_scheduler_history_archived_total", "Finished jobs written to the history store")
+HISTORY_ERRORS = Counter("trainyard_scheduler_history_errors_total",
+                         "Archiving passes that failed because the history store could not be reached")
+JOBS_EXPIRED = Counter("trainyard_scheduler_jobs_expired_total",
+                       "Archived jobs removed from etcd once job_ttl_s had passed since they ended")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
@@ -74,6 +74,19 @@ class SchedulerSettings(EtcdSettings):
     job_credential_ttl_s: int = Field(7 * 86400, ge=600, le=365 * 86400,
                                       description="how long a job attempt's credential is valid; an attempt that "
                                       "runs longer can no longer reach the checkpoint-store")
+    # --- history (docs/operations.md, "Job history"): finished jobs leave etcd for a SQL database ---
+    history_url: SecretStr | None = Field(
+        None, description="SQLAlchemy URL of the history store: postgresql+asyncpg://user:password@host/db in "
+        "production, sqlite+aiosqlite:////var/lib/trainyard/history.db on one machine. The leader writes each "
+        "finished job and its usage records there and removes the job from etcd job_ttl_s later; reads of "
+        "finished jobs come from it. Unset: finished jobs stay in etcd for good (the scheduler warns at start). "
+        "A secret: never logged")
+    job_ttl_s: float = Field(3600.0, ge=0, le=30 * 86400, description="how long a finished job stays in etcd "
+                             "after it ended, once it is in the history store (watchers and the gateway see its "
+                             "end there meanwhile)")
+    idempotency_ttl_s: float = Field(86400.0, ge=60, le=30 * 86400, description="a submit's idempotency key "
+                                     "answers retries of that submit this long at least (and up to an hour more); "
+                                     "then it leaves etcd and the key may name a new job")
     # --- placement policy (queues and team quotas live in etcd, set through the gateway's admin API) ---
     speed_factors: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_SPEED_FACTORS),
@@ -107,6 +120,20 @@ class SchedulerSettings(EtcdSettings):
 
     def tool_team_map(self) -> dict[str, frozenset[str]]:
         return identity.tool_team_bindings(self.tool_teams)
+
+    @field_validator("history_url")
+    @classmethod
+    def _check_history_url(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or not v.get_secret_value():
+            return None
+        from .history.urls import check_url  # SQLAlchemy loads only when history is used
+
+        check_url(v.get_secret_value())
+        return v
+
+    def history(self) -> str:
+        """The history store's URL ("" none). Pass it on, never log it."""
+        return self.history_url.get_secret_value() if self.history_url is not None else ""
 
     @model_validator(mode="after")
     def _job_issuer(self) -> SchedulerSettings:

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from trainyard_core.errors import FailedPrecondition
 
-from .models import Job, JobEvent, JobState, NodeAssignment, WorkerExit
+from .models import Allocation, AttemptRecord, Job, JobEvent, JobState, NodeAssignment, WorkerExit
 
 _ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
@@ -89,6 +89,25 @@ def request_cancel(job: Job, now: float, reason: str, by: str = "") -> Job:
     if job.state in (JobState.PENDING, JobState.RESTARTING):
         return transition(job, JobState.CANCELLED, now, why)
     return with_event(replace(job, cancel_requested=True), now, "cancel_requested", why)
+
+
+# Attempts a job record keeps (a job preempted over and over has no bound of its own); the history store
+# and usage accounting see the same ones.
+MAX_ATTEMPTS_KEPT = 200
+
+
+def end_attempt(job: Job, alloc: Allocation, now: float) -> Job:
+    """`job` (already in the state the attempt's end led to) with the record of `alloc`'s attempt appended;
+    idempotent: an attempt recorded already is not recorded twice."""
+    if any(a.attempt == alloc.attempt for a in job.attempts):
+        return job
+    models = sorted({a.model for a in alloc.assignments if a.model})
+    record = AttemptRecord(attempt=alloc.attempt, started_at=alloc.created_at, ended_at=now,
+                           nodes=alloc.node_ids, gpus=alloc.gpus, cpus=sum(a.cpus for a in alloc.assignments),
+                           model="+".join(models), reason=alloc.stop_reason,
+                           # A preempted gang's job is PENDING again by now: its attempt ended preempted.
+                           outcome=JobState.PREEMPTED.value if alloc.preempted_by else job.state.value)
+    return replace(job, attempts=(*job.attempts, record)[-MAX_ATTEMPTS_KEPT:])
 
 
 MAX_BACKOFF_S = 600.0

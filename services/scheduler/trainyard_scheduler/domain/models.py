@@ -139,6 +139,22 @@ class WorkerExit:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One placed attempt of a job, appended to the job when its allocation is released (in the same etcd
+    transaction): what the job's history shows of that attempt and what its usage record is made of."""
+
+    attempt: int
+    started_at: float          # the allocation was created (the gang placed)
+    ended_at: float            # the allocation was released (every worker gone)
+    nodes: tuple[str, ...]
+    gpus: int
+    cpus: int
+    model: str                 # the gang's accelerator model, models joined by "+" when mixed; "" CPU-only
+    outcome: str               # the state the job went to when the attempt ended
+    reason: str = ""           # why the gang was stopped ("" when its workers all exited 0)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     id: str
     spec: JobSpec
@@ -171,6 +187,10 @@ class Job:
     last_checkpoint_at: float | None = None
     # Who asked for the cancel (the gateway's user, or tool:<name>); "" unless one was asked.
     cancelled_by: str = ""
+    # Every attempt that was placed, oldest first (the last MAX_ATTEMPTS_KEPT; see jobs.end_attempt).
+    attempts: tuple[AttemptRecord, ...] = ()
+    # When the leader wrote the finished job to the history store; it leaves etcd job_ttl_s after it ended.
+    archived_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

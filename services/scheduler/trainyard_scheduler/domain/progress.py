@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .jobs import describe_exit, first_failure, requeue, restart_delay, transition
+from .jobs import describe_exit, end_attempt, first_failure, requeue, restart_delay, transition
 from .models import EXIT_UNKNOWN, Allocation, Job, JobState, Node, WorkerExit
 
 
@@ -133,6 +133,11 @@ def stopping_failure(alloc: Allocation) -> WorkerExit | None:
 
 
 def _finish(job: Job, alloc: Allocation, now: float, *, infra: str = "", infra_restart_limit: int = 20) -> Job:
+    """The job as the release of `alloc` leaves it: its next state, and the attempt's record."""
+    return end_attempt(_after(job, alloc, now, infra=infra, infra_restart_limit=infra_restart_limit), alloc, now)
+
+
+def _after(job: Job, alloc: Allocation, now: float, *, infra: str, infra_restart_limit: int) -> Job:
     exits = tuple(sorted(alloc.exits, key=lambda e: e.rank))
     failure = stopping_failure(alloc) or first_failure(alloc.exits)
     if job.cancel_requested:

@@ -38,12 +38,14 @@ from ..domain.validation import (
     validate_spec,
     validate_team,
 )
+from ..history.access import History
+from ..history.store import HistoryStore, HistoryUnavailable, JobFilter
 from ..leadership import Leadership
 from ..liveness import NodeLiveness
 from ..pulses import PulseSessions
 from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
-from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, Repository, max_gang_nodes
+from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, IdempotentJobGone, Repository, max_gang_nodes
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,10 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                  priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
                  max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
                  tool_teams: Mapping[str, frozenset[str]] | None = None,
-                 fleet: Callable[[], Awaitable[list[Node]]] | None = None) -> None:
+                 fleet: Callable[[], Awaitable[list[Node]]] | None = None, history: History | None = None) -> None:
         self._max_gang_nodes = max_gang_nodes(max_txn_ops)
+        # Finished jobs that have left etcd are read from here (None: no history store, they never leave).
+        self._history = history
         # The registered nodes a submit is checked against (the app's mirror; default: read from etcd).
         self._fleet = fleet or repo.list_nodes
         self._tool_teams = dict(tool_teams or {})
@@ -106,12 +110,32 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         return requested or "unknown"
 
     async def _visible(self, job_id: str, team: str) -> tuple[Job, int]:
+        """The job and its etcd revision; a finished job that has left etcd comes from the history store,
+        with revision 0."""
         team = self._team(team)
         _check_job_id(job_id)
-        found = await self._repo.get_job(job_id)
+        found = await self._repo.get_job(job_id) or await self._archived(job_id)
         if found is None or (team and found[0].team != team):
             raise NotFound(f"job {job_id} not found")
         return found
+
+    async def _history_store(self) -> HistoryStore:
+        assert self._history is not None
+        try:
+            return await self._history.store()
+        except HistoryUnavailable as exc:
+            raise Unavailable(f"finished jobs are read from the history store, which cannot be reached now: "
+                              f"{exc}; retry") from None
+
+    async def _archived(self, job_id: str) -> tuple[Job, int] | None:
+        if self._history is None:
+            return None
+        store = await self._history_store()
+        try:
+            found = await store.get(job_id)
+        except HistoryUnavailable as exc:
+            raise Unavailable(f"the history store cannot be read now: {exc}; retry") from None
+        return (decode_job(found.record), 0) if found is not None else None
 
     async def _view(self, job: Job) -> types_pb2.Job:
         alloc = None
@@ -145,7 +169,15 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
                   message="waiting for placement")
-        stored, created = await self._repo.create_job(job, request.idempotency_key)
+        try:
+            stored, created = await self._repo.create_job(job, request.idempotency_key)
+        except IdempotentJobGone as gone:
+            # The submit this key made has finished and left etcd: answer with it, from the history.
+            earlier = await self._archived(gone.job_id)
+            if earlier is None:
+                raise Conflict(f"idempotency key {request.idempotency_key!r} names job {gone.job_id}, which is "
+                               "neither in etcd nor in the history store; use a new key") from None
+            stored, created = earlier[0], False
         if created:
             with log_context(job_id=stored.id):
                 log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,
@@ -165,10 +197,29 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         if request.page_token:
             _check_job_id(request.page_token)
         states = frozenset(convert.state_from_pb(s) for s in request.states)
-        jobs, token = await self._repo.list_jobs(after=request.page_token or None,
-                                                 limit=request.page_size or DEFAULT_PAGE,
-                                                 team=self._team(request.team), states=states)
+        limit, team, after = request.page_size or DEFAULT_PAGE, self._team(request.team), request.page_token
+        jobs, token = await self._repo.list_jobs(after=after or None, limit=limit, team=team, states=states)
+        if self._history is not None and (not states or any(s.terminal for s in states)):
+            jobs, token = await self._with_archived(jobs, token, after=after, limit=limit, team=team, states=states)
         return scheduler_pb2.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
+
+    async def _with_archived(self, live: list[Job], token: str, *, after: str, limit: int, team: str,
+                             states: frozenset[JobState]) -> tuple[list[Job], str]:
+        """One page of the live jobs merged with the finished ones in the history store, in job id (submission)
+        order: each source gives its first `limit` after the cursor, so the first `limit` of their union are
+        the page. A job in both (archived, not yet expired from etcd) is shown once, as etcd has it."""
+        store = await self._history_store()
+        flt = JobFilter(team=team, states=frozenset(s.value for s in states if s.terminal))
+        try:
+            found = await store.list(flt, limit=limit, after=after)
+        except HistoryUnavailable as exc:
+            raise Unavailable(f"the history store cannot be read now: {exc}; retry") from None
+        merged = {j.id: j for j in (decode_job(a.record) for a in found)}
+        merged.update({j.id: j for j in live})
+        page = [merged[k] for k in sorted(merged)]
+        more = bool(token) or len(found) == limit or len(page) > limit
+        page = page[:limit]
+        return page, (page[-1].id if more and page else "")
 
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.CancelJobResponse:

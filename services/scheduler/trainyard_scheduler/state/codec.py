@@ -8,6 +8,7 @@ import orjson
 
 from ..domain.models import (
     Allocation,
+    AttemptRecord,
     CheckpointPolicy,
     Gpu,
     GpuLink,
@@ -88,7 +89,20 @@ def encode_job(job: Job) -> bytes:
         "placement": [_assignment(a) for a in job.placement],
         "exits": [_exit(e) for e in job.exits],
         "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in job.events],
+        "attempts": [_attempt(a) for a in job.attempts],
+        "archived_at": job.archived_at,
     })
+
+
+def _attempt(a: AttemptRecord) -> dict[str, Any]:
+    return {"attempt": a.attempt, "started_at": a.started_at, "ended_at": a.ended_at, "nodes": list(a.nodes),
+            "gpus": a.gpus, "cpus": a.cpus, "model": a.model, "outcome": a.outcome, "reason": a.reason}
+
+
+def _attempt_from(d: dict[str, Any]) -> AttemptRecord:
+    return AttemptRecord(attempt=d["attempt"], started_at=d["started_at"], ended_at=d["ended_at"],
+                         nodes=tuple(d["nodes"]), gpus=d["gpus"], cpus=d["cpus"], model=d["model"],
+                         outcome=d["outcome"], reason=d.get("reason", ""))
 
 
 def decode_job(raw: bytes) -> Job:
@@ -117,7 +131,9 @@ def decode_job(raw: bytes) -> Job:
                started_at=d.get("started_at"), finished_at=d.get("finished_at"),
                queued_at=d.get("queued_at", d["created_at"]), restarts=d.get("restarts", 0),
                infra_restarts=d.get("infra_restarts", 0), cancelled_by=d.get("cancelled_by", ""),
-               not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())))
+               not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())),
+               attempts=tuple(_attempt_from(a) for a in d.get("attempts", ())),
+               archived_at=d.get("archived_at"))
 
 
 def encode_allocation(a: Allocation) -> bytes:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainyard_core.errors import Conflict, NotFound
+from trainyard_core.errors import Conflict, FailedPrecondition, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 
 from ..domain.models import Allocation, Job, JobState, Node, WorkerExit
@@ -38,6 +38,17 @@ log = logging.getLogger(__name__)
 
 # etcd's default --max-txn-ops: the most compares, or writes, one transaction may carry.
 ETCD_DEFAULT_MAX_TXN_OPS = 128
+# A submit's idempotency key answers a retry of that submit this long at least (Stripe's and most APIs' day).
+DEFAULT_IDEMPOTENCY_TTL_S = 86400.0
+IDEMPOTENCY_BUCKET_S = 3600.0
+
+
+class IdempotentJobGone(Exception):
+    """A submit's idempotency key names a job that is no longer in etcd (finished, archived, expired)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
 
 
 def placement_txn_ops(nodes: int) -> int:
@@ -53,7 +64,8 @@ def max_gang_nodes(max_txn_ops: int) -> int:
 
 class Repository:
     def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None, *,
-                 holdings_source: Source | None = None, max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS) -> None:
+                 holdings_source: Source | None = None, max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
+                 idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S) -> None:
         """`holdings_source` reads a holdings key for the GPU ledger (the leader passes its mirror; the
         default reads the store); `max_txn_ops` bounds the transactions that merge waiting writes."""
         self.store = store
@@ -62,6 +74,8 @@ class Repository:
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
         self.holdings_writes = HoldingsCommitter(self.holdings, self._txn, lambda: self._fenced([]), max_txn_ops)
         self.written_revision = 0
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self._idem_leases: dict[int, int] = {}
 
     def _fenced(self, compares: Sequence[Compare]) -> list[Compare]:
         return [self._fence(), *compares] if self._fence is not None else list(compares)
@@ -73,25 +87,47 @@ class Repository:
         return res
 
     # -- jobs ----------------------------------------------------------------------------------------
+    async def _idempotency_lease(self, now: float, fresh: bool = False) -> int:
+        """The lease an idempotency key written at `now` is bound to: one per hour of writes, lasting
+        `idempotency_ttl_s` past that hour's end, so a key lives at least that long and at most an hour more,
+        at the cost of one lease grant an hour."""
+        bucket = int(now // IDEMPOTENCY_BUCKET_S)
+        lease = self._idem_leases.get(bucket)
+        if lease is None or fresh:
+            lease = await self.store.grant_lease(int(self.idempotency_ttl_s + IDEMPOTENCY_BUCKET_S))
+            self._idem_leases = {bucket: lease}
+        return lease
+
     async def create_job(self, job: Job, idempotency_key: str = "") -> tuple[Job, bool]:
         """Store a new job. Returns (job, created); with an idempotency key already used by this team,
-        returns the job created then and False."""
+        returns the job created then and False. The key expires `idempotency_ttl_s` (and up to an hour) after
+        the submit; IdempotentJobGone when it names a job that has left etcd since (the history has it)."""
         key = self.keys.job(job.id)
-        compares = [absent(key)]
-        ops: list[Put | Delete] = [Put(key, encode_job(job))]
         idem = self.keys.idempotency(job.team, idempotency_key) if idempotency_key else ""
-        if idem:
-            compares.append(absent(idem))
-            ops.append(Put(idem, job.id.encode()))
-        res = await self._txn(compares, ops)
+        for attempt in range(2):
+            compares = [absent(key)]
+            ops: list[Put | Delete] = [Put(key, encode_job(job))]
+            if idem:
+                lease = await self._idempotency_lease(job.created_at, fresh=attempt > 0)
+                compares.append(absent(idem))
+                ops.append(Put(idem, job.id.encode(), lease))
+            try:
+                res = await self._txn(compares, ops)
+            except FailedPrecondition:  # the hour's lease is gone (revoked, or etcd lost it): take a new one
+                if not idem or attempt:
+                    raise
+                continue
+            break
         if res.succeeded:
             return job, True
         if idem:
             kv = await self.store.get(idem)
             if kv is not None:
-                found = await self.get_job(kv.value.decode())
+                job_id = kv.value.decode()
+                found = await self.get_job(job_id)
                 if found is not None:
                     return found[0], False
+                raise IdempotentJobGone(job_id)
         raise Conflict(f"job {job.id} could not be stored; retry the submission")
 
     async def get_job(self, job_id: str) -> tuple[Job, int] | None:
@@ -121,6 +157,15 @@ class Repository:
     async def update_job(self, job: Job, revision: int) -> int:
         res = await self._txn([mod_revision_is(self.keys.job(job.id), revision)],
                               [Put(self.keys.job(job.id), encode_job(job))])
+        if not res.succeeded:
+            raise Conflict(f"job {job.id} changed concurrently; retry")
+        return res.revision
+
+    async def delete_job(self, job: Job, revision: int) -> int:
+        """Remove a finished job's record (the leader's archiver, once it is in the history store). Conflict
+        when the record changed or leadership was lost."""
+        key = self.keys.job(job.id)
+        res = await self._txn(self._fenced([mod_revision_is(key, revision)]), [Delete(key)])
         if not res.succeeded:
             raise Conflict(f"job {job.id} changed concurrently; retry")
         return res.revision
