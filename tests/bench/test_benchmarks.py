@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent, checkpoint, e2e_latency, fleet, heartbeat, recovery, scheduler
+from bench import agent, checkpoint, e2e_latency, fleet, heartbeat, history, recovery, scheduler
 from trainyard_scheduler.sim.simulator import BUCKETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +63,10 @@ FIGURES: dict[str, set[str]] = {
         "scheduler_idle_cpu_percent_tls", "scheduler_idle_cpu_percent_plaintext",
         "beat_ack_p50_ms_plaintext", "beat_ack_p50_tls_vs_plaintext", "nodes", "interval_ms", "windows",
     },
+    "history": {
+        "jobs", "archive_per_s_postgres", "archive_per_s_sqlite", "list_p50_ms_postgres", "list_p50_ms_sqlite",
+        "list_p95_ms_postgres", "list_p95_ms_sqlite", "list_p95_vs_target_postgres", "list_p95_vs_target_sqlite",
+    },
     "recovery": {
         "rounds", "detect_s", "detect_s_median", "detect_to_running_s", "detect_to_running_s_median",
         "first_step_after_resume_s", "first_step_after_resume_s_median", "kill_to_first_step_s_median",
@@ -95,6 +99,7 @@ COUNTS: dict[str, dict[str, float]] = {
     "fleet": {"nodes": fleet.TINY.nodes, "stops": 2 * fleet.TINY.stop_rounds * fleet.TINY.stop_per_round},
     "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
                   "windows": heartbeat.TINY.rounds},
+    "history": {"jobs": history.TINY.jobs},
     "recovery": {"rounds": recovery.TINY.rounds},
     "scheduler": {
         "fleet_nodes": scheduler.TINY.nodes, "fleet_gpus": scheduler.TINY.nodes * scheduler.GPUS_PER_NODE,
