@@ -6,6 +6,8 @@ the whole run."""
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -107,3 +109,15 @@ def pki_dir(tmp_path: Path) -> Path:
     pki.ensure(directory, [identity.SCHEDULER, identity.GATEWAY, identity.CHECKPOINT_STORE, identity.node("node-1"),
                            identity.node("node-2"), identity.tool("ops")])
     return directory
+
+
+@pytest.fixture
+def public_tmp() -> Iterator[Path]:
+    """A directory every uid may pass through (pytest's tmp_path is root's, 0700): for tests that run workers as
+    a team's uid; what keeps teams apart below it is the modes of what the services make there."""
+    path = Path(tempfile.mkdtemp(prefix="trainyard-public-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

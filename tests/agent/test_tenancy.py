@@ -14,13 +14,11 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,16 +165,6 @@ class Host:
                 agent_pb2.ListWorkersRequest(), timeout=10)
         return any(w.running for w in got.workers if w.job_id == job_id)
 
-
-@pytest.fixture
-def public_tmp() -> Iterator[Path]:
-    """A directory every uid may pass through (pytest's tmp_path is 0700 root)."""
-    path = Path(tempfile.mkdtemp(prefix="trainyard-tenancy-"))
-    path.chmod(0o755)  # what protects the agent's state and the jobs' directories below is their own modes
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

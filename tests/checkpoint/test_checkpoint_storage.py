@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -147,15 +144,6 @@ async def test_a_link_in_place_of_the_manifest_is_not_followed(storage: PosixSto
 # team's uid save and load through the real store.
 OWNERS = {"ml": Identity(2001, 2001)}
 
-
-@pytest.fixture
-def public_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="trainyard-ckpt-owners-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_owned_directories_go_to_the_team_and_stay_the_stores_above(public_tmp: Path) -> None:

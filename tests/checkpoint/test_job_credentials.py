@@ -8,11 +8,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,26 +311,15 @@ ML, RESEARCH = (2001, 2001), (2002, 2002)
 RUN_AS = {"ml": "2001:2001", "research": "2002:2002"}
 
 
-@pytest.fixture
-def public_root() -> Iterator[Path]:
-    """A directory every uid may pass (pytest's tmp_path is root's, 0700): what keeps teams apart below it is
-    the store's own modes."""
-    path = Path(tempfile.mkdtemp(prefix="trainyard-ckpt-teams-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 @pytest.fixture
-async def teams_app(public_root: Path, etcd_settings: dict[str, str], key_prefix: str, job_pki: Path,
+async def teams_app(public_tmp: Path, etcd_settings: dict[str, str], key_prefix: str, job_pki: Path,
                     clock: ManualClock) -> AsyncIterator[CheckpointApp]:
     if os.geteuid() != 0:
         pytest.fail("teams apart on the storage need root (the store hands directories to other uids); "
                     "make test runs as root")
     settings = CheckpointSettings(listen_host="127.0.0.1", listen_port=0,
-                                  storage_url=(public_root / "checkpoints").as_uri(), run_as=RUN_AS,
+                                  storage_url=(public_tmp / "checkpoints").as_uri(), run_as=RUN_AS,
                                   **etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                   shutdown_grace_s=1.0, gc_interval_s=0, tool_teams=["ops:ml"],
                                   **pki.files_for(job_pki, identity.CHECKPOINT_STORE).settings())
@@ -346,12 +333,12 @@ def _as_uid(user: tuple[int, int], *argv: str) -> subprocess.CompletedProcess[st
 
 
 async def test_workers_save_as_their_teams_uid_and_other_teams_cannot_read(
-        teams_app: CheckpointApp, issuer: JobIssuer, job_pki: Path, public_root: Path, zygote: Zygote) -> None:
+        teams_app: CheckpointApp, issuer: JobIssuer, job_pki: Path, public_tmp: Path, zygote: Zygote) -> None:
     cred = issuer.credential("job-ml", 0, "ml", _now())
     env = job_env(f"127.0.0.1:{teams_app.grpc_port}", "job-ml")
     del env["TRAINYARD_CHECKPOINT_PLAINTEXT"]
-    env.update(cred.env(), HOME=str(public_root))
-    out = public_root / "out"
+    env.update(cred.env(), HOME=str(public_tmp))
+    out = public_tmp / "out"
     for sub in (out, out / "save", out / "load"):  # where each rank writes its report, as the team's uid
         sub.mkdir()
         os.chown(sub, *ML)
