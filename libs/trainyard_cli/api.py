@@ -3,6 +3,7 @@ is the API's own (`{"error": {"message": ...}}`) or says plainly why the gateway
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -93,11 +94,14 @@ class Api:
         result: dict[str, Any] = self._json("GET", f"/v1/jobs/{quote(job_id, safe='')}")
         return result
 
-    def jobs_page(self, *, page_size: int, page_token: str = "", states: list[str] | None = None) -> dict[str, Any]:
+    def jobs_page(self, *, page_size: int, page_token: str = "",
+                  filters: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        """One page of GET /v1/jobs; `filters` are its query parameters (state, user, label, ...), repeatable
+        ones given once per value."""
         params: list[tuple[str, str | int]] = [("page_size", page_size)]
         if page_token:
             params.append(("page_token", page_token))
-        params += [("state", s) for s in states or []]
+        params += list(filters)
         result: dict[str, Any] = self._json("GET", "/v1/jobs", params=params)
         return result
 

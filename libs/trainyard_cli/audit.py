@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainyard_core import contract
@@ -12,7 +11,7 @@ from trainyard_core import contract
 from . import output
 from .commands import api_for
 from .errors import UsageError
-from .spec import parse_duration
+from .spec import when
 
 EPILOG = """\
 examples:
@@ -24,20 +23,6 @@ examples:
 --since/--until take a duration back from now (90s, 10m, 1h30m, 2d) or a time (2026-01-31T12:00:00Z).
 --action matches a whole action (`POST /v1/jobs/{job_id}:cancel`) or its last part (`CancelJob`).
 """
-
-
-def when(text: str, now: datetime | None = None) -> str:
-    """An ISO 8601 time from '1h' (that long ago) or from an ISO time (UTC when it names no zone)."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError:
-        try:
-            at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a duration like 1h or 2d, or a time like "
-                                             f"2026-01-31T12:00:00Z, got {text!r}") from None
-        return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
-    return ((now or datetime.now(UTC)) - timedelta(seconds=seconds)).isoformat()
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from trainyard_core import contract
 from . import output
 from .api import Api
 from .config import resolve
+from .errors import UsageError
 from .spec import build_spec, load_spec_file, parse_limits, parse_pairs, parse_speed_hints
 
 TERMINAL = frozenset(state.value for state in contract.JobState if state.terminal)
@@ -78,12 +79,25 @@ def _submit_overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def job_filters(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The query parameters of `trainyard jobs`' filters (GET /v1/jobs)."""
+    for label in args.label or []:
+        if "=" not in label:
+            raise UsageError(f"--label expects KEY=VALUE (e.g. project=atlas), got {label!r}")
+    named = (("user", args.user), ("team", args.team), ("queue", args.queue), ("name_prefix", args.name),
+             ("submitted_after", args.since), ("submitted_before", args.until),
+             ("finished_after", args.finished_since), ("finished_before", args.finished_until))
+    return ([("state", s) for s in args.state or []] + [("label", v) for v in args.label or []]
+            + [(k, v) for k, v in named if v])
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     jobs: list[dict[str, Any]] = []
     token = ""
+    filters = job_filters(args)
     with api_for(args) as api:
         while True:
-            page = api.jobs_page(page_size=args.page_size, page_token=token, states=args.state)
+            page = api.jobs_page(page_size=args.page_size, page_token=token, filters=filters)
             jobs.extend(page["jobs"])
             token = page.get("next_page_token", "")
             if not token or not args.all:
@@ -92,7 +106,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         output.print_json({"jobs": jobs, "next_page_token": token})
         return 0
     if not jobs:
-        print("no jobs" + (" in state " + ", ".join(args.state) if args.state else ""))
+        print("no jobs match" if filters else "no jobs")
         return 0
     output.jobs_table(jobs)
     if token:

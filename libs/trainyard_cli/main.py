@@ -17,9 +17,18 @@ from trainyard_core import contract
 
 from . import audit, commands
 from .errors import CliError, UsageError
-from .spec import parse_duration
+from .spec import parse_duration, when
 
 STATES = list(contract.JOB_STATES)
+JOBS_EPILOG = """\
+examples:
+  trainyard jobs                                    the newest 50 jobs
+  trainyard jobs --state failed --since 1d          what failed in the last day
+  trainyard jobs --user alice --label project=atlas --all
+  trainyard jobs --name sweep- --finished-since 2026-11-30T00:00:00Z
+
+WHEN is a duration back from now (90s, 10m, 1h30m, 2d) or a time (2026-01-31T12:00:00Z).
+"""
 
 SUBMIT_EPILOG = """\
 examples:
@@ -177,9 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
     p.set_defaults(func=commands.cmd_submit)
 
-    p = sub.add_parser("jobs", parents=[common], help="list jobs")
-    p.add_argument("--all", action="store_true", help="page through every job, not only the first page")
+    p = sub.add_parser("jobs", parents=[common], help="list jobs, newest first",
+                       description="List jobs, newest first: running ones and finished ones (also those that "
+                                   "have left etcd for the history store). Every filter given must match.",
+                       epilog=JOBS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--all", action="store_true", help="page through every matching job, not only the first page")
     p.add_argument("--state", action="append", choices=STATES, help="only jobs in this state (repeatable)")
+    p.add_argument("--user", help="only jobs this user submitted")
+    p.add_argument("--team", help="only this team's jobs (operators; others see their own team only)")
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help="only jobs with this label (repeatable)")
+    p.add_argument("--name", metavar="PREFIX", help="only jobs whose name starts with PREFIX")
+    p.add_argument("--since", type=when, metavar="WHEN", help="submitted at or after WHEN (1d: a day ago)")
+    p.add_argument("--until", type=when, metavar="WHEN", help="submitted before WHEN")
+    p.add_argument("--finished-since", type=when, metavar="WHEN", help="finished at or after WHEN")
+    p.add_argument("--finished-until", type=when, metavar="WHEN", help="finished before WHEN")
     p.add_argument("--page-size", type=int, default=contract.DEFAULT_PAGE_SIZE,
                    help=f"jobs per request, 1-{contract.MAX_PAGE_SIZE} (default {contract.DEFAULT_PAGE_SIZE})")
     p.set_defaults(func=commands.cmd_jobs)

@@ -6,10 +6,12 @@ gateway validates the result and its message names any offending field.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,21 @@ def parse_duration(text: str) -> float:
     if not value or _DURATION_PART.sub("", value):
         raise ValueError(f"expected seconds or a duration like 90s, 10m, 1h30m or 2d, got {text!r}")
     return float(sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(value)))
+
+
+def when(text: str, now: datetime | None = None) -> str:
+    """An RFC 3339 time from a duration back from now ('1h': an hour ago) or from a time (UTC when it names no
+    zone), for the --since/--until options; argparse's error when it is neither."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        try:
+            at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a duration like 1h or 2d, or a time like "
+                                             f"2026-01-31T12:00:00Z, got {text!r}") from None
+        return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
+    return ((now or datetime.now(UTC)) - timedelta(seconds=seconds)).isoformat()
 
 
 def parse_limits(items: Sequence[str]) -> dict[str, dict[str, int]]:

@@ -77,6 +77,8 @@ MODEL_NAME = Name(r"^[!-~]{1,64}$", "1-64 characters of printable ASCII without 
 COMPUTE_CAPABILITY = Name(r"^[0-9]{1,2}\.[0-9]{1,2}$", 'major.minor, like "8.0" or "9.0"')
 # Ids the services mint (`trainyard_core.ids.new_id`): jobs, tokens; node ids follow the same rule.
 ID = Name(r"^[a-z][a-z0-9-]{2,62}$", "3-63 lower-case letters, digits and '-', starting with a letter")
+# A page token is opaque (the scheduler's listing module makes them): base64url, at most 256 characters.
+PAGE_TOKEN = Name(r"^[A-Za-z0-9_-]{1,256}$", "the next_page_token of the previous page, unchanged")
 IDEMPOTENCY_KEY = Name(r"^[A-Za-z0-9._-]{1,128}$", "1-128 letters, digits, '.', '_' or '-'")
 # Strings handed to exec() or the environment cannot carry NUL.
 NO_NUL = Name(r"^[^\x00]*$", "text without NUL characters")
@@ -87,7 +89,8 @@ WORKING_DIR = Name(r"^(/[^\x00]*)?$", "an absolute path without NUL characters (
 GPU_HEALTH_REASON = Name(r"^[ -~]*[!-~][ -~]*$", "one line of printable ASCII, not only spaces")
 
 NAMES: tuple[Name, ...] = (JOB_NAME, TEAM, USER, QUEUE_NAME, PRIORITY_CLASS, LABEL_KEY, ENV_KEY, MODEL_NAME,
-                           COMPUTE_CAPABILITY, ID, IDEMPOTENCY_KEY, NO_NUL, PROGRAM, WORKING_DIR, GPU_HEALTH_REASON)
+                           COMPUTE_CAPABILITY, ID, IDEMPOTENCY_KEY, PAGE_TOKEN, NO_NUL, PROGRAM, WORKING_DIR,
+                           GPU_HEALTH_REASON)
 
 
 def rule_for(pattern: str) -> str | None:
@@ -180,6 +183,9 @@ MAX_TOKEN_DESCRIPTION = 256
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
+MAX_JOB_NAME_LENGTH = 63  # JOB_NAME's; a name-prefix filter is at most this long
+# The latest time a filter may name: 9999-12-31T23:59:59Z, the end of RFC 3339's range.
+MAX_UNIX_TIME_S = 253_402_300_799
 MAX_LOG_TAIL = 1_000_000
 
 # --- roles, scopes and token lifetimes ---------------------------------------------------------------------

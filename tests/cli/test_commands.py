@@ -87,12 +87,31 @@ async def test_jobs_table_and_paging(cli: Any, gateway: RunningGateway, schedule
     assert r.rc == 0
     lines = r.out.splitlines()
     assert lines[0].split() == ["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"]
-    assert [line.split()[0] for line in lines[1:]] == ids[:2]
+    assert [line.split()[0] for line in lines[1:]] == ids[::-1][:2], "newest first"
     assert "--all" in r.err
     r = await cli("jobs", "--page-size", "2", "--all", "--json")
-    assert [j["id"] for j in json.loads(r.out)["jobs"]] == ids
+    assert [j["id"] for j in json.loads(r.out)["jobs"]] == ids[::-1]
     r = await cli("jobs", "--state", "running")
-    assert r.out.strip() == "no jobs in state running"
+    assert r.out.strip() == "no jobs match"
+
+
+async def test_jobs_filters(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
+    await scheduler.submit(["true"], team="vision", user="alice", name="sweep-1")
+    bobs = await scheduler.submit(["true"], team="vision", user="bob", name="sweep-2")
+    r = await cli("jobs", "--user", "bob", "--name", "sweep-", "--since", "1d", "--json")
+    assert r.rc == 0, r.err
+    assert [j["id"] for j in json.loads(r.out)["jobs"]] == [bobs.id]
+    r = await cli("jobs", "--state", "failed", "--since", "1d", "--until", "2099-01-01T00:00:00Z",
+                  "--finished-since", "2h", "--label", "project=atlas", "--queue", "batch")
+    assert (r.rc, r.out.strip()) == (0, "no jobs match")
+    request = scheduler.calls.requests("ListJobs")[-1]
+    assert list(request.states) == [types_pb2.JOB_STATE_FAILED] and dict(request.labels) == {"project": "atlas"}
+    assert request.queue == "batch" and request.HasField("submitted_after") and request.HasField("finished_after")
+    assert request.submitted_before.seconds == 4070908800  # 2099-01-01T00:00:00Z
+    r = await cli("jobs", "--label", "project")
+    assert r.rc == 2 and "--label expects KEY=VALUE" in r.err
+    r = await cli("jobs", "--since", "yesterday")
+    assert r.rc == 2 and "expected a duration like 1h or 2d" in r.err
 
 
 async def test_status_cancel_and_watch(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:

@@ -51,8 +51,9 @@ class FaultyStore:
             raise Unavailable("etcd at 127.0.0.9:2379 is unavailable: test fault, the txn's answer was lost")
         return result
 
-    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
-        return await self.inner.range(prefix, start_after=start_after, limit=limit)
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
+                    descending: bool = False) -> RangeResult:
+        return await self.inner.range(prefix, start_after=start_after, limit=limit, descending=descending)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         return await self.inner.put(key, value, lease=lease)

@@ -74,6 +74,26 @@ async def test_range_pages_in_key_order(store: Store, key_prefix: str) -> None:
     assert len(everything.kvs) == 7 and not everything.more
 
 
+async def test_range_pages_descending(store: Store, key_prefix: str) -> None:
+    for i in range(7):
+        await store.put(f"{key_prefix}k{i:02d}", str(i).encode())
+    await store.put(key_prefix.rstrip("/") + "0/outside", b"no")  # sorts after every key under key_prefix
+    await store.put(key_prefix.rstrip("/") + "-before", b"no")  # sorts before them
+    pages: list[list[str]] = []
+    after: str | None = None
+    while True:
+        page = await store.range(key_prefix, start_after=after, limit=3, descending=True)
+        pages.append([kv.key for kv in page.kvs])
+        if not page.more:
+            break
+        after = page.kvs[-1].key
+    assert pages == [[f"{key_prefix}k{i:02d}" for i in (6, 5, 4)], [f"{key_prefix}k{i:02d}" for i in (3, 2, 1)],
+                     [f"{key_prefix}k00"]]
+    everything = await store.range(key_prefix, descending=True)
+    assert [kv.key for kv in everything.kvs] == [f"{key_prefix}k{i:02d}" for i in reversed(range(7))]
+    assert not everything.more
+
+
 async def test_delete_prefix(store: Store, key_prefix: str) -> None:
     await store.put(key_prefix + "d/1", b"1")
     await store.put(key_prefix + "d/2", b"2")

@@ -113,11 +113,54 @@ async def test_list_pages_through_every_job(cluster_gateway: RunningGateway, clu
             if not token:
                 break
         both = await http.get("/v1/jobs", params=[("state", "pending"), ("state", "running")])
-    assert seen == ids
+    assert seen == ids[::-1], "newest first"
     assert len(both.json()["jobs"]) == 6
     lists = cluster.calls.requests("ListJobs")
     assert list(lists[0].states) == [types_pb2.JOB_STATE_PENDING] and lists[0].page_size == 2
     assert list(lists[-1].states) == [types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING]
+
+
+async def test_list_filters_reach_the_scheduler_and_tokens_keep_their_filters(live_gateway: RunningGateway,
+                                                                              scheduler: Cluster) -> None:
+    alice = await live_gateway.create_token("vision", "alice")
+    bob = await live_gateway.create_token("vision", "bob")
+    async with live_gateway.client(alice) as a, live_gateway.client(bob) as b, \
+            live_gateway.client(live_gateway.admin_token) as admin:
+        first = (await a.post("/v1/jobs", json={**SPEC, "name": "sweep-1", "labels": {"project": "atlas"}})).json()
+        middle = (await b.post("/v1/jobs", json={**SPEC, "name": "sweep-2", "labels": {"project": "atlas"}})).json()
+        (await a.post("/v1/jobs", json={**SPEC, "name": "train-1", "labels": {"project": "zeus"}})).json()
+        other_team = await scheduler.submit(["true"], name="sweep-3", team="nlp")
+
+        async def listed(http: httpx.AsyncClient, params: object) -> list[str]:
+            reply = await http.get("/v1/jobs", params=params)  # type: ignore[arg-type]
+            assert reply.status_code == 200, reply.text
+            return [j["id"] for j in reply.json()["jobs"]]
+
+        assert await listed(a, {"user": "bob"}) == [middle["id"]]
+        assert await listed(a, {"label": "project=atlas", "name_prefix": "sweep-"}) == [middle["id"], first["id"]]
+        assert await listed(admin, {"name_prefix": "sweep-"}) == [other_team.id, middle["id"], first["id"]]
+        assert await listed(admin, {"name_prefix": "sweep-", "team": "nlp"}) == [other_team.id]
+        assert await listed(a, {"team": "nlp"}) == [], "another team's listing is empty for a team member"
+        at = datetime.fromisoformat(middle["created_at"])
+        assert await listed(a, {"submitted_after": at.isoformat(), "label": "project=atlas"}) == [middle["id"]]
+        assert await listed(a, {"submitted_before": at.isoformat(), "label": "project=atlas"}) == [first["id"]]
+        assert await listed(a, {"finished_after": at.isoformat()}) == [], "pending jobs have not finished"
+
+        page = (await a.get("/v1/jobs", params={"page_size": 1, "label": "project=atlas"})).json()
+        rest = await a.get("/v1/jobs", params={"page_size": 1, "label": "project=atlas",
+                                               "page_token": page["next_page_token"]})
+        assert [j["id"] for j in rest.json()["jobs"]] == [first["id"]]
+        moved = await a.get("/v1/jobs", params={"page_size": 1, "page_token": page["next_page_token"]})
+        assert moved.status_code == 400 and "other filters" in moved.json()["error"]["message"]
+        for bad in ({"label": "project"}, {"page_token": "not a token"}, {"page_token": "bm90LW91cnM"},
+                    {"submitted_after": "2026-01-01T00:00:00"}, {"user": "a b"},
+                    {"label": ["a=1", "a=2"]}, {"submitted_after": "2026-02-01T00:00:00Z",
+                                                "submitted_before": "2026-01-01T00:00:00Z"}):
+            reply = await a.get("/v1/jobs", params=bad)
+            assert reply.status_code == 400, (bad, reply.text)
+            assert reply.json()["error"]["code"] == "invalid_argument", bad
+    request = scheduler.calls.requests("ListJobs")[0]
+    assert (request.team, request.user) == ("vision", "bob")
 
 
 async def test_job_json_of_a_finished_job(cluster_gateway: RunningGateway, cluster: Cluster) -> None:

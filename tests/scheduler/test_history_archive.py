@@ -90,15 +90,15 @@ async def test_a_finished_job_leaves_etcd_and_is_still_read_whole(leader: Schedu
         got = (await jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=job.id, team="team-a"))).job
         assert (got.state, got.cancelled_by, got.user) == (types_pb2.JOB_STATE_CANCELLED, "alice", "bob")
         listed = (await jobs.ListJobs(scheduler_pb2.ListJobsRequest(team="team-a"))).jobs
-        assert [j.id for j in listed] == [job.id, live.job.id], "history and etcd merged, once each, in order"
+        assert [j.id for j in listed] == [live.job.id, job.id], "etcd and history merged, once each, newest first"
         cancelled = await jobs.ListJobs(scheduler_pb2.ListJobsRequest(
             team="team-a", states=[types_pb2.JOB_STATE_CANCELLED]))
         assert [j.id for j in cancelled.jobs] == [job.id]
         paged = await jobs.ListJobs(scheduler_pb2.ListJobsRequest(team="team-a", page_size=1))
-        assert [j.id for j in paged.jobs] == [job.id] and paged.next_page_token == job.id
+        assert [j.id for j in paged.jobs] == [live.job.id] and paged.next_page_token
         rest = await jobs.ListJobs(scheduler_pb2.ListJobsRequest(team="team-a", page_size=1,
                                                                  page_token=paged.next_page_token))
-        assert [j.id for j in rest.jobs] == [live.job.id]
+        assert [j.id for j in rest.jobs] == [job.id]
         # A retry of the first submit (same key) is answered with that job, from the history.
         again = (await jobs.SubmitJob(submit)).job
         assert again.id == job.id and again.state == types_pb2.JOB_STATE_CANCELLED
@@ -237,7 +237,7 @@ async def test_a_history_store_that_is_down_delays_archiving_and_loses_nothing(
             finally:
                 await store.close()
             listed = (await jobs.ListJobs(scheduler_pb2.ListJobsRequest(team="team-a"))).jobs
-            assert [j.id for j in listed] == ids
+            assert [j.id for j in listed] == ids[::-1], "newest first"
     finally:
         await app.stop()
         await relay.close()

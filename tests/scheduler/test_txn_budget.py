@@ -77,4 +77,4 @@ async def test_a_gang_larger_than_one_transaction_is_refused_at_submit(key_prefi
     spec = convert.spec_to_pb(make_job("x", nodes=max_gang_nodes(ETCD_DEFAULT_MAX_TXN_OPS) + 1, gpus=8).spec)
     with pytest.raises(FailedPrecondition, match="--max-txn-ops"):
         await servicer.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), None)  # type: ignore[arg-type]
-    assert (await repo.list_jobs(after=None, limit=10))[0] == []
+    assert (await repo.list_jobs(limit=10))[0] == []

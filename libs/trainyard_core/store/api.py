@@ -10,6 +10,8 @@ Contracts every implementation keeps:
   watcher that falls behind compaction gets `WatchCompacted` and must reload.
 - Every method raises `trainyard_core.errors.Unavailable` when the store cannot be reached; the outcome
   of a write that raised is unknown, so callers re-read before deciding (writes are CAS-guarded).
+  `StoreOutOfSpace`, an Unavailable too, is the one whose outcome is known: etcd, at its space quota,
+  refused the write before applying anything.
 """
 
 from __future__ import annotations
@@ -104,8 +106,11 @@ class WatchCompacted(Unavailable):
 class Store(Protocol):
     async def get(self, key: str) -> KeyValue | None: ...
 
-    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
-        """Keys starting with `prefix`, after `start_after` (exclusive), at most `limit` (0: all)."""
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
+                    descending: bool = False) -> RangeResult:
+        """Keys starting with `prefix`, after `start_after` (exclusive), at most `limit` (0: all), in key order.
+        `descending`: largest key first, and `start_after` is then the cursor in that direction (only keys
+        below it): pass the last key of a page to get the next one either way."""
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Unconditional write; returns the new revision."""

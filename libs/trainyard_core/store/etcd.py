@@ -271,10 +271,19 @@ class EtcdStore:
         resp = await self._read_range(rpc.RangeRequest(key=key.encode()))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
-    async def _range_impl(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
-        start = (start_after.encode() + b"\0") if start_after is not None else prefix.encode()
-        end = prefix_end(prefix).encode(errors="surrogateescape")
-        resp = await self._read_range(rpc.RangeRequest(key=start, range_end=end, limit=limit))
+    async def _range_impl(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
+                          descending: bool = False) -> RangeResult:
+        if descending:
+            start = prefix.encode()
+            top = start_after if start_after is not None else prefix_end(prefix)
+            end = top.encode(errors="surrogateescape")
+            request = rpc.RangeRequest(key=start, range_end=end, limit=limit, sort_order=rpc.RangeRequest.DESCEND,
+                                       sort_target=rpc.RangeRequest.KEY)
+        else:
+            start = (start_after.encode() + b"\0") if start_after is not None else prefix.encode()
+            end = prefix_end(prefix).encode(errors="surrogateescape")
+            request = rpc.RangeRequest(key=start, range_end=end, limit=limit)
+        resp = await self._read_range(request)
         return RangeResult([_kv(kv) for kv in resp.kvs], bool(resp.more), resp.header.revision)
 
     # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
@@ -304,8 +313,10 @@ class EtcdStore:
     async def get(self, key: str) -> KeyValue | None:
         return await self._bounded("get", self._get_impl(key))
 
-    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
-        return await self._bounded("range", self._range_impl(prefix, start_after=start_after, limit=limit))
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
+                    descending: bool = False) -> RangeResult:
+        return await self._bounded("range", self._range_impl(prefix, start_after=start_after, limit=limit,
+                                                             descending=descending))
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         result = await self.txn([], [Put(key, value, lease)])

@@ -104,22 +104,24 @@ class MemoryStore:
         self._expire()
         return self._data.get(key)
 
-    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0) -> RangeResult:
+    async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
+                    descending: bool = False) -> RangeResult:
         self._check()
         self._expire()
-        start = bisect.bisect_right(self._keys, start_after) if start_after is not None else \
-            bisect.bisect_left(self._keys, prefix)
-        out: list[KeyValue] = []
-        more = False
-        for key in self._keys[start:]:
-            if not key.startswith(prefix):
-                if key > prefix:
-                    break
-                continue
-            if limit and len(out) >= limit:
-                more = True
-                break
-            out.append(self._data[key])
+        lo = bisect.bisect_left(self._keys, prefix)
+        hi = lo
+        while hi < len(self._keys) and self._keys[hi].startswith(prefix):
+            hi += 1
+        if start_after is not None:
+            if descending:
+                hi = min(hi, bisect.bisect_left(self._keys, start_after))
+            else:
+                lo = max(lo, bisect.bisect_right(self._keys, start_after))
+        keys = self._keys[lo:hi]
+        if descending:
+            keys = keys[::-1]
+        more = bool(limit) and len(keys) > limit
+        out = [self._data[k] for k in (keys[:limit] if limit else keys)]
         return RangeResult(out, more, self._revision)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:

@@ -27,7 +27,7 @@ from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
 
 from . import convert
-from .schemas.jobs import Job, JobList, JobSubmit
+from .schemas.jobs import Job, JobList, JobQuery, JobSubmit
 from .schemas.logs import LogLine
 from .schemas.nodes import Node
 from .schemas.queues import Queue, QueuePut
@@ -173,11 +173,8 @@ class SchedulerClient:
         reply = await _call("scheduler", self._jobs.GetJob(request, timeout=self._timeout))
         return convert.job_from_pb(reply.job)
 
-    async def list_jobs(self, *, page_size: int, page_token: str, team: str,
-                        states: Sequence[str] = ()) -> JobList:
-        request = scheduler_pb2.ListJobsRequest(
-            page_size=page_size, page_token=page_token, team=team,
-            states=[convert.job_state_from_name(s) for s in states])  # type: ignore[misc]
+    async def list_jobs(self, query: JobQuery, *, page_size: int, page_token: str) -> JobList:
+        request = convert.job_query_to_pb(query, page_size=page_size, page_token=page_token)
         reply = await _call("scheduler", self._jobs.ListJobs(request, timeout=self._timeout))
         return JobList(jobs=[convert.job_from_pb(j) for j in reply.jobs], next_page_token=reply.next_page_token)
 

@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard.gateway.v1 import gateway_pb2
+from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState, Role
 
 from .schemas import jobs as js
@@ -169,6 +170,22 @@ def token_to_schema(record: TokenRecord) -> Token:
                  created_at=_utc(record.created_at),
                  expires_at=None if record.expires_at is None else _utc(record.expires_at),
                  scopes=[s.value for s in record.scopes], description=record.description, legacy=record.legacy)
+
+
+def job_query_to_pb(query: js.JobQuery, *, page_size: int, page_token: str) -> scheduler_pb2.ListJobsRequest:
+    def when(t: datetime | None) -> Timestamp | None:
+        if t is None:
+            return None
+        ts = Timestamp()
+        ts.FromDatetime(t)
+        return ts
+
+    return scheduler_pb2.ListJobsRequest(
+        page_size=page_size, page_token=page_token, team=query.team, user=query.user, queue=query.queue,
+        states=[job_state_from_name(s) for s in query.states], labels=dict(query.labels),  # type: ignore[misc]
+        name_prefix=query.name_prefix, submitted_after=when(query.submitted_after),
+        submitted_before=when(query.submitted_before), finished_after=when(query.finished_after),
+        finished_before=when(query.finished_before))
 
 
 def _pb_time(t: float) -> Timestamp:

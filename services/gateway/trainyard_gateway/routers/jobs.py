@@ -7,19 +7,23 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import PlainTextResponse
+from pydantic import AwareDatetime, Field
 
 from trainyard_core import contract as c
+from trainyard_core.errors import InvalidArgument
 
 from .. import roles
 from ..auth import Deps, JobCanceller, JobReader, JobSubmitter, team_scope
 from ..joblogs import job_logs
 from ..schemas.common import OneOf, error_responses
-from ..schemas.jobs import CancelRequest, Job, JobList, JobSubmit
+from ..schemas.jobs import CancelRequest, Job, JobList, JobQuery, JobSubmit
 from .params import JobId
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 StateFilter = Annotated[str, OneOf(c.JOB_STATES)]
+# key=value, the key by the label rule (the scheduler checks the value's length).
+LabelFilter = Annotated[str, Field(pattern="^" + c.LABEL_KEY.pattern[1:-1] + "=[^\\x00]*$")]
 
 
 @router.post("", status_code=201, response_model=Job, summary="Submit a job",
@@ -40,18 +44,52 @@ async def submit_job(
                                            idempotency_key=idempotency_key or "")
 
 
-@router.get("", response_model=JobList, summary="List jobs, oldest first, one page at a time",
+@router.get("", response_model=JobList, summary="List jobs, newest first, one page at a time",
+            description="Live jobs and finished ones (from the history store, after they have left etcd) in one "
+                        "listing, newest submission first. Every filter given must match. Pages are keyset pages: "
+                        "a job submitted while you page shows on a fresh first page and never shifts the later "
+                        "ones. A `page_token` is only valid with the filters of the page that returned it. "
+                        "Callers other than operators see their own team's jobs only (`team` naming another "
+                        "team lists nothing).",
             responses=error_responses(400, 401, 403, 429, 503))
 async def list_jobs(
     principal: JobReader,
     deps: Deps,
     page_size: Annotated[int, Query(ge=1, le=c.MAX_PAGE_SIZE, description="jobs per page")] = c.DEFAULT_PAGE_SIZE,
-    page_token: Annotated[str, Query(pattern=c.ID.or_empty.pattern,
+    page_token: Annotated[str, Query(pattern=c.PAGE_TOKEN.or_empty.pattern,
                                      description="next_page_token of the previous page")] = "",
     state: Annotated[list[StateFilter] | None, Query(description="only jobs in these states (repeatable)")] = None,
+    team: Annotated[str, Query(pattern=c.TEAM.or_empty.pattern, description="only this team's jobs")] = "",
+    user: Annotated[str, Query(pattern=c.USER.or_empty.pattern, description="only jobs this user submitted")] = "",
+    queue: Annotated[str, Query(pattern=c.QUEUE_NAME.or_empty.pattern, description="only this queue's jobs")] = "",
+    label: Annotated[list[LabelFilter] | None, Query(
+        description="only jobs with this label, as key=value (repeatable: every one must match)")] = None,
+    name_prefix: Annotated[str, Query(max_length=c.MAX_JOB_NAME_LENGTH,
+                                      description="only jobs whose name starts with this")] = "",
+    submitted_after: Annotated[AwareDatetime | None, Query(
+        description="only jobs submitted at or after this time (RFC 3339, with a time zone)")] = None,
+    submitted_before: Annotated[AwareDatetime | None, Query(
+        description="only jobs submitted before this time")] = None,
+    finished_after: Annotated[AwareDatetime | None, Query(
+        description="only jobs that finished at or after this time (running jobs never match)")] = None,
+    finished_before: Annotated[AwareDatetime | None, Query(
+        description="only jobs that finished before this time")] = None,
 ) -> JobList:
-    return await deps.scheduler.list_jobs(page_size=page_size, page_token=page_token,
-                                          team=team_scope(principal), states=state or [])
+    scope = team_scope(principal)
+    if scope and team and team != scope:
+        return JobList(jobs=[], next_page_token="")
+    labels = tuple(sorted(_label_pair(pair) for pair in label or []))
+    if len(dict(labels)) != len(labels):
+        raise InvalidArgument("label: each key at most once")
+    query = JobQuery(team=scope or team, user=user, states=tuple(state or []), queue=queue, labels=labels,
+                     name_prefix=name_prefix, submitted_after=submitted_after, submitted_before=submitted_before,
+                     finished_after=finished_after, finished_before=finished_before)
+    return await deps.scheduler.list_jobs(query, page_size=page_size, page_token=page_token)
+
+
+def _label_pair(text: str) -> tuple[str, str]:
+    key, _, value = text.partition("=")
+    return key, value
 
 
 @router.get("/{job_id}", response_model=Job, summary="Get a job",

@@ -9,6 +9,7 @@ priority class that does not exist.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -329,4 +330,21 @@ class Job(ApiModel):
 
 class JobList(ApiModel):
     jobs: list[Job]
-    next_page_token: str = Field(description="pass as page_token for the next page; empty on the last page")
+    next_page_token: str = Field(description="pass as page_token for the next page, with the same filters; empty "
+                                             "on the last page")
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """The filters of a job listing (GET /v1/jobs), as the scheduler takes them: every one set must match."""
+
+    team: str = ""
+    user: str = ""
+    states: tuple[str, ...] = ()
+    queue: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    name_prefix: str = ""
+    submitted_after: datetime | None = None
+    submitted_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None

@@ -9,8 +9,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
+from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.errors import InvalidArgument
 
+from ..domain.listing import JobFilter
 from ..domain.models import (
     Allocation,
     CheckpointPolicy,
@@ -117,6 +119,17 @@ def state_from_pb(value: int) -> JobState:
         return _STATE_FROM_PB[value]  # type: ignore[index]
     except KeyError:
         raise InvalidArgument(f"unknown job state {value}") from None
+
+
+def job_filter_from_pb(request: scheduler_pb2.ListJobsRequest, team: str) -> JobFilter:
+    """The filter of a ListJobs request, scoped to `team` (the caller's, decided by the servicer)."""
+    def bound(name: str) -> float | None:
+        return _seconds(getattr(request, name)) if request.HasField(name) else None  # type: ignore[arg-type]
+
+    return JobFilter(team=team, user=request.user, states=frozenset(state_from_pb(s).value for s in request.states),
+                     queue=request.queue, labels=dict(request.labels), name_prefix=request.name_prefix,
+                     submitted_after=bound("submitted_after"), submitted_before=bound("submitted_before"),
+                     finished_after=bound("finished_after"), finished_before=bound("finished_before"))
 
 
 def _assignment_pb(a: NodeAssignment) -> types_pb2.NodeAssignment:

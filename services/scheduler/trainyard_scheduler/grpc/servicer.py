@@ -4,6 +4,7 @@ mapped to status codes by the shared interceptor."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
@@ -27,6 +28,7 @@ from trainyard_core.logs import log_context
 from trainyard_core.rpc import pulse
 from trainyard_core.security import authz
 
+from ..domain import listing
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
 from ..domain.models import Gpu, Job, JobState, Node
@@ -39,7 +41,7 @@ from ..domain.validation import (
     validate_team,
 )
 from ..history.access import History
-from ..history.store import HistoryStore, HistoryUnavailable, JobFilter
+from ..history.store import HistoryStore, HistoryUnavailable
 from ..leadership import Leadership
 from ..liveness import NodeLiveness
 from ..pulses import PulseSessions
@@ -194,32 +196,32 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListJobsResponse:
         if request.page_size < 0 or request.page_size > MAX_PAGE:
             raise InvalidArgument(f"page_size must be between 1 and {MAX_PAGE} (0 means {DEFAULT_PAGE})")
-        if request.page_token:
-            _check_job_id(request.page_token)
-        states = frozenset(convert.state_from_pb(s) for s in request.states)
-        limit, team, after = request.page_size or DEFAULT_PAGE, self._team(request.team), request.page_token
-        jobs, token = await self._repo.list_jobs(after=after or None, limit=limit, team=team, states=states)
-        if self._history is not None and (not states or any(s.terminal for s in states)):
-            jobs, token = await self._with_archived(jobs, token, after=after, limit=limit, team=team, states=states)
+        flt = convert.job_filter_from_pb(request, self._team(request.team))
+        listing.check_filter(flt)
+        before = listing.decode_token(request.page_token, flt)
+        limit = request.page_size or DEFAULT_PAGE
+        jobs, more = await self._repo.list_jobs(before=before, limit=limit,
+                                                match=functools.partial(listing.matches, flt=flt))
+        if self._history is not None and flt.needs_history:
+            jobs, more = await self._with_archived(jobs, more, before=before, limit=limit, flt=flt)
+        token = listing.encode_token(jobs[-1].id, flt) if more and jobs else ""
         return scheduler_pb2.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs], next_page_token=token)
 
-    async def _with_archived(self, live: list[Job], token: str, *, after: str, limit: int, team: str,
-                             states: frozenset[JobState]) -> tuple[list[Job], str]:
-        """One page of the live jobs merged with the finished ones in the history store, in job id (submission)
-        order: each source gives its first `limit` after the cursor, so the first `limit` of their union are
-        the page. A job in both (archived, not yet expired from etcd) is shown once, as etcd has it."""
+    async def _with_archived(self, live: list[Job], more: bool, *, before: str, limit: int,
+                             flt: listing.JobFilter) -> tuple[list[Job], bool]:
+        """One page of the live jobs merged with the finished ones in the history store, newest first: each
+        source gives its first `limit` below the cursor, so the first `limit` of their union are the page. A job
+        in both (archived, not yet expired from etcd) is shown once, as etcd has it."""
         store = await self._history_store()
-        flt = JobFilter(team=team, states=frozenset(s.value for s in states if s.terminal))
+        terminal = frozenset(s for s in flt.states if JobState(s).terminal)
         try:
-            found = await store.list(flt, limit=limit, after=after)
+            found = await store.list(replace(flt, states=terminal), limit=limit, before=before)
         except HistoryUnavailable as exc:
             raise Unavailable(f"the history store cannot be read now: {exc}; retry") from None
         merged = {j.id: j for j in (decode_job(a.record) for a in found)}
         merged.update({j.id: j for j in live})
-        page = [merged[k] for k in sorted(merged)]
-        more = bool(token) or len(found) == limit or len(page) > limit
-        page = page[:limit]
-        return page, (page[-1].id if more and page else "")
+        page = [merged[k] for k in sorted(merged, reverse=True)]
+        return page[:limit], more or len(found) == limit or len(page) > limit
 
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.CancelJobResponse:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from trainyard_core.errors import Conflict, FailedPrecondition, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 
-from ..domain.models import Allocation, Job, JobState, Node, WorkerExit
+from ..domain.models import Allocation, Job, Node, WorkerExit
 from ..domain.queues import FairShareUsage
 from . import holdings
 from .codec import (
@@ -134,25 +134,26 @@ class Repository:
         kv = await self.store.get(self.keys.job(job_id))
         return (decode_job(kv.value), kv.mod_revision) if kv else None
 
-    async def list_jobs(self, *, after: str | None, limit: int, team: str = "",
-                        states: frozenset[JobState] = frozenset()) -> tuple[list[Job], str]:
-        """One page of jobs in submission order, filtered; returns (jobs, next page token)."""
+    async def list_jobs(self, *, before: str = "", limit: int,
+                        match: Callable[[Job], bool] = lambda job: True) -> tuple[list[Job], bool]:
+        """Up to `limit` jobs that `match`, newest first (job id descending), with ids below `before` when it
+        is set; and whether more may follow. Reads etcd in pages, so a selective filter costs a walk over the
+        live jobs (bounded: finished ones leave etcd after the job TTL), never one big read."""
         out: list[Job] = []
-        cursor = self.keys.job(after) if after else None
-        while len(out) < limit:
-            page = await self.store.range(self.keys.jobs, start_after=cursor, limit=max(limit * 2, 50))
+        cursor = self.keys.job(before) if before else None
+        while True:
+            page = await self.store.range(self.keys.jobs, start_after=cursor, limit=max(limit * 2, 50),
+                                          descending=True)
             for kv in page.kvs:
                 cursor = kv.key
                 job = decode_job(kv.value)
-                if (team and job.team != team) or (states and job.state not in states):
+                if not match(job):
                     continue
                 out.append(job)
                 if len(out) == limit:
-                    more = page.more or kv is not page.kvs[-1]
-                    return out, (job.id if more else "")
+                    return out, page.more or kv is not page.kvs[-1]
             if not page.more:
-                break
-        return out, ""
+                return out, False
 
     async def update_job(self, job: Job, revision: int) -> int:
         res = await self._txn([mod_revision_is(self.keys.job(job.id), revision)],
