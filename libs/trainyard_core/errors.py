@@ -51,6 +51,13 @@ class Unavailable(TrainyardError):
     """A dependency (etcd, another service) cannot be reached now; retry later."""
 
 
+class StoreOutOfSpace(ResourceExhausted, Unavailable):
+    """etcd refused a write because its database reached its space quota (the NOSPACE alarm). The write was
+    not applied: unlike a plain Unavailable its outcome is known. Callers see RESOURCE_EXHAUSTED; it is an
+    Unavailable too, so the loops that wait out an unreachable store (reconcile, election, audit) wait out
+    this one the same way, until an operator frees space (docs/operations.md, "etcd space")."""
+
+
 class NotLeader(Unavailable):
     """This replica is not the leader; `leader` names the one that is, when known."""
 

@@ -155,3 +155,13 @@ async def test_unreachable_etcd_is_unavailable() -> None:
         await store.get("/x")
     await store.close()
 
+
+
+async def test_a_range_answer_larger_than_grpcs_default_limit(store: Store, key_prefix: str) -> None:
+    """gRPC refuses answers over 4 MiB by default; one page of a few large records (a big gang's allocation)
+    is larger, and must read as data, not as a member that failed."""
+    value = b"x" * (1024 * 1024 + 300_000)  # under etcd's default --max-request-bytes (1.5 MiB) per write
+    for i in range(4):
+        await store.put(f"{key_prefix}big/{i}", value)
+    page = await store.range(key_prefix + "big/")
+    assert [len(kv.value) for kv in page.kvs] == [len(value)] * 4

@@ -55,11 +55,24 @@ def status_for(exc: errors.TrainyardError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+# Errors one status code cannot tell apart travel with their kind in this trailing metadata key: etcd being out
+# of space and a rate limit are both RESOURCE_EXHAUSTED, but the gateway answers them 507 and 429.
+ERROR_KIND = "trainyard-error"
+_KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.StoreOutOfSpace}
+
+
+def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_KIND:
+            return _KINDS.get(str(value))
+    return None
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str = "") -> errors.TrainyardError:
     """Turn a failed call back into the domain error it stands for."""
     code = exc.code()
     detail = exc.details() or code.name
-    cls = _FROM_CODE.get(code)
+    cls = _kind_of(exc) or _FROM_CODE.get(code)
     if cls is None:
         return errors.Unavailable(f"{what + ': ' if what else ''}{code.name}: {detail}")
     if cls is errors.Unavailable and what:
@@ -76,6 +89,9 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
         if isinstance(exc, errors.NotLeader) and exc.leader:
             # Trailing, not initial, metadata: a stream may already have sent its initial metadata.
             context.set_trailing_metadata((("trainyard-leader", exc.leader),))
+        kind = next((k for k, cls in _KINDS.items() if isinstance(exc, cls)), None)
+        if kind is not None:
+            context.set_trailing_metadata(((ERROR_KIND, kind),))
         await context.abort(code, exc.message)
     log.error("unhandled error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the service log")

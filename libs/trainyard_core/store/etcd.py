@@ -12,6 +12,9 @@ one), costing the next call another failure, or a whole timeout where the member
 TLS and etcd's own auth come from `EtcdOptions` (etcd_client.py: a token etcd no longer knows is renewed
 and the call made once more; a refusal of the user's role is PermissionDenied, never a failover).
 `etcd_check.check_access` is the start-up check of a service's etcd settings.
+
+A database at its space quota (etcd's NOSPACE alarm) refuses every write before applying it: that is
+StoreOutOfSpace, whose outcome is known (not applied), logged once per refused write, and not a failover.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import aetcd.exceptions
 import grpc
 from aetcd import rpc
 
-from ..errors import FailedPrecondition, InvalidArgument, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, StoreOutOfSpace, Unavailable
 from .api import Compare, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, prefix_end
 from .etcd_client import (
     Client,
@@ -35,8 +38,10 @@ from .etcd_client import (
     WatchRefused,
     denied,
     is_login_refused,
+    is_no_space,
     is_permission_denied,
     is_stale_token,
+    out_of_space,
     watch_responses,
 )
 from .etcd_options import EtcdOptions
@@ -214,6 +219,8 @@ class EtcdStore:
         except _RPC_ERRORS as exc:
             if is_permission_denied(exc):
                 raise denied(what, key, self._options, exc) from exc
+            if is_no_space(exc):
+                raise self._out_of_space(what, key, exc) from exc
             if not (client.uses_token and is_stale_token(exc)):
                 raise
         await self._renew(client, stale)
@@ -222,9 +229,19 @@ class EtcdStore:
         except _RPC_ERRORS as exc:
             if is_permission_denied(exc):
                 raise denied(what, key, self._options, exc) from exc
+            if is_no_space(exc):
+                raise self._out_of_space(what, key, exc) from exc
             if is_stale_token(exc):
                 raise Unavailable(f"etcd at {self.endpoint} refused a token it had just issued: {exc}") from exc
             raise
+
+    def _out_of_space(self, what: str, key: str, exc: BaseException) -> StoreOutOfSpace:
+        """A NOSPACE refusal: definite (nothing applied), never a failover (every member shares the alarm),
+        logged here once for each refused write."""
+        err = out_of_space(what, key, self.endpoint, exc)
+        log.error("etcd is out of space: a write was refused", extra={
+            "endpoint": self.endpoint, "write": what, "key": key, "alarm": "NOSPACE"})
+        return err
 
     async def _fail(self, exc: BaseException, generation: int) -> Unavailable:
         """`exc` ended a call that started on connection `generation`: move to the next endpoint, unless

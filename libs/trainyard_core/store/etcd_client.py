@@ -24,12 +24,13 @@ import grpc
 import grpc.aio
 from aetcd import rpc, watcher
 
-from ..errors import PermissionDenied, Unavailable
+from ..errors import PermissionDenied, StoreOutOfSpace, Unavailable
 from .etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
 
 _STALE_TOKEN = ("invalid auth token", "revision of auth store is old")
+_NO_SPACE = "database space exceeded"
 
 
 def _text(exc: BaseException) -> str:
@@ -48,6 +49,22 @@ def is_permission_denied(exc: BaseException) -> bool:
     if isinstance(exc, grpc.aio.AioRpcError):
         return bool(exc.code() == grpc.StatusCode.PERMISSION_DENIED)
     return isinstance(exc, aetcd.exceptions.ClientError) and "permission denied" in str(exc)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """etcd's NOSPACE refusal (`ErrGRPCNoSpace`): its database reached `--quota-backend-bytes`. etcd answers it
+    before applying anything, to puts, transactions that write and lease grants, until the alarm is disarmed."""
+    return isinstance(exc, grpc.aio.AioRpcError | aetcd.exceptions.ClientError) and \
+        _NO_SPACE in _text(exc)
+
+
+def out_of_space(what: str, key: str, endpoint: str, exc: BaseException) -> StoreOutOfSpace:
+    write = what if key.startswith("(") else f"{what} of {key}"  # "(lease)" names no key
+    return StoreOutOfSpace(
+        f"etcd is out of space: {write} was refused and not applied (etcd at {endpoint} raised its "
+        f"NOSPACE alarm: its database reached --quota-backend-bytes). Reads still work; writes resume once an "
+        f"operator compacts, defragments and disarms the alarm (docs/operations.md, \"etcd space\"). "
+        f"etcd said: {_text(exc)}")
 
 
 def is_login_refused(exc: BaseException) -> bool:
@@ -129,7 +146,10 @@ class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type informa
         try:
             self._is_connecting = True
             target = f"{self._host}:{self._port}"
-            options = list(self._options.items())
+            # etcd's own Go client takes answers of any size (MaxCallRecvMsgSize = MaxInt32); gRPC's default 4 MiB
+            # would fail a range page of large records (a big gang's allocation is megabytes) as if the member
+            # were down.
+            options = [*self._options.items(), ("grpc.max_receive_message_length", 2**31 - 1)]
             if self._etcd_options.tls:
                 self.channel = grpc.aio.secure_channel(target, _credentials(self._etcd_options), options=options)
             else:

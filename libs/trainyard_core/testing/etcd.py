@@ -31,6 +31,10 @@ ETCD_MISSING = (
 # the largest gang the API admits, contract.MAX_NODES, needs MAX_NODES + 3 operations in one transaction.
 MAX_TXN_OPS = 4200
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+# History older than this is compacted away (docs/operations.md, "etcd space"): Trainyard's watchers reload from
+# a fresh read after any broken watch, so they need seconds of history, and a time window bounds it whatever the
+# write rate. `extra_args` may override it (a later flag wins).
+AUTO_COMPACTION = ("--auto-compaction-mode", "periodic", "--auto-compaction-retention", "5m")
 
 
 def find_etcd() -> str:
@@ -97,7 +101,7 @@ class EtcdProcess:
             "--heartbeat-interval", "10", "--election-timeout", "100",
             # A gang's placement is one transaction of nodes + 3 operations (the scheduler probes the limit
             # and refuses larger gangs at submit): room for the API's largest gang, as production configures.
-            "--max-txn-ops", str(MAX_TXN_OPS), "--max-request-bytes", str(MAX_REQUEST_BYTES),
+            "--max-txn-ops", str(MAX_TXN_OPS), "--max-request-bytes", str(MAX_REQUEST_BYTES), *AUTO_COMPACTION,
             "--log-level", "warn", *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime

@@ -2,18 +2,19 @@
 
     {"error": {"code": "not_found", "message": "job j-... not found"}}
 
-| domain error (trainyard_core.errors)   | HTTP | code                |
-|----------------------------------------|------|---------------------|
-| InvalidArgument, request validation    | 400  | invalid_argument    |
-| FailedPrecondition                     | 409  | failed_precondition |
-| Unauthenticated                        | 401  | unauthenticated     |
-| PermissionDenied                       | 403  | permission_denied   |
-| NotFound                               | 404  | not_found           |
-| AlreadyExists                          | 409  | already_exists      |
-| Conflict (a lost compare-and-swap)     | 409  | conflict            |
-| ResourceExhausted                      | 429  | resource_exhausted  |
-| Unavailable, NotLeader                 | 503  | unavailable         |
-| anything else                          | 500  | internal            |
+| domain error (trainyard_core.errors)   | HTTP | code                 |
+|----------------------------------------|------|----------------------|
+| InvalidArgument, request validation    | 400  | invalid_argument     |
+| FailedPrecondition                     | 409  | failed_precondition  |
+| Unauthenticated                        | 401  | unauthenticated      |
+| PermissionDenied                       | 403  | permission_denied    |
+| NotFound                               | 404  | not_found            |
+| AlreadyExists                          | 409  | already_exists       |
+| Conflict (a lost compare-and-swap)     | 409  | conflict             |
+| StoreOutOfSpace (etcd's NOSPACE alarm) | 507  | insufficient_storage |
+| ResourceExhausted                      | 429  | resource_exhausted   |
+| Unavailable, NotLeader                 | 503  | unavailable          |
+| anything else                          | 500  | internal             |
 
 400 means one thing: the request breaks the published contract (the OpenAPI schema, whose bounds and
 rules are the scheduler's own, `trainyard_core.contract`), so no request the schema calls valid is ever
@@ -55,6 +56,7 @@ _STATUS: list[tuple[type[errors.TrainyardError], int, str]] = [
     (errors.NotFound, 404, "not_found"),
     (errors.AlreadyExists, 409, "already_exists"),
     (errors.Conflict, 409, "conflict"),
+    (errors.StoreOutOfSpace, 507, "insufficient_storage"),
     (errors.ResourceExhausted, 429, "resource_exhausted"),
     (errors.Unavailable, 503, "unavailable"),
 ]
@@ -88,6 +90,8 @@ def domain_error_response(exc: errors.TrainyardError) -> JSONResponse:
     if isinstance(exc, errors.Unauthenticated):
         headers["WWW-Authenticate"] = WWW_AUTHENTICATE_INVALID if isinstance(exc, InvalidToken) \
             else WWW_AUTHENTICATE
+    elif isinstance(exc, errors.StoreOutOfSpace):
+        pass  # no Retry-After: space comes back when an operator frees it, not in a second
     elif isinstance(exc, errors.Unavailable):
         headers["Retry-After"] = "1"
     elif isinstance(exc, errors.ResourceExhausted):
