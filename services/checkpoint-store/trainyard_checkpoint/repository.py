@@ -11,7 +11,8 @@ Keys, under the service's `etcd_prefix` (see `domain/checkpoint.py` for who writ
 - `{prefix}/checkpoint-lease-guard/<job_id>` → rewritten by every lease acquisition (guards deletions);
 - `{prefix}/checkpoint-gc-lock` → the replica running a GC pass (bound to an etcd lease);
 - `{prefix}/checkpoint-attempts/<job_id>` → the highest attempt of the job that has begun a checkpoint
-  (the attempt fence: an older attempt's Begin and Commit are refused);
+  (the attempt fence: an older attempt's Begin and Commit are refused), rewritten by every Begin and deleted
+  with the job's last record (see `purge`), so it is there exactly while the job has records;
 - `{prefix}/checkpoint-teams/<job_id>` → the job's team, as its first job credential named it (written once;
   the gateway and tools see only their team's jobs: `access.py`).
 
@@ -22,7 +23,6 @@ caller re-reads and decides again. Nothing here holds a lock or waits on anythin
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,13 +297,18 @@ class CheckpointRepository:
     async def create(self, ckpt: Checkpoint, fence: AttemptFence) -> bool:
         """Store a new record and its id index, and raise the job's attempt fence to the record's attempt,
         if the fence is unchanged since it was read; False when a key exists already (an id clash) or
-        the fence moved (decide again)."""
+        the fence moved (decide again).
+
+        The fence is written even when its value stays (a Begin of the attempt that raised it): every Begin
+        moves its mod revision, which is how `purge` knows that no Begin slipped in while it decided to drop the
+        fence with the job's last record. (A Commit of the job that read the fence before this Begin then loses
+        its compare and decides again: one more round trip, when a job's Begin and Commit overlap.)"""
         record_key = self.record_key(ckpt.job_id, ckpt.id)
         index_key = self.index_key(ckpt.id)
         fence_key = self.attempt_key(ckpt.job_id)
-        ops: list[Op] = [Put(record_key, encode(ckpt)), Put(index_key, ckpt.job_id.encode())]
-        if fence.attempt is None or ckpt.attempt > fence.attempt:
-            ops.append(Put(fence_key, str(ckpt.attempt).encode()))
+        highest = ckpt.attempt if fence.attempt is None else max(fence.attempt, ckpt.attempt)
+        ops: list[Op] = [Put(record_key, encode(ckpt)), Put(index_key, ckpt.job_id.encode()),
+                         Put(fence_key, str(highest).encode())]
         result = await self._store.txn(
             [absent(record_key), absent(index_key), mod_revision_is(fence_key, fence.mod_revision)], ops)
         return result.succeeded
@@ -363,10 +368,42 @@ class CheckpointRepository:
         return await self._records_under(self.job_prefix(job_id), page_size)
 
     async def purge(self, ckpt: Checkpoint, *, expected_revision: int) -> bool:
-        """Drop a DELETED record and its id index, if unchanged since `expected_revision`."""
+        """Drop a DELETED record and its id index, if unchanged since `expected_revision`; when it is the job's
+        last record, its attempt fence goes in the same transaction, unless a Begin moved the fence meanwhile.
+
+        Why the fence still fences although it goes:
+        - Commit needs a WRITING record of its own, and the fence goes only with the job's last record. Every
+          record is made by Begin, whose transaction writes the fence (`create`), so a record cannot exist
+          without its fence: the fence is read here before the job's records are listed, and this transaction
+          requires it unchanged. A Begin that committed before that read left a record the listing sees (and
+          the fence stays); one that commits after it moved the fence (this transaction fails, and the plain
+          purge below keeps the fence); one in flight read the fence before it went, so its own compare on
+          the fence's revision fails and it decides again, from "no fence".
+        - A Begin after the fence is gone writes a new fence, at its attempt. The scheduler's attempt numbers
+          only grow, so a live attempt recreates it at least as high as the one it replaces. Left open is an
+          attempt older than the deleted fence beginning again; for that, a stale worker would have to outlive
+          the job's whole checkpoint history: the last record is purged no sooner than gc_tombstone_retention_s
+          (7 days by default) after the job's last Begin (every record waits that long after it was deleted,
+          which is after it was begun). Such a worker's credential names its attempt and was issued before the
+          newer attempt began, so it expires within the scheduler's job_credential_ttl_s (7 days by default) of
+          that; and the agents kill a cut-off node's workers within worker_fence_s. Keep
+          gc_tombstone_retention_s at least job_credential_ttl_s.
+
+        Two GC passes that overlap (a lock that expired) and purge a job's last two records at once both see
+        the other record and leave the fence: one key left behind, as before fences expired."""
         record_key = self.record_key(ckpt.job_id, ckpt.id)
-        ops: Sequence[Op] = [Delete(record_key), Delete(self.index_key(ckpt.id))]
-        result = await self._store.txn([mod_revision_is(record_key, expected_revision)], ops)
+        compares: list[Compare] = [mod_revision_is(record_key, expected_revision)]
+        ops: list[Op] = [Delete(record_key), Delete(self.index_key(ckpt.id))]
+        fence_key = self.attempt_key(ckpt.job_id)
+        fence = await self._store.get(fence_key)  # before the listing: see above
+        if fence is not None:
+            records = await self._store.range(self.job_prefix(ckpt.job_id), limit=2)
+            if [kv.key for kv in records.kvs] == [record_key]:
+                last = await self._store.txn([*compares, mod_revision_is(fence_key, fence.mod_revision)],
+                                             [*ops, Delete(fence_key)])
+                if last.succeeded:
+                    return True
+        result = await self._store.txn(compares, ops)
         return result.succeeded
 
     async def add_lease(self, ckpt: Checkpoint, *, expected_revision: int, lease_id: int, holder: str,

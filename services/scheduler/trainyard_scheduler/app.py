@@ -165,7 +165,10 @@ class SchedulerApp:
             archiving: asyncio.Task[None] | None = None
             if self.history is not None:
                 self.archiver = Archiver(repo=repo, mirror=self._mirror, history=self.history, clock=self.clock,
-                                         settings=ArchiveSettings(job_ttl_s=s.job_ttl_s),
+                                         settings=ArchiveSettings(
+                                             job_ttl_s=s.job_ttl_s,
+                                             job_retention_s=s.history_job_retention_days * 86400.0,
+                                             usage_retention_s=s.history_usage_retention_days * 86400.0),
                                          leading=functools.partial(_not_set, stop_term))
                 archiving = asyncio.create_task(self.archiver.run(stop_term), name="archiver")
             await self.reconciler.run(stop_term)

@@ -12,6 +12,12 @@ keys that changed, or everything after a reload) and keeps the finished jobs it 
 3. expire: an archived job whose end is `job_ttl_s` old leaves etcd (compare-and-swap on the revision seen,
    fenced), so watchers and the gateway see the end for that long; reads find it in the history after.
 
+4. prune (only with a retention set, `job_retention_s` or `usage_retention_s`): at most once per
+   `prune_interval_s` (an hour), the history store deletes the job rows and usage records older than their
+   retention, `prune_batch` rows per transaction and at most `prune_batches` transactions of each kind per
+   pass, so archiving gets its turn in between; what is left goes on at the next pass. Its failures are
+   counted and logged like archiving's, and wait for the next interval: retention is measured in days.
+
 A history store that cannot be reached delays 1 (and so 2 and 3): jobs stay in etcd, a bounded backlog (the
 finished jobs, which take no part in scheduling), `trainyard_scheduler_history_backlog_jobs` says how many,
 and one warning per outage says why. Scheduling never waits for it: the archiver has its own task and its
@@ -34,7 +40,7 @@ from trainyard_core.store.mirror import PrefixMirror
 from . import metrics
 from .domain.models import Job
 from .history.access import History
-from .history.store import ArchivedJob, HistoryUnavailable, UsageRecord
+from .history.store import ArchivedJob, HistoryUnavailable, Pruned, UsageRecord
 from .state.codec import decode_job, encode_job
 from .state.repository import Repository
 
@@ -50,6 +56,15 @@ class ArchiveSettings:
     batch: int = 200              # jobs per history transaction
     interval_s: float = 1.0       # how often the archiver looks, at most
     retry_s: float = 5.0          # after a history store error
+    job_retention_s: float = 0.0     # job rows leave the history store this long after they ended; 0: kept
+    usage_retention_s: float = 0.0   # usage records, this long after the allocation ended; 0: kept
+    prune_interval_s: float = 3600.0  # how often the leader prunes, at most (with a retention set)
+    prune_batch: int = 1000           # rows per prune transaction
+    prune_batches: int = 10           # transactions of each kind per pass; then archiving gets its turn
+
+    @property
+    def prunes(self) -> bool:
+        return self.job_retention_s > 0 or self.usage_retention_s > 0
 
 
 def redacted(job: Job) -> Job:
@@ -93,6 +108,10 @@ class Archiver:
         # Archived jobs by when they expire: (expiry, job id, revision); stale entries are skipped.
         self._expiring: list[tuple[float, str, int]] = []
         self._failing = False
+        # When the next prune pass is due (monotonic); a term prunes at its first pass.
+        self._next_prune = clock.monotonic()
+        # What the prune in progress (over several passes, when it has much to delete) has deleted so far.
+        self._pruning = Pruned(0, 0)
 
     @property
     def backlog(self) -> int:
@@ -177,9 +196,44 @@ class Archiver:
                 log.info("finished job left etcd", extra={"state": job.state.value, "ttl_s": self._s.job_ttl_s})
         return done
 
+    async def prune(self) -> Pruned | None:
+        """A prune pass if one is due (see the module docstring): what it deleted, or None when none was due or
+        it failed. Never raises: a failure is counted (trainyard_scheduler_history_errors_total), logged, and
+        tried again at the next interval."""
+        s = self._s
+        if not s.prunes or self._clock.monotonic() < self._next_prune or not self._leading():
+            return None
+        self._next_prune = self._clock.monotonic() + s.prune_interval_s
+        now = self._clock.now()
+        try:
+            store = await self._history.store()
+            pruned = await store.prune(jobs_before=now - s.job_retention_s if s.job_retention_s > 0 else None,
+                                       usage_before=now - s.usage_retention_s if s.usage_retention_s > 0 else None,
+                                       batch=s.prune_batch, max_batches=s.prune_batches)
+        except (HistoryUnavailable, Unavailable) as exc:
+            metrics.HISTORY_ERRORS.inc()
+            log.warning("cannot prune the history store: %s; trying again in %gs", exc, s.prune_interval_s)
+            return None
+        except Exception:  # a bug here must not end archiving for the term
+            log.exception("pruning the history store failed; trying again in %gs", s.prune_interval_s)
+            return None
+        metrics.HISTORY_PRUNED.labels(kind="job").inc(pruned.jobs)
+        metrics.HISTORY_PRUNED.labels(kind="usage").inc(pruned.usage)
+        self._pruning = Pruned(self._pruning.jobs + pruned.jobs, self._pruning.usage + pruned.usage)
+        budget = s.prune_batch * s.prune_batches
+        if pruned.jobs >= budget or pruned.usage >= budget:
+            self._next_prune = self._clock.monotonic()  # more to delete: go on at the next pass
+        else:
+            log.info("pruned the history store", extra={
+                "jobs_pruned": self._pruning.jobs, "usage_pruned": self._pruning.usage,
+                "job_retention_days": s.job_retention_s / 86400, "usage_retention_days": s.usage_retention_s / 86400})
+            self._pruning = Pruned(0, 0)
+        return pruned
+
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: a pass whenever the mirror changes, at most every interval_s; after a history store
-        error, again retry_s later (one warning per outage, one info line when it is back)."""
+        error, again retry_s later (one warning per outage, one info line when it is back). After each pass
+        that reached the store, a prune pass when one is due (`prune`)."""
         while not stop.is_set():
             wait = self._s.interval_s
             try:
@@ -197,6 +251,8 @@ class Archiver:
             except Exception:  # a bug here must not end archiving for the term
                 log.exception("archiving pass failed; trying again")
                 wait = self._s.retry_s
+            if not self._failing:  # while archiving cannot reach the store, neither could a prune
+                await self.prune()
             await _sleep_or(stop, wait)
 
 

@@ -30,6 +30,10 @@ HISTORY_BACKLOG = Gauge("trainyard_scheduler_history_backlog_jobs",
                         "Finished jobs not yet written to the history store (they stay in etcd until they are)")
 HISTORY_ARCHIVED = Counter("trainyard_scheduler_history_archived_total", "Finished jobs written to the history store")
 HISTORY_ERRORS = Counter("trainyard_scheduler_history_errors_total",
-                         "Archiving passes that failed because the history store could not be reached")
+                         "Archiving and pruning passes that failed because the history store could not be reached")
+# Named under the scheduler's prefix like every metric it exports (deploy/README.md's table is tested for it).
+HISTORY_PRUNED = Counter("trainyard_scheduler_history_pruned_total",
+                         "Rows the leader deleted from the history store past their retention, by kind (job: a job's "
+                         "row with its labels; usage: a usage record)", ["kind"])
 JOBS_EXPIRED = Counter("trainyard_scheduler_jobs_expired_total",
                        "Archived jobs removed from etcd once job_ttl_s had passed since they ended")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
@@ -23,6 +23,9 @@ DEFAULT_SPEED_FACTORS = {
     "L40S": 0.9,
     "Instinct-MI300X": 2.5,
 }
+
+# The longest history retention a setting takes (a century): anything longer is a typo for 0, "forever".
+MAX_HISTORY_RETENTION_DAYS = 36_500
 
 
 class PriorityClassSettings(BaseModel):
@@ -84,6 +87,15 @@ class SchedulerSettings(EtcdSettings):
     job_ttl_s: float = Field(3600.0, ge=0, le=30 * 86400, description="how long a finished job stays in etcd "
                              "after it ended, once it is in the history store (watchers and the gateway see its "
                              "end there meanwhile)")
+    history_job_retention_days: int = Field(0, description="how long a finished job stays in the history store "
+                                            "after it ended: its record and labels, read by GetJob and ListJobs. "
+                                            "0 (the default): kept forever. Else at least 1; the leader prunes "
+                                            "older jobs hourly. Their usage records stay, by "
+                                            "history_usage_retention_days")
+    history_usage_retention_days: int = Field(0, description="how long a usage record (accounting: one per "
+                                              "allocation) stays in the history store after the allocation ended, "
+                                              "whether or not its job is still there. 0 (the default): kept "
+                                              "forever. Else at least 1; pruned hourly by the leader")
     idempotency_ttl_s: float = Field(86400.0, ge=60, le=30 * 86400, description="a submit's idempotency key "
                                      "answers retries of that submit this long at least (and up to an hour more); "
                                      "then it leaves etcd and the key may name a new job")
@@ -129,6 +141,14 @@ class SchedulerSettings(EtcdSettings):
         from .history.urls import check_url  # SQLAlchemy loads only when history is used
 
         check_url(v.get_secret_value())
+        return v
+
+    @field_validator("history_job_retention_days", "history_usage_retention_days")
+    @classmethod
+    def _retention_days(cls, v: int, info: ValidationInfo) -> int:
+        if not 0 <= v <= MAX_HISTORY_RETENTION_DAYS:
+            raise ValueError(f"{info.field_name} must be 0 (keep forever) or a number of days from 1 to "
+                             f"{MAX_HISTORY_RETENTION_DAYS}, not {v}")
         return v
 
     def history(self) -> str:

@@ -10,9 +10,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .store import ArchivedJob, HistoryStore, HistoryUnavailable, JobFilter, UsageRecord
+    from .store import ArchivedJob, HistoryStore, HistoryUnavailable, JobFilter, Pruned, UsageRecord
 
-__all__ = ["ArchivedJob", "HistoryStore", "HistoryUnavailable", "JobFilter", "UsageRecord"]
+__all__ = ["ArchivedJob", "HistoryStore", "HistoryUnavailable", "JobFilter", "Pruned", "UsageRecord"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,9 @@ Three tables:
   model.
 - `job_labels`: a job's labels, one row per pair, so that a label filter is an index lookup.
 - `usage_records`: one row per allocation (attempt) for accounting, with the job's team, user and
-  project copied in, so that usage reports never join `jobs`.
+  project copied in, so that usage reports never join `jobs`. No foreign key to `jobs` (since revision 0002):
+  job rows and usage records are pruned on their own schedules (`HistoryStore.prune`), and accounting usually
+  outlives the jobs' details, as slurmdbd's PurgeUsageAfter does its PurgeJobAfter.
 
 Times are unix seconds as double precision, the job's own timestamps (no server clock): exact round trips of
 the floats the scheduler uses, and the same on both backends.
@@ -79,7 +81,7 @@ jobs = sa.Table(
     sa.Index("ix_jobs_team_name_job_id", "team", "name", "job_id"),
     sa.Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
     sa.Index("ix_jobs_team_submitted_at_job_id", "team", "submitted_at", "job_id"),
-    sa.Index("ix_jobs_finished_at_job_id", "finished_at", "job_id"),
+    sa.Index("ix_jobs_finished_at_job_id", "finished_at", "job_id"),  # also what pruning walks, oldest first
     sa.Index("ix_jobs_team_finished_at_job_id", "team", "finished_at", "job_id"),
 )
 
@@ -96,7 +98,7 @@ job_labels = sa.Table(
 
 usage_records = sa.Table(
     "usage_records", metadata,
-    sa.Column("job_id", ordered_text(), sa.ForeignKey("jobs.job_id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("job_id", ordered_text(), primary_key=True),
     sa.Column("attempt", sa.Integer(), primary_key=True, autoincrement=False),
     sa.Column("team", sa.Text(), nullable=False),
     sa.Column("user_name", sa.Text(), nullable=False),
@@ -110,6 +112,8 @@ usage_records = sa.Table(
     sa.Column("ended_at", unix_time(), nullable=False),
     sa.Index("ix_usage_records_team_started_at", "team", "started_at"),
     sa.Index("ix_usage_records_started_at", "started_at"),
+    # Pruning deletes the records that ended before a cutoff, oldest first, a batch at a time.
+    sa.Index("ix_usage_records_ended_at", "ended_at"),
     sqlite_with_rowid=False,
 )
 

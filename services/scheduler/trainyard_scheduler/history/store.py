@@ -15,6 +15,9 @@ Contracts:
   SQLite): a job never comes back with labels from one archive and a row from another.
 - `list` pages newest first by job id (ids sort by submission time) with a keyset (`before`), so pages stay
   stable while newer jobs are archived between them.
+- `prune` deletes what is older than the caller's cutoffs (job rows with their labels by `finished_at`, usage
+  records by `ended_at`, on their own schedules: usage outlives the job rows), a bounded batch per short
+  transaction, so a large prune never holds a lock for long and archiving interleaves with it.
 - Failures that retrying later can fix (the database is down, locked, restarting, timed out, or lacks the
   schema) raise `HistoryUnavailable`, whose message names the database with its password masked. Anything
   else (a bug: a constraint this code should never violate) propagates as SQLAlchemy raised it.
@@ -30,10 +33,10 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from alembic.util import CommandError
@@ -42,6 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from ..domain.listing import JobFilter as JobFilter
 from . import migrate as migrations
 from .schema import job_labels, jobs, usage_records
 
@@ -87,7 +91,7 @@ class ArchivedJob:
     user: str
     name: str
     queue: str
-    state: str  # a terminal state: "SUCCEEDED" | "FAILED" | "CANCELLED"
+    state: str  # a terminal state's value: "succeeded" | "failed" | "cancelled"
     labels: Mapping[str, str]
     submitted_at: float
     finished_at: float
@@ -95,20 +99,11 @@ class ArchivedJob:
     usage: tuple[UsageRecord, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class JobFilter:
-    """What `list` returns: every field that is set must match ("" / empty / None: any)."""
+class Pruned(NamedTuple):
+    """What one `prune` deleted: job rows (each with its labels) and usage records."""
 
-    team: str = ""
-    user: str = ""
-    states: frozenset[str] = frozenset()
-    queue: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)  # every pair must match
-    name_prefix: str = ""
-    submitted_after: float | None = None  # inclusive
-    submitted_before: float | None = None  # exclusive
-    finished_after: float | None = None  # inclusive
-    finished_before: float | None = None  # exclusive
+    jobs: int
+    usage: int
 
 
 class HistoryUnavailable(Exception):
@@ -264,22 +259,6 @@ async def _few(conn: AsyncConnection, query: sa.Select[Any], cap: int) -> bool:
 def _range(column: sa.ColumnElement[Any], low: Any, high: Any) -> list[sa.ColumnElement[bool]]:
     """low <= column < high, either bound None for none."""
     return ([column >= low] if low is not None else []) + ([column < high] if high is not None else [])
-
-
-def _ascending_query(flt: JobFilter, limit: int, after: str) -> sa.Select[Any]:
-    """Oldest first after `after`: the (team, job_id), (user_name, job_id), (state, job_id) indexes and the
-    primary key serve it the way they serve the newest-first walk."""
-    if flt.labels or flt.name_prefix or any(v is not None for v in (
-            flt.submitted_after, flt.submitted_before, flt.finished_after, flt.finished_before)):
-        raise ValueError("oldest-first listing filters by team, user, queue and states only")
-    c = jobs.c
-    where: list[sa.ColumnElement[bool]] = [column == wanted for column, wanted in (
-        (c.team, flt.team), (c.user_name, flt.user), (c.queue, flt.queue)) if wanted]
-    if flt.states:
-        where.append(c.state.in_(sorted(flt.states)))
-    if after:
-        where.append(c.job_id > after)
-    return sa.select(jobs).where(*where).order_by(c.job_id.asc()).limit(limit)
 
 
 async def _page_query(conn: AsyncConnection, flt: JobFilter, limit: int, before: str) -> sa.Select[Any]:
@@ -467,20 +446,14 @@ class HistoryStore:
             found = await self._assemble(conn, rows)
         return found[0] if found else None
 
-    async def list(self, flt: JobFilter, *, limit: int, before: str = "", after: str | None = None) -> _Jobs:
+    async def list(self, flt: JobFilter, *, limit: int, before: str = "") -> _Jobs:
         """Up to `limit` jobs matching `flt`, newest first (job id descending); with `before`, only jobs whose
-        id sorts below it: pass the last id of a page to get the next one.
-
-        With `after` (not None): oldest first instead (job id ascending), only ids above it ("" from the
-        first), filtered by team, user, queue and states only (ValueError for another filter): the order of the
-        scheduler's ListJobs, which merges these with the live jobs in etcd."""
+        id sorts below it: pass the last id of a page to get the next one. The filter is the scheduler's
+        listing filter (domain.listing), the same the live jobs in etcd are matched with."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
         async with self._read("list jobs") as conn:
-            if after is not None:
-                query = _ascending_query(flt, limit, after)
-            else:
-                query = await _page_query(conn, flt, limit, before)
+            query = await _page_query(conn, flt, limit, before)
             return await self._assemble(conn, (await conn.execute(query)).all())
 
     async def usage(self, *, team: str = "", since: float | None = None, until: float | None = None,
@@ -503,6 +476,65 @@ class HistoryStore:
                 where += [u.ended_at > since, u.started_at >= since - float(longest) - 1.0]
             query = sa.select(usage_records).where(*where).order_by(u.started_at, u.job_id, u.attempt).limit(limit)
             return [_usage_of(row) for row in (await conn.execute(query)).all()]
+
+    async def prune(self, *, jobs_before: float | None, usage_before: float | None, batch: int = 1000,
+                    max_batches: int | None = None) -> Pruned:
+        """Delete the jobs that finished before `jobs_before` (their rows and labels; their usage records stay)
+        and the usage records that ended before `usage_before`; None: that kind is kept. Both bounds are
+        exclusive: a row stamped exactly at the cutoff stays. Returns how many of each were deleted.
+
+        Oldest first, `batch` rows per transaction (each one short: a prune of millions of rows never holds a
+        lock for long, and archives interleave with it), until a batch comes back short, or after
+        `max_batches` transactions of each kind (None: no limit), when what is left waits for the next call.
+        Idempotent, and safe beside archiving: a job archived again after it was pruned is simply stored
+        again. HistoryUnavailable as the other methods; the batches committed before the failure stay
+        deleted."""
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, not {batch}")
+        if max_batches is not None and max_batches < 1:
+            raise ValueError(f"max_batches must be at least 1 (or None), not {max_batches}")
+        jobs_deleted = usage_deleted = 0
+        if jobs_before is not None:
+            jobs_deleted = await self._in_batches(f"prune jobs finished before {jobs_before}", batch, max_batches,
+                                                  lambda conn: self._prune_jobs(conn, jobs_before, batch))
+        if usage_before is not None:
+            usage_deleted = await self._in_batches(f"prune usage ended before {usage_before}", batch, max_batches,
+                                                   lambda conn: self._prune_usage(conn, usage_before, batch))
+        return Pruned(jobs_deleted, usage_deleted)
+
+    async def _in_batches(self, what: str, batch: int, max_batches: int | None,
+                          one: Callable[[AsyncConnection], Awaitable[int]]) -> int:
+        deleted = done = 0
+        while max_batches is None or done < max_batches:
+            async with self._write(what) as conn:
+                n = await one(conn)
+            deleted += n
+            done += 1
+            if n < batch:
+                break
+        return deleted
+
+    @staticmethod
+    async def _prune_jobs(conn: AsyncConnection, before: float, batch: int) -> int:
+        c = jobs.c
+        # The oldest first, through ix_jobs_finished_at_job_id. The outer finished_at test again: on PostgreSQL
+        # a row re-archived (with a later end) after the subquery read it is re-checked as it is now.
+        oldest = sa.select(c.job_id).where(c.finished_at < before).order_by(c.finished_at, c.job_id).limit(batch)
+        gone = (await conn.execute(sa.delete(jobs).where(c.job_id.in_(oldest), c.finished_at < before)
+                                   .returning(c.job_id))).scalars().all()
+        # The schema's ON DELETE CASCADE has dropped the labels already where foreign keys are enforced; this
+        # does not depend on it.
+        for chunk in _chunks(gone):
+            await conn.execute(sa.delete(job_labels).where(job_labels.c.job_id.in_(chunk)))
+        return len(gone)
+
+    @staticmethod
+    async def _prune_usage(conn: AsyncConnection, before: float, batch: int) -> int:
+        u = usage_records.c
+        oldest = sa.select(u.job_id, u.attempt).where(u.ended_at < before).order_by(u.ended_at).limit(batch)
+        result = await conn.execute(sa.delete(usage_records).where(sa.tuple_(u.job_id, u.attempt).in_(oldest),
+                                                                   u.ended_at < before))
+        return int(result.rowcount)
 
     async def count(self) -> int:
         """How many jobs are archived."""
