@@ -24,6 +24,20 @@ def new_id(prefix: str, now: float | None = None) -> str:
     return f"{prefix}-{_b32(ms, 10)}{_b32(secrets.randbits(40), 8)}"
 
 
+def id_time(value: str) -> float | None:
+    """When an id from `new_id` was minted (unix seconds, millisecond resolution); None for another string."""
+    _, dash, rest = value.rpartition("-")
+    if not dash or len(rest) != 18:
+        return None
+    ms = 0
+    for ch in rest[:10]:
+        digit = _ALPHABET.find(ch)
+        if digit < 0:
+            return None
+        ms = ms * 32 + digit
+    return ms / 1000
+
+
 def is_valid_id(value: str) -> bool:
     """Ids used as etcd key parts (the contract's ID rule: lower-case letters, digits and dashes, 3-63)."""
     return contract.ID.matches(value)

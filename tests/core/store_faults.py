@@ -52,8 +52,9 @@ class FaultyStore:
         return result
 
     async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
-                    descending: bool = False) -> RangeResult:
-        return await self.inner.range(prefix, start_after=start_after, limit=limit, descending=descending)
+                    descending: bool = False, revision: int = 0) -> RangeResult:
+        return await self.inner.range(prefix, start_after=start_after, limit=limit, descending=descending,
+                                      revision=revision)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         return await self.inner.put(key, value, lease=lease)

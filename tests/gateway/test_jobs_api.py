@@ -59,7 +59,7 @@ async def test_teams_are_isolated(gw: RunningGateway) -> None:
         assert (await admin.get(f"/v1/jobs/{job_b['id']}")).status_code == 200
 
 
-async def test_pagination_visits_every_job_once_in_submission_order(gw: RunningGateway) -> None:
+async def test_pagination_visits_every_job_once_newest_first(gw: RunningGateway) -> None:
     async with gw.client(gw.admin_token) as http:
         ids = [(await http.post("/v1/jobs", json={**SPEC, "name": f"job-{i}"})).json()["id"] for i in range(5)]
         seen: list[str] = []
@@ -71,7 +71,7 @@ async def test_pagination_visits_every_job_once_in_submission_order(gw: RunningG
             token = page["next_page_token"]
             if not token:
                 break
-    assert seen == ids
+    assert seen == ids[::-1]
 
 
 async def test_idempotency_key(gw: RunningGateway) -> None:

@@ -1,11 +1,10 @@
 """The reconciler's snapshot: decoded from the etcd mirror, with the operator's policy records and each
-running job's latest checkpoint time (from the checkpoint-store's keys)."""
+running job's latest checkpoint time (from the checkpoint-store's latest pointers)."""
 
 from __future__ import annotations
 
-import json
-
 from trainyard_core.clock import SystemClock
+from trainyard_core.ids import new_id
 from trainyard_core.store.memory import MemoryStore
 from trainyard_core.store.mirror import PrefixMirror
 from trainyard_scheduler.domain.queues import QueueConfig, QuotaLimit, TeamQuota
@@ -25,9 +24,9 @@ async def test_snapshot_carries_policy_records_and_checkpoint_times() -> None:
     await store.put(KEYS.job(job.id), codec.encode_job(job))
     await store.put(KEYS.allocation(job.id), codec.encode_allocation(alloc))
     await store.put(KEYS.node("n-a"), codec.encode_node(make_node("n-a")))
-    # What the checkpoint-store writes: the record, then the latest pointer naming it.
-    await store.put(f"/ty/checkpoints/{job.id}/ckpt-1", json.dumps({"v": 1, "created_at": NOW - 42}).encode())
-    await store.put(f"/ty/checkpoints-latest/{job.id}", b"ckpt-1")
+    # What the checkpoint-store writes: the latest pointer names a checkpoint id minted at its Begin.
+    await store.put(f"/ty/checkpoints-latest/{job.id}", new_id("ckpt", NOW - 42).encode())
+    await store.put("/ty/checkpoints-latest/job-gone", b"not-an-id")  # no time, no harm
     await store.put(KEYS.queue("prod"), codec.encode_queue(QueueConfig("prod", tier=3)))
     await store.put(KEYS.quota("team-a"), codec.encode_quota(TeamQuota("team-a", {"*": QuotaLimit(8)})))
     await store.put(KEYS.quota("broken"), b"{not json")  # an unreadable record is ignored, not fatal
@@ -81,9 +80,8 @@ async def test_a_kept_snapshot_is_the_one_a_fresh_build_would_give_after_any_wri
                                                                                          {"*": QuotaLimit(8)})))
         if pick == 5:
             job_id = f"job-{ident}"
-            await store.put(f"/ty/checkpoints/{job_id}/c-{ident}",
-                            json.dumps({"v": 1, "created_at": NOW - rng.randrange(100)}).encode())
-            return await store.put(f"/ty/checkpoints-latest/{job_id}", f"c-{ident}".encode())
+            ckpt = new_id("ckpt", NOW - rng.randrange(100)) if rng.random() < 0.9 else "garbage"
+            return await store.put(f"/ty/checkpoints-latest/{job_id}", ckpt.encode())
         # A delete of something that may exist.
         key = rng.choice([KEYS.job(f"job-{ident}"), KEYS.allocation(f"job-{ident}"), KEYS.node(f"n-{ident}"),
                           KEYS.queue(f"q-{ident}"), KEYS.quota(f"t-{ident}"), f"/ty/checkpoints-latest/job-{ident}"])

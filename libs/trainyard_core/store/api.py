@@ -107,10 +107,12 @@ class Store(Protocol):
     async def get(self, key: str) -> KeyValue | None: ...
 
     async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
-                    descending: bool = False) -> RangeResult:
+                    descending: bool = False, revision: int = 0) -> RangeResult:
         """Keys starting with `prefix`, after `start_after` (exclusive), at most `limit` (0: all), in key order.
         `descending`: largest key first, and `start_after` is then the cursor in that direction (only keys
-        below it): pass the last key of a page to get the next one either way."""
+        below it): pass the last key of a page to get the next one either way. `revision`: as the keys were at
+        that revision (0: now), so that the pages of one read are one snapshot; WatchCompacted when that
+        revision is no longer kept."""
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Unconditional write; returns the new revision."""

@@ -289,18 +289,24 @@ class EtcdStore:
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def _range_impl(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
-                          descending: bool = False) -> RangeResult:
+                          descending: bool = False, revision: int = 0) -> RangeResult:
         if descending:
             start = prefix.encode()
             top = start_after if start_after is not None else prefix_end(prefix)
             end = top.encode(errors="surrogateescape")
             request = rpc.RangeRequest(key=start, range_end=end, limit=limit, sort_order=rpc.RangeRequest.DESCEND,
-                                       sort_target=rpc.RangeRequest.KEY)
+                                       sort_target=rpc.RangeRequest.KEY, revision=revision)
         else:
             start = (start_after.encode() + b"\0") if start_after is not None else prefix.encode()
             end = prefix_end(prefix).encode(errors="surrogateescape")
-            request = rpc.RangeRequest(key=start, range_end=end, limit=limit)
-        resp = await self._read_range(request)
+            request = rpc.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
+        try:
+            resp = await self._read_range(request)
+        except grpc.aio.AioRpcError as exc:
+            # ErrGRPCCompacted: the revision asked for is older than etcd's last compaction.
+            if revision and exc.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (exc.details() or ""):
+                raise WatchCompacted(0) from exc
+            raise
         return RangeResult([_kv(kv) for kv in resp.kvs], bool(resp.more), resp.header.revision)
 
     # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
@@ -331,9 +337,9 @@ class EtcdStore:
         return await self._bounded("get", self._get_impl(key))
 
     async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
-                    descending: bool = False) -> RangeResult:
+                    descending: bool = False, revision: int = 0) -> RangeResult:
         return await self._bounded("range", self._range_impl(prefix, start_after=start_after, limit=limit,
-                                                             descending=descending))
+                                                             descending=descending, revision=revision))
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         result = await self.txn([], [Put(key, value, lease)])

@@ -105,9 +105,13 @@ class MemoryStore:
         return self._data.get(key)
 
     async def range(self, prefix: str, *, start_after: str | None = None, limit: int = 0,
-                    descending: bool = False) -> RangeResult:
+                    descending: bool = False, revision: int = 0) -> RangeResult:
         self._check()
         self._expire()
+        if revision and revision != self._revision:
+            # This twin keeps no old versions: a read at a past revision is refused as etcd refuses a
+            # compacted one (the caller reads again from now).
+            raise WatchCompacted(self._revision)
         lo = bisect.bisect_left(self._keys, prefix)
         hi = lo
         while hi < len(self._keys) and self._keys[hi].startswith(prefix):

@@ -4,6 +4,11 @@ Load once (paged range), then apply watch events from the load's revision on. Af
 compaction, reload. `revision` tells how far the copy has caught up; `changed` is set on every applied
 batch, so a reconcile loop can sleep until something happens.
 
+`include`: when given, only keys under these sub-prefixes are copied (what the consumer reads: a scheduler
+does not keep the gateway's tokens, the checkpoint records or the idempotency keys that share its prefix).
+The load reads each of them, every page at the revision of the first, so the copy is one snapshot; the one
+watch over the whole prefix then drops the events of every other key.
+
 `exclude`: sub-prefixes left out of the copy (the audit log under `<prefix>/audit/`, which grows with every
 mutating call): their keys are neither loaded nor kept, and a batch of only such keys moves `revision` on
 without setting `changed`.
@@ -50,11 +55,19 @@ class Changes:
 
 
 class PrefixMirror:
-    def __init__(self, store: Store, prefix: str, *, page_size: int = 1000, exclude: tuple[str, ...] = ()) -> None:
+    def __init__(self, store: Store, prefix: str, *, page_size: int = 1000, exclude: tuple[str, ...] = (),
+                 include: tuple[str, ...] = ()) -> None:
+        outside = [p for p in include if not p.startswith(prefix)]
+        if outside:
+            raise ValueError(f"included prefixes {outside} are not under {prefix!r}")
         self._store = store
         self._prefix = prefix
         self._page = page_size
         self._exclude = exclude
+        # Sub-prefixes read at a load (one that lies under another is read with it).
+        self._include = tuple(p for p in sorted(set(include))
+                              if not any(p != q and p.startswith(q) for q in include))
+        self._include_all = include
         self._items: dict[str, KeyValue] = {}
         self.revision = 0
         self.changed = asyncio.Event()
@@ -99,23 +112,29 @@ class PrefixMirror:
         except TimeoutError:
             return False
 
+    def _kept(self, key: str) -> bool:
+        if key.startswith(self._exclude):
+            return False
+        return not self._include_all or key.startswith(self._include_all)
+
     async def _load(self) -> None:
         items: dict[str, KeyValue] = {}
-        after: str | None = None
         revision = 0
-        while True:
-            page = await self._store.range(self._prefix, start_after=after, limit=self._page)
-            revision = revision or page.revision
-            for kv in page.kvs:
-                if not kv.key.startswith(self._exclude):
-                    items[kv.key] = kv
-            if not page.more:
-                break
-            after = page.kvs[-1].key
-            skipped = next((x for x in self._exclude if after.startswith(x)), None)
-            if skipped is not None:
-                # Every key of the excluded range sorts before this one (the highest code point after it).
-                after = max(after, skipped + _TOP)
+        for prefix in self._include or (self._prefix,):
+            after: str | None = None
+            while True:
+                page = await self._store.range(prefix, start_after=after, limit=self._page, revision=revision)
+                revision = revision or page.revision
+                for kv in page.kvs:
+                    if self._kept(kv.key):
+                        items[kv.key] = kv
+                if not page.more:
+                    break
+                after = page.kvs[-1].key
+                skipped = next((x for x in self._exclude if after.startswith(x)), None)
+                if skipped is not None:
+                    # Every key of the excluded range sorts before this one (the highest code point after it).
+                    after = max(after, skipped + _TOP)
         self._items = items
         for sub in self._subscribers:
             sub.reloaded()
@@ -144,7 +163,7 @@ class PrefixMirror:
                 async for batch in self._store.watch(self._prefix, start_revision=self.revision + 1):
                     kept = 0
                     for ev in batch:
-                        if ev.key.startswith(self._exclude):
+                        if not self._kept(ev.key):
                             continue
                         kept += 1
                         for sub in self._subscribers:

@@ -65,7 +65,7 @@ class SchedulerApp:
         self.liveness = NodeLiveness(self.clock, settings.node_timeout_s, grace_s=settings.leader_grace_s,
                                      stale_s=settings.stale_stream_s)
         self._election: LeaderElection | None = None
-        self._mirror = PrefixMirror(self.store, self.keys.prefix + "/", exclude=(self.audit.prefix,))
+        self._mirror = PrefixMirror(self.store, self.keys.prefix + "/", include=self.keys.mirrored)
         self._server: GrpcServer | None = None
         self._stop = asyncio.Event()
         self._leader_task: asyncio.Task[None] | None = None

@@ -27,6 +27,7 @@ from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
 from trainyard_core.rpc import pulse
 from trainyard_core.security import authz
+from trainyard_core.store.api import WatchCompacted
 
 from ..domain import listing
 from ..domain.health import apply_gpu_health, cordon_for_health
@@ -246,19 +247,32 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                        context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
         job, rev = await self._visible(request.job_id, request.team)
         yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
-        if job.state.terminal:
-            return
         key = self._repo.keys.job(job.id)
-        async for batch in self._repo.store.watch(key, start_revision=rev + 1):
-            for ev in batch:
-                if ev.key != key:
-                    continue
-                if ev.kind == "delete":
-                    return
-                job = decode_job(ev.value)
-                yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
-                if job.state.terminal:
-                    return
+        start = rev + 1
+        while not job.state.terminal:
+            try:
+                async for batch in self._repo.store.watch(key, start_revision=start):
+                    for ev in batch:
+                        if ev.key != key or ev.mod_revision <= rev:
+                            continue
+                        if ev.kind == "delete":
+                            return
+                        job, rev = decode_job(ev.value), ev.mod_revision
+                        yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
+                        if job.state.terminal:
+                            return
+                return
+            except WatchCompacted as compacted:
+                # etcd compacted the revisions after the one last seen (a job unchanged for longer than the
+                # auto-compaction window): read the job again (the read is at or after the compaction, so it
+                # holds any change up to it), show it if it moved, and watch on from after the compaction.
+                start = max(compacted.compacted_revision + 1, rev + 1)
+                found = await self._repo.get_job(job.id)
+                if found is None:
+                    return  # finished and archived meanwhile: the caller reads the end with GetJob
+                if found[1] != rev:
+                    job, rev = found
+                    yield scheduler_pb2.WatchJobResponse(job=await self._view(job))
 
 
 class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):

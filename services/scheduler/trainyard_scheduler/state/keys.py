@@ -61,6 +61,14 @@ class Keys:
     def checkpoints(self) -> str:
         return f"{self.prefix}/checkpoints/"
 
+    @property
+    def mirrored(self) -> tuple[str, ...]:
+        """What every replica keeps a copy of (the reconcile loop's snapshot, the archiver, the node list):
+        live records only. The idempotency keys, the checkpoint-store's records, the gateway's tokens and the
+        audit log share the prefix and are read from etcd when needed, never copied."""
+        return (self.jobs, self.allocations, self.nodes, self.all_holdings, self.queues, self.quotas, self.usage,
+                self.checkpoints_latest)
+
     def queue(self, name: str) -> str:
         return self.queues + name
 

@@ -14,12 +14,12 @@ ignored.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from trainyard_core.ids import id_time
 from trainyard_core.store.api import KeyValue
 from trainyard_core.store.mirror import PrefixMirror
 
@@ -59,9 +59,10 @@ class SnapshotBuilder:
         self._queues: dict[str, QueueConfig] = {}
         self._quotas: dict[str, TeamQuota] = {}
         self._usage: tuple[FairShareUsage, int] = (FairShareUsage(), 0)
-        self._latest: dict[str, str] = {}
-        # Checkpoint key → (revision, created_at) for the records a latest pointer names.
-        self._ckpt_times: dict[str, tuple[int, float | None]] = {}
+        # Job id → when its latest committed checkpoint was begun: a checkpoint id says when it was minted
+        # (the checkpoint-store mints it at Begin, with the record's created_at), so the pointer alone tells
+        # the time and the checkpoint records need not be mirrored.
+        self._latest_at: dict[str, float] = {}
         # Healthy GPUs per node (for the cluster-capacity gauge).
         self._healthy: dict[str, int] = {}
 
@@ -114,12 +115,11 @@ class SnapshotBuilder:
                 else (FairShareUsage(), 0)
         elif key.startswith(k.checkpoints_latest):
             ident = key[len(k.checkpoints_latest):]
-            if kv is None:
-                self._latest.pop(ident, None)
+            at = id_time(kv.value.decode(errors="replace")) if kv is not None else None
+            if at is None:
+                self._latest_at.pop(ident, None)
             else:
-                self._latest[ident] = kv.value.decode(errors="replace")
-        elif key.startswith(k.checkpoints):
-            self._ckpt_times.pop(key, None)  # re-read when next asked
+                self._latest_at[ident] = at
 
     @staticmethod
     def _policy_record(into: dict[str, R], ident: str, kv: KeyValue | None,
@@ -139,36 +139,18 @@ class SnapshotBuilder:
             log.error("ignoring undecodable record %s: %s", kv.key, exc)
             return None
 
-    def _checkpoint_time(self, key: str) -> float | None:
-        kv = self._mirror.items.get(key)
-        if kv is None:
-            return None
-        hit = self._ckpt_times.get(key)
-        if hit is not None and hit[0] == kv.mod_revision:
-            return hit[1]
-
-        def created(raw: bytes) -> object:
-            return float(json.loads(raw)["created_at"])
-        at = self._quietly(key, kv, created)
-        value = at if isinstance(at, float) else None
-        self._ckpt_times[key] = (kv.mod_revision, value)
-        return value
-
     # -- the snapshot ---------------------------------------------------------------------------------
     def build(self, liveness: NodeLiveness,
               released_at: Mapping[tuple[str, int], float]) -> tuple[ClusterSnapshot, PolicyState]:
         self._refresh()
         jobs = {ident: job for ident, (job, _) in self._jobs.items()}
         allocs = {ident: alloc for ident, (alloc, _) in self._allocs.items()}
-        k = self._keys
         # What preempting a running job would lose runs from its latest committed checkpoint.
         for job_id in allocs:
             job = jobs.get(job_id)
-            ckpt = self._latest.get(job_id)
-            if job is not None and ckpt:
-                at = self._checkpoint_time(f"{k.checkpoints}{job_id}/{ckpt}")
-                if at is not None:
-                    jobs[job_id] = replace(job, last_checkpoint_at=at)
+            at = self._latest_at.get(job_id)
+            if job is not None and at is not None:
+                jobs[job_id] = replace(job, last_checkpoint_at=at)
         nodes = dict(self._nodes)
         alive = liveness.alive(nodes)
         snap = ClusterSnapshot(nodes=nodes, alive=alive, jobs=jobs, allocations=allocs,
