@@ -74,6 +74,13 @@ async def test_only_included_prefixes_are_copied_and_watched(store: Store, key_p
         assert await mirror.wait_for(await store.delete(keys.node("n-1")) and await store.put(keys.usage, b"u2"))
         assert keys.allocation("job-001") in mirror.items and keys.node("n-1") not in mirror.items
         assert not set(mirror.items) & set(dropped)
+        # Each included prefix's records are also kept apart, current with the watch.
+        for prefix in keys.mirrored:
+            want = {k: kv for k, kv in mirror.items.items() if k.startswith(prefix)}
+            assert dict(mirror.under(prefix)) == want, prefix
+        assert set(mirror.under(keys.jobs)) == {k for k in kept if k.startswith(keys.jobs)} | {keys.job("job-999")}
+        assert mirror.under(keys.nodes) == {}
+        assert set(mirror.under(keys.prefix + "/jobs/job-00")) == {keys.job(f"job-{i:03d}") for i in range(5)}
     finally:
         await mirror.stop()
 

@@ -69,6 +69,9 @@ class PrefixMirror:
                               if not any(p != q and p.startswith(q) for q in include))
         self._include_all = include
         self._items: dict[str, KeyValue] = {}
+        # The same records again, by the included prefix they are under, so that a reader of one kind (the
+        # nodes) walks those, not every live record.
+        self._under: dict[str, dict[str, KeyValue]] = {p: {} for p in self._include}
         self.revision = 0
         self.changed = asyncio.Event()
         self._ready = asyncio.Event()
@@ -86,6 +89,17 @@ class PrefixMirror:
     @property
     def items(self) -> Mapping[str, KeyValue]:
         return self._items
+
+    def under(self, prefix: str) -> Mapping[str, KeyValue]:
+        """The copied records under `prefix`: kept apart when it is one of the included prefixes (a dictionary
+        look-up), else picked from the whole copy (a walk over it)."""
+        group = self._under.get(prefix)
+        if group is not None:
+            return group
+        return {k: kv for k, kv in self._items.items() if k.startswith(prefix)}
+
+    def _group(self, key: str) -> dict[str, KeyValue] | None:
+        return next((group for p, group in self._under.items() if key.startswith(p)), None)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"mirror {self._prefix}")
@@ -136,6 +150,11 @@ class PrefixMirror:
                     # Every key of the excluded range sorts before this one (the highest code point after it).
                     after = max(after, skipped + _TOP)
         self._items = items
+        self._under = {p: {} for p in self._include}
+        for key, kv in items.items():
+            group = self._group(key)
+            if group is not None:
+                group[key] = kv
         for sub in self._subscribers:
             sub.reloaded()
         self._set_revision(revision)
@@ -170,12 +189,16 @@ class PrefixMirror:
                             sub.note(ev.key)
                         if ev.kind == "put":
                             old = self._items.get(ev.key)
-                            self._items[ev.key] = KeyValue(
-                                key=ev.key, value=ev.value,
-                                create_revision=old.create_revision if old else ev.mod_revision,
-                                mod_revision=ev.mod_revision, version=(old.version + 1) if old else 1)
+                            kv = KeyValue(key=ev.key, value=ev.value,
+                                          create_revision=old.create_revision if old else ev.mod_revision,
+                                          mod_revision=ev.mod_revision, version=(old.version + 1) if old else 1)
+                            self._items[ev.key] = kv
+                            if (group := self._group(ev.key)) is not None:
+                                group[ev.key] = kv
                         else:
                             self._items.pop(ev.key, None)
+                            if (group := self._group(ev.key)) is not None:
+                                group.pop(ev.key, None)
                     self._set_revision(max(ev.mod_revision for ev in batch), notify=kept > 0)
             except asyncio.CancelledError:
                 raise

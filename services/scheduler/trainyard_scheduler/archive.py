@@ -125,7 +125,7 @@ class Archiver:
         if full:
             self._unarchived.clear()
             self._expiring.clear()
-            keys = {k for k in items if k.startswith(prefix)}
+            keys = set(self._mirror.under(prefix))
         for key in keys:
             if not key.startswith(prefix):
                 continue

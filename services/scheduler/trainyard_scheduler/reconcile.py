@@ -175,12 +175,11 @@ class Reconciler:
             for job_id, alloc in snap.allocations.items():
                 fixed += await self._repo.restore_holdings(alloc, snap.allocation_revisions[job_id])
             prefix = self._repo.keys.all_holdings
-            for key, kv in list(self._mirror.items.items()):
-                if key.startswith(prefix):
-                    node_id = key[len(prefix):]
-                    orphans = sorted(j for j in decode_holding(node_id, kv).jobs if j not in snap.allocations)
-                    if orphans:
-                        fixed += await self._repo.drop_orphan_holdings(node_id, orphans)
+            for key, kv in list(self._mirror.under(prefix).items()):
+                node_id = key[len(prefix):]
+                orphans = sorted(j for j in decode_holding(node_id, kv).jobs if j not in snap.allocations)
+                if orphans:
+                    fixed += await self._repo.drop_orphan_holdings(node_id, orphans)
         except Conflict as exc:
             # Tried again when a placement is next refused by the holdings, not every cycle.
             log.error("GPU holdings not reconciled: %s", exc)

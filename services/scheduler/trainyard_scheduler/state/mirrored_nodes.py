@@ -23,9 +23,7 @@ class MirroredNodes:
     async def nodes(self) -> list[Node]:
         out: list[Node] = []
         seen: set[str] = set()
-        for key, kv in self._mirror.items.items():
-            if not key.startswith(self._prefix):
-                continue
+        for key, kv in self._mirror.under(self._prefix).items():
             seen.add(key)
             hit = self._cache.get(key)
             if hit is None or hit[0] != kv.mod_revision:
