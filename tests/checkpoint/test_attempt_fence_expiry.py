@@ -14,6 +14,7 @@ import pytest
 
 from trainyard_checkpoint.domain import BeginRequest, Checkpoint, CheckpointState, Shard
 from trainyard_checkpoint.domain.gc import ActionKind, GcTiming
+from trainyard_checkpoint.domain.retention import RetentionPolicy
 from trainyard_checkpoint.gc import GarbageCollector
 from trainyard_checkpoint.manager import CheckpointManager
 from trainyard_checkpoint.repository import CheckpointRepository
@@ -109,6 +110,10 @@ async def tombstoned(service: Service, attempt: int, step: int) -> Checkpoint:
 
 
 async def test_the_fence_goes_with_the_last_record_and_not_before(service: Service) -> None:
+    repo = service.other.repo
+    await repo.record_team(JOB, "team-a")
+    await repo.set_retention(JOB, RetentionPolicy(keep_last=2))
+    await service.store.put(repo.lease_guard_key(JOB), b"1")  # what a restore lease leaves behind
     first = await tombstoned(service, attempt=2, step=10)
     service.clock.advance(300)
     second = await tombstoned(service, attempt=3, step=20)
@@ -120,11 +125,15 @@ async def test_the_fence_goes_with_the_last_record_and_not_before(service: Servi
     assert [(a.kind, a.checkpoint_id) for a in await gc.run_once()] == [(ActionKind.PURGE_TOMBSTONE, first.id)]
     assert [r.id for r in await service.records()] == [second.id]
     assert await service.fence() == b"3", "a record is left: the fence stays"
+    assert await repo.job_team(JOB) == "team-a" and await repo.retention(JOB) == RetentionPolicy(keep_last=2)
 
     service.clock.advance(400)
     assert [(a.kind, a.checkpoint_id) for a in await gc.run_once()] == [(ActionKind.PURGE_TOMBSTONE, second.id)]
     assert await service.records() == []
     assert await service.fence() is None, "the job's last record took its fence with it"
+    left = [k for k in (repo.team_key(JOB), repo.lease_guard_key(JOB), repo.retention_key(JOB), repo.latest_key(JOB))
+            if await service.store.get(k) is not None]
+    assert left == [], "and every other key of the job"
 
     # The job saves again: the Begin writes the fence anew, and it fences as before.
     again = await begin(service.other, 30, attempt=4)

@@ -16,6 +16,9 @@ Keys, under the service's `etcd_prefix` (see `domain/checkpoint.py` for who writ
 - `{prefix}/checkpoint-teams/<job_id>` → the job's team, as its first job credential named it (written once;
   the gateway and tools see only their team's jobs: `access.py`).
 
+The fence, the team, the lease guard and the retention policy of a job leave etcd with its last record
+(`purge`): a job's keys are bounded by its checkpoints, not kept for every job that ever saved one.
+
 Every write is a transaction guarded by mod revisions read before it; a lost race returns False and the
 caller re-reads and decides again. Nothing here holds a lock or waits on anything but the store.
 """
@@ -399,8 +402,13 @@ class CheckpointRepository:
         if fence is not None:
             records = await self._store.range(self.job_prefix(ckpt.job_id), limit=2)
             if [kv.key for kv in records.kvs] == [record_key]:
+                # The job's other keys go with it too: its team (the next credential records it again), the
+                # lease guard (no record is left to lease) and its retention policy (the next Begin names the
+                # job's own again).
+                job_keys = (fence_key, self.team_key(ckpt.job_id), self.lease_guard_key(ckpt.job_id),
+                            self.retention_key(ckpt.job_id))
                 last = await self._store.txn([*compares, mod_revision_is(fence_key, fence.mod_revision)],
-                                             [*ops, Delete(fence_key)])
+                                             [*ops, *(Delete(k) for k in job_keys)])
                 if last.succeeded:
                     return True
         result = await self._store.txn(compares, ops)
