@@ -1,10 +1,11 @@
-"""Files: reading operator-provided YAML/JSON (settings, policies, topology) with errors that name the file, and
-replacing a file atomically."""
+"""Files: reading operator-provided YAML/JSON (settings, policies, topology) with errors that name the file,
+replacing a file atomically, and checking that other users may reach a directory."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +39,13 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def closed_parent(path: Path) -> tuple[Path, int] | None:
+    """The first directory above `path` that other users may not pass through (no o+x), with its mode; None
+    when they may reach `path` (a directory that workers running as other uids must enter)."""
+    for parent in path.parents:
+        mode = os.stat(parent).st_mode
+        if not mode & stat.S_IXOTH:
+            return parent, stat.S_IMODE(mode)
+    return None

@@ -50,6 +50,7 @@ from pathlib import Path
 
 # The site mapping's parser is shared with the checkpoint-store; re-exported here for the agent's modules.
 from trainyard_core.errors import FailedPrecondition
+from trainyard_core.files import closed_parent
 from trainyard_core.security.unix_ids import (
     MIN_ID,
     RUN_AS_EXAMPLE,
@@ -143,14 +144,13 @@ def prepare_workdir_root(root: Path, *, shared: bool) -> None:
     os.chmod(root, SHARED_ROOT_MODE if shared else PRIVATE_MODE)
     if not shared:
         return
-    for parent in root.parents:
-        mode = os.stat(parent).st_mode
-        if not mode & stat.S_IXOTH:
-            raise TenancyError(
-                f"workers cannot reach their working directories under workdir_root {root}: {parent} is mode "
-                f"{stat.S_IMODE(mode):04o}, which other users may not pass through. Allow it (chmod o+x "
-                f"{parent}) or set workdir_root to a directory under parents they may pass "
-                "(e.g. /var/lib/trainyard/work)")
+    closed = closed_parent(root)
+    if closed is not None:
+        parent, mode = closed
+        raise TenancyError(
+            f"workers cannot reach their working directories under workdir_root {root}: {parent} is mode "
+            f"{mode:04o}, which other users may not pass through. Allow it (chmod o+x {parent}) or set "
+            "workdir_root to a directory under parents they may pass (e.g. /var/lib/trainyard/work)")
 
 
 def job_workdir(root: Path, job_id: str, ident: Identity | None) -> Path:

@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from trainyard_core.errors import FailedPrecondition, Unavailable
+from trainyard_core.files import closed_parent
 from trainyard_core.ids import is_valid_id
 from trainyard_core.security.unix_ids import Identity
 
@@ -109,11 +110,12 @@ class PosixStorage:
                                        f"link or uid {st.st_uid}'s: whoever owns it could swap one job's "
                                        "checkpoints for another's")
         os.chmod(self._root, PASS_MODE)
-        for parent in self._root.parents:
-            if not os.stat(parent).st_mode & stat_mod.S_IXOTH:
-                raise OSError(errno.EACCES, f"workers cannot reach their checkpoint directories under {self._root}: "
-                                            f"{parent} does not let other users pass (chmod o+x {parent}, or "
-                                            "put the storage under directories they may pass)")
+        closed = closed_parent(self._root)
+        if closed is not None:
+            parent, mode = closed
+            raise OSError(errno.EACCES, f"workers cannot reach their checkpoint directories under {self._root}: "
+                                        f"{parent} is mode {mode:04o}, which other users may not pass through "
+                                        f"(chmod o+x {parent}, or put the storage under directories they may pass)")
 
     async def check(self) -> None:
         await asyncio.to_thread(self.ensure_root)
