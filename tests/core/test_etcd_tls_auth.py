@@ -27,10 +27,12 @@ from cryptography import x509
 from trainyard_checkpoint.app import CheckpointApp
 from trainyard_checkpoint.settings import CheckpointSettings
 from trainyard_core import service
-from trainyard_core.errors import PermissionDenied
+from trainyard_core.errors import PermissionDenied, Unavailable
+from trainyard_core.files import atomic_write_bytes
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import InvalidPrincipal
 from trainyard_core.settings import SettingsError, load_settings
+from trainyard_core.store import etcd as etcd_module
 from trainyard_core.store.api import Put, absent
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import StartupCheckFailed, check_access
@@ -353,3 +355,40 @@ async def test_an_unreadable_file_is_named_before_etcd_is_called(secure_etcd: Se
                             key_file=secure_etcd.users["nobody"].key)
     with pytest.raises(StartupCheckFailed, match="is not the private key of etcd_cert_file"):
         await check_access(EtcdStore.from_options(wrong_key), PREFIX)
+
+
+async def test_rotated_tls_files_are_taken_up_without_a_restart(secure_etcd: SecureEtcd, tmp_path: Path, prefix: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The store reconnects with its client certificate once it is rotated on disk (proved by rotating to one
+    etcd does not trust, then back), and keeps its connection through a rotation half done."""
+    good, foreign = secure_etcd.users["trainyard"], secure_etcd.users["foreign"]
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+
+    def install(cert_from: Path, key_from: Path) -> None:
+        atomic_write_bytes(cert, cert_from.read_bytes())
+        atomic_write_bytes(key, key_from.read_bytes(), mode=0o600)
+
+    install(good.cert, good.key)
+    store = EtcdStore.from_options(EtcdOptions(endpoints=secure_etcd.endpoint, ca_file=secure_etcd.server.ca,
+                                               cert_file=cert, key_file=key))
+    try:
+        await store.put(prefix + "k", b"1")
+        install(foreign.cert, good.key)  # half a rotation: a certificate whose key has not arrived yet
+        await asyncio.sleep(etcd_module.TLS_CHECK_EVERY_S + 0.1)
+        with caplog.at_level(logging.WARNING, logger="trainyard_core.store.etcd"):
+            await store.put(prefix + "k", b"2")
+        assert store.tls_reloads == 0 and "not usable yet" in caplog.text, "the current connection is kept"
+
+        install(foreign.cert, foreign.key)  # a whole set, from a CA etcd does not trust
+        await asyncio.sleep(etcd_module.TLS_CHECK_EVERY_S + 0.1)
+        with pytest.raises(Unavailable):
+            await store.put(prefix + "k", b"3")
+        assert store.tls_reloads == 1, "the next call connected with the rotated files"
+
+        install(good.cert, good.key)  # rotated again, to a certificate etcd takes
+        await asyncio.sleep(etcd_module.TLS_CHECK_EVERY_S + 0.1)
+        await store.put(prefix + "k", b"4")
+        got = await store.get(prefix + "k")
+        assert got is not None and got.value == b"4"
+    finally:
+        await store.close()

@@ -11,7 +11,9 @@ one), costing the next call another failure, or a whole timeout where the member
 
 TLS and etcd's own auth come from `EtcdOptions` (etcd_client.py: a token etcd no longer knows is renewed
 and the call made once more; a refusal of the user's role is PermissionDenied, never a failover).
-`etcd_check.check_access` is the start-up check of a service's etcd settings.
+`etcd_check.check_access` is the start-up check of a service's etcd settings. The client's TLS files are
+looked at (at most once a second, at a call): when they were rotated on disk into a usable set, the next call
+connects with them and the old connection is closed after its calls' deadline, with no restart.
 
 A database at its space quota (etcd's NOSPACE alarm) refuses every write before applying it: that is
 StoreOutOfSpace, whose outcome is known (not applied), logged once per refused write, and not a failover.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -42,12 +45,16 @@ from .etcd_client import (
     is_permission_denied,
     is_stale_token,
     out_of_space,
+    tls_problem,
+    tls_signature,
     watch_responses,
 )
 from .etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# How often, at most, a store looks at its TLS files for a rotation (at its next call).
+TLS_CHECK_EVERY_S = 1.0
 
 _TARGETS = {"version": rpc.Compare.VERSION, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE,
             "value": rpc.Compare.VALUE}
@@ -162,6 +169,11 @@ class EtcdStore:
         self._closing: set[asyncio.Task[None]] = set()
         self._retired: set[aetcd.Client] = set()
         self.logins = 0  # logins of every client this store made (tests read it)
+        # The client's TLS files as last connected with; looked at once a second at most (see _rotated).
+        self._tls_seen = tls_signature(self._options)
+        self._tls_checked = time.monotonic()
+        self._tls_broken: tuple[tuple[int, int, int], ...] | None = None
+        self.tls_reloads = 0  # tests read it
 
     @classmethod
     def from_options(cls, options: EtcdOptions, *, timeout: float = 5.0) -> EtcdStore:
@@ -177,11 +189,41 @@ class EtcdStore:
         host, port = self._endpoints[self._current]
         return f"{host}:{port}"
 
+    def _rotated(self) -> bool:
+        """Whether the TLS files changed on disk into a usable set since the client connected (a broken set,
+        mid-rotation, is logged once and the current connection kept)."""
+        now = time.monotonic()
+        if self._tls_seen is None or now - self._tls_checked < TLS_CHECK_EVERY_S:
+            return False
+        self._tls_checked = now
+        seen = tls_signature(self._options)
+        if seen is None or seen == self._tls_seen or seen == self._tls_broken:
+            return False
+        problem = tls_problem(self._options)
+        if problem is not None:
+            self._tls_broken = seen
+            log.warning("rotated etcd TLS files are not usable yet; keeping the current connection",
+                        extra={"endpoint": self.endpoint, "reason": problem})
+            return False
+        self._tls_seen, self._tls_broken = seen, None
+        return True
+
     async def _get_client(self) -> Client:
+        if self._client is not None and self._rotated():
+            # A rotated client certificate (or CA): the next call connects with it; calls and watches on the
+            # old connection get their deadline, then it is closed (a watch then resumes on the new one).
+            old, self._client = self._client, None
+            self._generation += 1
+            self.tls_reloads += 1
+            log.info("etcd TLS files reloaded", extra={"endpoint": self.endpoint,
+                                                       "cert_file": str(self._options.cert_file)})
+            self._retire(old)
         if self._client is None:
             async with self._lock:
                 if self._client is None:
                     host, port = self._endpoints[self._current]
+                    # The files this connection reads (Client.connect reads them).
+                    self._tls_seen = tls_signature(self._options) or self._tls_seen
                     # Floats: int() made a 0.5 s deadline none at all, and 1.5 s one second.
                     client = Client(host, port, self._options, timeout=self._timeout)
                     try:
@@ -256,11 +298,14 @@ class EtcdStore:
         if client is not None:
             # Closing may wait on aetcd's watch stream of a dead member; never let the failing call (and
             # its caller's deadline) wait for that.
-            self._retired.add(client)
-            task = asyncio.create_task(self._close_quietly(client))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._retire(client)
         return err
+
+    def _retire(self, client: aetcd.Client) -> None:
+        self._retired.add(client)
+        task = asyncio.create_task(self._close_quietly(client))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _close_quietly(self, client: aetcd.Client) -> None:
         # Calls still in flight on the old channel get their own deadline first: closing cancels them.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -23,6 +24,8 @@ import aetcd.exceptions
 import grpc
 import grpc.aio
 from aetcd import rpc, watcher
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from ..errors import PermissionDenied, StoreOutOfSpace, Unavailable
 from .etcd_options import EtcdOptions
@@ -103,6 +106,35 @@ def explain_connect_failure(exc: BaseException, options: EtcdOptions, endpoint: 
                 f"--client-cert-auth takes only a certificate signed by a CA in its --trusted-ca-file (or it does "
                 f"not serve TLS). gRPC said: {said}")
     return ""
+
+
+def tls_signature(options: EtcdOptions) -> tuple[tuple[int, int, int], ...] | None:
+    """(inode, size, mtime) of the client's TLS files, to notice a rotation; None without TLS or when one
+    cannot be read (mid-rotation)."""
+    files = [f for f in (options.ca_file, options.cert_file, options.key_file) if f is not None]
+    if not files:
+        return None
+    try:
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in (os.stat(f) for f in files))
+    except OSError:
+        return None
+
+
+def tls_problem(options: EtcdOptions) -> str | None:
+    """Why the TLS files cannot be used as they are now (a rotation half done: a certificate without its new
+    key, a file that does not parse); None when they can."""
+    try:
+        if options.ca_file is not None:
+            x509.load_pem_x509_certificates(options.ca_file.read_bytes())
+        if options.cert_file is None or options.key_file is None:
+            return None
+        cert = x509.load_pem_x509_certificate(options.cert_file.read_bytes())
+        key = serialization.load_pem_private_key(options.key_file.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        return f"{exc}"
+    if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
+        return f"etcd_key_file {options.key_file} is not the key of etcd_cert_file {options.cert_file}"
+    return None
 
 
 def _credentials(options: EtcdOptions) -> grpc.ChannelCredentials:
