@@ -73,7 +73,8 @@ WORKER = textwrap.dedent("""
     os.umask(mask)
     me = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid(),
           "groups": os.getgroups(), "umask": mask, "cwd": os.getcwd(), "home": os.environ.get("HOME"),
-          "stdin": os.readlink("/proc/self/fd/0")}
+          "stdin": os.readlink("/proc/self/fd/0"),
+          "no_new_privs": [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("NoNewPrivs:")][0]}
     if sys.argv[1] == "victim":
         with open("secret.txt", "w") as f:
             f.write("research only")
@@ -220,12 +221,13 @@ async def test_two_teams_jobs_on_one_node(host: Host) -> None:
     prober = await host.report("job-a")
 
     # Each worker runs as its team's uid and gid, with no supplementary groups, umask 077, stdin /dev/null,
-    # HOME its own working directory.
+    # HOME its own working directory, and no_new_privs set.
     for report, who, job in ((victim, RESEARCH, "job-b"), (prober, ML, "job-a")):
         workdir = str(host.workdir_root / job)
         assert (report["uid"], report["euid"], report["gid"], report["egid"]) == (who.uid, who.uid, who.gid, who.gid)
         assert report["groups"] == [] and report["umask"] == 0o077
         assert report["cwd"] == report["home"] == workdir and report["stdin"] == "/dev/null"
+        assert report["no_new_privs"] == "1", "no set-uid program on the host gives a worker more than its uid"
         assert _owner_mode(Path(workdir)) == (who.uid, who.gid, 0o700)
     assert _owner_mode(b_workdir / "secret.txt") == (RESEARCH.uid, RESEARCH.gid, 0o600)
     # Only the agent passes through the root of the working directories; logs and status are its own.

@@ -37,6 +37,7 @@ Standard library and `logwriter` only: one runs per worker, so it must start fas
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import selectors
@@ -56,6 +57,9 @@ READ_CHUNK = 64 * 1024
 UMASK = 0o077
 # Spec uid/gid of a worker that runs as the shim's own user.
 SAME_USER = -1
+# prctl(2), looked up before any fork (a worker's child calls it between fork and exec).
+_PR_SET_NO_NEW_PRIVS = 38
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 COMMIT = b"commit\n"
 # Without pidfds (Linux < 5.3), how often the shim looks whether the worker has ended.
 POLL_S = 0.1
@@ -386,17 +390,25 @@ def run(spec: Spec, control: _Control) -> int:
     # enter is refused instead of handed over.
     other = spec["uid"] != SAME_USER
     cwd = spec["cwd"]
+
+    def as_the_team() -> None:
+        os.chdir(cwd)
+        # no_new_privs: no exec of the worker or its children gains privileges (a set-uid or file-capability
+        # program on the host runs with the worker's own), for good; it cannot be unset.
+        if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
     try:
         proc = subprocess.Popen(spec["command"], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
                                 cwd=None if other else cwd, env=spec["env"], start_new_session=True, umask=UMASK,
                                 user=spec["uid"] if other else None, group=spec["gid"] if other else None,
-                                extra_groups=[] if other else None,
-                                preexec_fn=(lambda: os.chdir(cwd)) if other else None)
+                                extra_groups=[] if other else None, preexec_fn=as_the_team if other else None)
     except OSError as exc:
         _answer({"exec_error": exc.strerror or str(exc)})
         return 3
     except subprocess.SubprocessError:
-        # Only the chdir runs in preexec_fn; Popen reports its failure without the errno.
+        # Only the chdir (and prctl, which does not fail on Linux ≥ 3.5) runs in preexec_fn; Popen reports its
+        # failure without the errno.
         _answer({"exec_error": f"uid {spec['uid']} may not enter the working directory"})
         return 3
     finally:
