@@ -23,9 +23,10 @@ from trainyard_core.testing.wait import eventually
 from trainyard_scheduler import metrics
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.archive import archived
-from trainyard_scheduler.domain.models import JobState
+from trainyard_scheduler.domain.models import JobState, WorkerExit
 from trainyard_scheduler.history.store import HistoryStore, JobFilter
 from trainyard_scheduler.settings import SchedulerSettings
+from trainyard_scheduler.state.codec import decode_job
 
 from .builders import NOW, make_job
 
@@ -136,6 +137,42 @@ async def test_a_job_archived_before_a_crash_is_archived_once_more_and_once_only
                 return bool(metrics.HISTORY_BACKLOG._value.get() == 0)
 
             await eventually(no_backlog, what="the backlog gauge to say nothing is left")
+        finally:
+            await store.close()
+    finally:
+        await app.stop()
+
+
+async def test_a_write_after_the_archive_is_archived_too(
+        etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path, history_url: str) -> None:
+    """A rank's exit reported after the job was archived (and marked) changes its record in etcd: the job is
+    written to the history again before it leaves etcd, so the history has every exit."""
+    app = SchedulerApp(_settings(etcd_settings, key_prefix, pki_dir, history_url, job_ttl_s=3))
+    try:
+        exits = tuple(WorkerExit(rank=r, node_id="n-a", exit_code=0, signal=0, at=NOW + 5) for r in range(3))
+        done = replace(make_job("job-late-exit", team="team-a"), state=JobState.CANCELLED, finished_at=NOW + 10,
+                       exits=exits)
+        await app.start()
+        await app._repo.create_job(done)
+
+        async def marked() -> bool:
+            found = await app._repo.get_job(done.id)
+            return found is not None and found[0].archived_at is not None
+
+        await eventually(marked, what="the job to be archived", timeout=20)
+        late = WorkerExit(rank=3, node_id="n-b", exit_code=0, signal=15, at=NOW + 12)
+        assert await app._repo.record_exit(done.id, done.attempt, late)
+
+        async def gone() -> bool:
+            return await app.store.get(app.keys.job(done.id)) is None
+
+        await eventually(gone, what="the job to leave etcd", timeout=30)
+        store = await HistoryStore.open(history_url)
+        try:
+            kept = await store.get(done.id)
+            assert kept is not None
+            assert [e.rank for e in decode_job(kept.record).exits] == [0, 1, 2, 3], "the late exit is archived"
+            assert await store.count() == 1
         finally:
             await store.close()
     finally:

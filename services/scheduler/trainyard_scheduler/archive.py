@@ -3,12 +3,15 @@
 The leader runs one `Archiver` per term, beside its reconciler. It follows the etcd mirror's job keys (the
 keys that changed, or everything after a reload) and keeps the finished jobs it has yet to deal with:
 
-1. archive: a finished job whose record has no `archived_at` is written to the history store (the job, with
-   its environment's values left out, and one usage record per placed attempt), a batch per transaction.
+1. archive: a finished job whose record is not marked as archived as it is now is written to the history
+   store (the job, with its environment's values left out, and one usage record per placed attempt), a
+   batch per transaction.
    The store's write is idempotent by job and attempt;
-2. mark: the job's etcd record gets `archived_at` (a compare-and-swap on its revision, fenced by the
-   leader's epoch). A crash, a lost leadership or a conflict between 1 and 2 only means 1 is repeated, by
-   this leader or the next: every finished job is in the history exactly once, none is lost;
+2. mark: the job's etcd record gets `archived_at` and a digest of what was archived (a compare-and-swap on
+   its revision, fenced by the leader's epoch). A crash, a lost leadership or a conflict between 1 and 2
+   only means 1 is repeated, by this leader or the next: every finished job is in the history exactly
+   once, none is lost. A write to the record after the mark (a rank's exit reported late) leaves the digest
+   behind the record's content, so the job is archived again, whoever wrote it and whichever leader sees it;
 3. expire: an archived job whose end is `job_ttl_s` old leaves etcd (compare-and-swap on the revision seen,
    fenced), so watchers and the gateway see the end for that long; reads find it in the history after.
 
@@ -27,6 +30,7 @@ own pace, and a reconcile cycle never reads finished jobs (state/snapshots.py dr
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import logging
 from collections.abc import Callable, Sequence
@@ -65,6 +69,17 @@ class ArchiveSettings:
     @property
     def prunes(self) -> bool:
         return self.job_retention_s > 0 or self.usage_retention_s > 0
+
+
+def content_digest(job: Job) -> str:
+    """A digest of what the history keeps of the job (the record without the archive's own marks)."""
+    return hashlib.sha256(encode_job(replace(job, archived_at=None, archived_digest=""))).hexdigest()[:24]
+
+
+def is_archived(job: Job) -> bool:
+    """Whether the history store holds the job as it is now: marked, and unchanged since (a record marked by
+    an earlier version, without a digest, counts as archived)."""
+    return job.archived_at is not None and job.archived_digest in ("", content_digest(job))
 
 
 def redacted(job: Job) -> Job:
@@ -137,7 +152,7 @@ class Archiver:
             job = decode_job(kv.value)
             if not job.state.terminal or job.finished_at is None:
                 continue
-            if job.archived_at is None:
+            if not is_archived(job):
                 self._unarchived[job_id] = kv.mod_revision
             else:
                 heapq.heappush(self._expiring, (job.finished_at + self._s.job_ttl_s, job_id, kv.mod_revision))
@@ -169,7 +184,8 @@ class Archiver:
                 if not self._leading():
                     return changed
                 try:
-                    await self._repo.update_job(replace(job, archived_at=now), rev)
+                    await self._repo.update_job(replace(job, archived_at=now, archived_digest=content_digest(job)),
+                                                rev)
                 except Conflict:
                     continue  # changed meanwhile (or leadership lost): seen again through the mirror
                 self._unarchived.pop(job.id, None)

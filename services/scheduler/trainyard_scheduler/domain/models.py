@@ -191,6 +191,9 @@ class Job:
     attempts: tuple[AttemptRecord, ...] = ()
     # When the leader wrote the finished job to the history store; it leaves etcd job_ttl_s after it ended.
     archived_at: float | None = None
+    # A digest of the record as archived (archive.content_digest): a write after the archive (a late rank's
+    # exit) changes the record but not this, so the archiver writes the job to the history store again.
+    archived_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,7 @@ def encode_job(job: Job) -> bytes:
         "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in job.events],
         "attempts": [_attempt(a) for a in job.attempts],
         "archived_at": job.archived_at,
+        "archived_digest": job.archived_digest,
     })
 
 
@@ -133,7 +134,7 @@ def decode_job(raw: bytes) -> Job:
                infra_restarts=d.get("infra_restarts", 0), cancelled_by=d.get("cancelled_by", ""),
                not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())),
                attempts=tuple(_attempt_from(a) for a in d.get("attempts", ())),
-               archived_at=d.get("archived_at"))
+               archived_at=d.get("archived_at"), archived_digest=d.get("archived_digest", ""))
 
 
 def encode_allocation(a: Allocation) -> bytes:
