@@ -20,7 +20,7 @@ SPEC = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1
 JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code", "message", "cancel_requested",
             "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at", "restarts",
             "infra_restarts",
-            "queued_at", "not_before", "preempted_by", "last_checkpoint_at", "cancelled_by"}
+            "queued_at", "not_before", "preempted_by", "last_checkpoint_at", "cancelled_by", "attempts"}
 # What the API shows for the spec fields a submit leaves out.
 SPEC_DEFAULTS = {"working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0, "priority_class": "",
                  "topology": {"tier": "", "required": False, "wait_s": 0.0},

@@ -110,7 +110,10 @@ def job_from_pb(job: types_pb2.Job) -> js.Job:
         started_at=_time(job.started_at), finished_at=_time(job.finished_at), restarts=job.restarts,
         infra_restarts=job.infra_restarts,
         queued_at=_time(job.queued_at), not_before=_time(job.not_before), preempted_by=list(job.preempted_by),
-        last_checkpoint_at=_time(job.last_checkpoint_at), cancelled_by=job.cancelled_by)
+        last_checkpoint_at=_time(job.last_checkpoint_at), cancelled_by=job.cancelled_by,
+        attempts=[js.JobAttempt(attempt=a.attempt, started_at=_time(a.started_at), ended_at=_time(a.ended_at),
+                                nodes=list(a.nodes), gpus=a.gpus, cpus=a.cpus, model=a.model,
+                                outcome=job_state_name(a.outcome), reason=a.reason) for a in job.attempts])
 
 
 def queue_to_pb(name: str, body: qs.QueuePut) -> types_pb2.QueueConfig:

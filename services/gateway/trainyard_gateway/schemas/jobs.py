@@ -294,6 +294,18 @@ class JobEvent(ApiModel):
     message: str
 
 
+class JobAttempt(ApiModel):
+    attempt: int
+    started_at: datetime | None = Field(description="its gang was placed")
+    ended_at: datetime | None = Field(description="its gang was released (every worker gone)")
+    nodes: list[str]
+    gpus: int
+    cpus: int
+    model: str = Field(description="the gang's accelerator model ('+'-joined when mixed; empty for CPU only)")
+    outcome: JobStateName = Field(description="the state the job went to when the attempt ended")
+    reason: str = Field(description="why the gang was stopped; empty when every worker exited 0")
+
+
 class Job(ApiModel):
     id: str
     name: str
@@ -326,6 +338,9 @@ class Job(ApiModel):
                                                                   "when none")
     cancelled_by: str = Field("", description="who cancelled the job (a user, or tool:<name>); empty unless a "
                                               "cancel was asked")
+    attempts: list[JobAttempt] = Field(default_factory=list,
+                                       description="every attempt that was placed and has ended, oldest first "
+                                                   "(the latest 200): where it ran, on what, and why it ended")
 
 
 class JobList(ApiModel):

@@ -15,6 +15,7 @@ from trainyard_core.errors import InvalidArgument
 from ..domain.listing import JobFilter
 from ..domain.models import (
     Allocation,
+    AttemptRecord,
     CheckpointPolicy,
     Gpu,
     GpuLink,
@@ -54,6 +55,7 @@ _STATE_TO_PB = {
     JobState.RESTARTING: types_pb2.JOB_STATE_RESTARTING,
 }
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
+_STATE_VALUES = frozenset(s.value for s in JobState)
 
 
 def _ts(seconds: float | None) -> Timestamp | None:
@@ -155,7 +157,15 @@ def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
         infra_restarts=job.infra_restarts, queued_at=_ts(job.queued_at or job.created_at),
         cancelled_by=job.cancelled_by,
         not_before=_ts(job.not_before or None),
-        preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at))
+        preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at),
+        attempts=[_attempt_pb(a) for a in job.attempts])
+
+
+def _attempt_pb(a: AttemptRecord) -> types_pb2.JobAttempt:
+    outcome = _STATE_TO_PB.get(JobState(a.outcome)) if a.outcome in _STATE_VALUES else None
+    return types_pb2.JobAttempt(attempt=a.attempt, started_at=_ts(a.started_at), ended_at=_ts(a.ended_at),
+                                nodes=list(a.nodes), gpus=a.gpus, cpus=a.cpus, model=a.model,
+                                outcome=outcome or types_pb2.JOB_STATE_UNSPECIFIED, reason=a.reason)
 
 
 def queue_from_pb(pb: types_pb2.QueueConfig) -> QueueConfig:
