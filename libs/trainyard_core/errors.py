@@ -19,6 +19,11 @@ class InvalidArgument(TrainyardError):
     """The request itself is wrong; retrying it unchanged will fail again."""
 
 
+class IdempotencyKeyReused(InvalidArgument):
+    """A submit's idempotency key was used before for another request (another body or user): the retry
+    would silently answer with a job that is not the one asked for. Use a new key."""
+
+
 class NotFound(TrainyardError):
     pass
 

@@ -75,12 +75,23 @@ async def test_pagination_visits_every_job_once_newest_first(gw: RunningGateway)
 
 
 async def test_idempotency_key(gw: RunningGateway) -> None:
-    async with gw.client(gw.admin_token) as http:
+    bob = await gw.create_token("vision", "bob")
+    alice = await gw.create_token("vision", "alice")
+    async with gw.client(alice) as http, gw.client(bob) as other:
         first = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "retry-1"})
-        second = await http.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "retry-1"})
+        # The same body again, its maps in another order: the same request.
+        reordered = {**SPEC, "resources": {"gpus_per_node": 2, "nodes": 1}}
+        second = await http.post("/v1/jobs", json=reordered, headers={"Idempotency-Key": "retry-1"})
+        changed = await http.post("/v1/jobs", json={**SPEC, "name": "train-2"}, headers={"Idempotency-Key": "retry-1"})
+        teammate = await other.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "retry-1"})
         jobs = (await http.get("/v1/jobs")).json()["jobs"]
-    assert first.status_code == 201 and second.status_code in (200, 201)
+    assert (first.status_code, second.status_code) == (201, 200), "a retry answers 200 with the first job"
     assert first.json()["id"] == second.json()["id"] and len(jobs) == 1
+    for refused in (changed, teammate):
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "idempotency_key_reused" and "'retry-1'" in error["message"]
+        assert first.json()["id"] in error["message"]
 
 
 async def test_bad_input_changes_nothing_in_etcd(gw: RunningGateway, scheduler: Cluster,

@@ -56,9 +56,11 @@ def status_for(exc: errors.TrainyardError) -> grpc.StatusCode:
 
 
 # Errors one status code cannot tell apart travel with their kind in this trailing metadata key: etcd being out
-# of space and a rate limit are both RESOURCE_EXHAUSTED, but the gateway answers them 507 and 429.
+# of space and a rate limit are both RESOURCE_EXHAUSTED, but the gateway answers them 507 and 429; a reused
+# idempotency key is an INVALID_ARGUMENT the gateway answers 422.
 ERROR_KIND = "trainyard-error"
-_KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.StoreOutOfSpace}
+_KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.StoreOutOfSpace,
+                                                  "idempotency-key-reused": errors.IdempotencyKeyReused}
 
 
 def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:

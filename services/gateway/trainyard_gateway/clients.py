@@ -162,11 +162,13 @@ class SchedulerClient:
             raise Unavailable(f"no scheduler replica answered within {self._timeout:g}s")
         raise from_rpc_error(last, "scheduler") from last
 
-    async def submit_job(self, spec: JobSubmit, *, team: str, user: str, idempotency_key: str = "") -> Job:
+    async def submit_job(self, spec: JobSubmit, *, team: str, user: str,
+                         idempotency_key: str = "") -> tuple[Job, bool]:
+        """The job, and whether this call created it (False: an idempotency key answered with an earlier one)."""
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
                                                  idempotency_key=idempotency_key)
         reply = await _call("scheduler", self._jobs.SubmitJob(request, timeout=self._timeout))
-        return convert.job_from_pb(reply.job)
+        return convert.job_from_pb(reply.job), reply.created
 
     async def get_job(self, job_id: str, *, team: str) -> Job:
         request = scheduler_pb2.GetJobRequest(job_id=job_id, team=team)

@@ -4,6 +4,7 @@
 
 | domain error (trainyard_core.errors)   | HTTP | code                 |
 |----------------------------------------|------|----------------------|
+| IdempotencyKeyReused (key, other body) | 422  | idempotency_key_reused |
 | InvalidArgument, request validation    | 400  | invalid_argument     |
 | FailedPrecondition                     | 409  | failed_precondition  |
 | Unauthenticated                        | 401  | unauthenticated      |
@@ -49,6 +50,7 @@ from trainyard_core.rpc.errors import from_rpc_error
 log = logging.getLogger("trainyard_gateway.http")
 
 _STATUS: list[tuple[type[errors.TrainyardError], int, str]] = [
+    (errors.IdempotencyKeyReused, 422, "idempotency_key_reused"),
     (errors.InvalidArgument, 400, "invalid_argument"),
     (errors.FailedPrecondition, 409, "failed_precondition"),
     (errors.Unauthenticated, 401, "unauthenticated"),

@@ -27,21 +27,30 @@ LabelFilter = Annotated[str, Field(pattern="^" + c.LABEL_KEY.pattern[1:-1] + "=[
 
 
 @router.post("", status_code=201, response_model=Job, summary="Submit a job",
-             description="409 `failed_precondition` when the spec is valid but this cluster cannot run it as "
+             description="201 with the new job. With an `Idempotency-Key`, a retry of the same request (the same "
+                         "body, by the same user) within 24 hours answers 200 with the job the first one created; "
+                         "the key with another body is refused with 422 `idempotency_key_reused`. 409 "
+                         "`failed_precondition` when the spec is valid but this cluster cannot run it as "
                          "it is: more nodes or GPUs per node than the fleet has, an accelerator no node has, a "
                          "queue or priority class that does not exist.",
-             responses=error_responses(400, 401, 403, 409, 429, 503))
+             responses={200: {"model": Job, "description": "a retry: the job the first submit with this "
+                                                            "Idempotency-Key created"},
+                        **error_responses(400, 401, 403, 409, 422, 429, 503, 507)})
 async def submit_job(
     spec: JobSubmit,
     principal: JobSubmitter,
     deps: Deps,
+    response: Response,
     idempotency_key: Annotated[str | None, Header(
         alias="Idempotency-Key", pattern=c.IDEMPOTENCY_KEY.pattern,
-        description="retrying a submit with the same key returns the first job instead of a new one "
-                    f"({c.IDEMPOTENCY_KEY.rule})")] = None,
+        description="retrying a submit with the same key (and the same body) returns the first job instead of "
+                    f"a new one ({c.IDEMPOTENCY_KEY.rule})")] = None,
 ) -> Job:
-    return await deps.scheduler.submit_job(spec, team=principal.team, user=principal.user,
-                                           idempotency_key=idempotency_key or "")
+    job, created = await deps.scheduler.submit_job(spec, team=principal.team, user=principal.user,
+                                                   idempotency_key=idempotency_key or "")
+    if not created:
+        response.status_code = 200
+    return job
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first, one page at a time",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
@@ -59,6 +60,14 @@ MAX_PAGE = contract.MAX_PAGE_SIZE
 
 def _running(running: Iterable[scheduler_pb2.RunningAllocation]) -> frozenset[tuple[str, int]]:
     return frozenset((r.job_id, r.attempt) for r in running)
+
+
+def _request_digest(spec: types_pb2.JobSpec, user: str) -> str:
+    """What an idempotency key is bound to: the spec as sent (deterministic encoding: maps in key order) and the
+    user it is submitted as."""
+    digest = hashlib.sha256(spec.SerializeToString(deterministic=True))
+    digest.update(b"\0" + user.encode())
+    return digest.hexdigest()[:32]
 
 
 def _check_job_id(job_id: str) -> None:
@@ -173,7 +182,8 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                   user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
                   message="waiting for placement")
         try:
-            stored, created = await self._repo.create_job(job, request.idempotency_key)
+            stored, created = await self._repo.create_job(job, request.idempotency_key,
+                                                          _request_digest(request.spec, job.user))
         except IdempotentJobGone as gone:
             # The submit this key made has finished and left etcd: answer with it, from the history.
             earlier = await self._archived(gone.job_id)
@@ -186,7 +196,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                 log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,
                                                  "gpus_per_node": spec.resources.gpus_per_node})
             self._wake.set()
-        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored))
+        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored), created=created)
 
     async def GetJob(self, request: scheduler_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> scheduler_pb2.GetJobResponse:

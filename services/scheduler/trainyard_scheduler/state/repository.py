@@ -11,11 +11,12 @@ watch-fed copy can wait until that copy includes them (read-your-writes).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from trainyard_core.errors import Conflict, FailedPrecondition, NotFound
+from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 
 from ..domain.models import Allocation, Job, Node, WorkerExit
@@ -41,6 +42,16 @@ ETCD_DEFAULT_MAX_TXN_OPS = 128
 # A submit's idempotency key answers a retry of that submit this long at least (Stripe's and most APIs' day).
 DEFAULT_IDEMPOTENCY_TTL_S = 86400.0
 IDEMPOTENCY_BUCKET_S = 3600.0
+
+
+def _idempotency_record(value: bytes) -> tuple[str, str]:
+    """(job id, request digest) of an idempotency key's value; keys written before digests were kept hold the
+    job id alone (digest "": any request matches)."""
+    text = value.decode(errors="replace")
+    if not text.startswith("{"):
+        return text, ""
+    record = json.loads(text)
+    return str(record["job"]), str(record.get("request", ""))
 
 
 class IdempotentJobGone(Exception):
@@ -98,10 +109,11 @@ class Repository:
             self._idem_leases = {bucket: lease}
         return lease
 
-    async def create_job(self, job: Job, idempotency_key: str = "") -> tuple[Job, bool]:
-        """Store a new job. Returns (job, created); with an idempotency key already used by this team,
-        returns the job created then and False. The key expires `idempotency_ttl_s` (and up to an hour) after
-        the submit; IdempotentJobGone when it names a job that has left etcd since (the history has it)."""
+    async def create_job(self, job: Job, idempotency_key: str = "", request_digest: str = "") -> tuple[Job, bool]:
+        """Store a new job. Returns (job, created); with an idempotency key already used by this team for the
+        same request (`request_digest`), returns the job created then and False; for another request,
+        IdempotencyKeyReused. The key expires `idempotency_ttl_s` (and up to an hour) after the submit;
+        IdempotentJobGone when it names a job that has left etcd since (the history has it)."""
         key = self.keys.job(job.id)
         idem = self.keys.idempotency(job.team, idempotency_key) if idempotency_key else ""
         for attempt in range(2):
@@ -110,7 +122,8 @@ class Repository:
             if idem:
                 lease = await self._idempotency_lease(job.created_at, fresh=attempt > 0)
                 compares.append(absent(idem))
-                ops.append(Put(idem, job.id.encode(), lease))
+                record = json.dumps({"job": job.id, "request": request_digest}, separators=(",", ":"))
+                ops.append(Put(idem, record.encode(), lease))
             try:
                 res = await self._txn(compares, ops)
             except FailedPrecondition:  # the hour's lease is gone (revoked, or etcd lost it): take a new one
@@ -123,7 +136,11 @@ class Repository:
         if idem:
             kv = await self.store.get(idem)
             if kv is not None:
-                job_id = kv.value.decode()
+                job_id, digest = _idempotency_record(kv.value)
+                if digest and request_digest and digest != request_digest:
+                    raise IdempotencyKeyReused(
+                        f"Idempotency-Key {idempotency_key!r} was used for another request (job {job_id}, with "
+                        "another spec or user): a retry must send the same request; use a new key for a new one")
                 found = await self.get_job(job_id)
                 if found is not None:
                     return found[0], False
