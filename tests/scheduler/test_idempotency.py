@@ -1,0 +1,38 @@
+"""A submit's idempotency key, in the repository: bound to the request that first used it, per team; a key
+written by an earlier version (the job id alone) still answers any retry."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_core.errors import IdempotencyKeyReused
+from trainyard_core.store.memory import MemoryStore
+from trainyard_scheduler.state.keys import Keys
+from trainyard_scheduler.state.repository import Repository
+
+from .builders import make_job
+
+KEYS = Keys("/t")
+
+
+async def test_a_key_answers_its_own_request_and_refuses_another() -> None:
+    repo = Repository(MemoryStore(), KEYS)
+    _, created = await repo.create_job(make_job("job-a1"), "k-1", "digest-1")
+    assert created
+    again, created = await repo.create_job(make_job("job-a2"), "k-1", "digest-1")
+    assert (again.id, created) == ("job-a1", False)
+    with pytest.raises(IdempotencyKeyReused, match="'k-1' was used for another request \\(job job-a1"):
+        await repo.create_job(make_job("job-a3"), "k-1", "digest-2")
+    assert await repo.get_job("job-a3") is None, "the refused submit stored nothing"
+    # Keys are per team: another team's k-1 is its own.
+    other, created = await repo.create_job(make_job("job-b1", team="team-b"), "k-1", "digest-2")
+    assert (other.id, created) == ("job-b1", True)
+
+
+async def test_a_key_written_before_digests_answers_any_retry() -> None:
+    store = MemoryStore()
+    repo = Repository(store, KEYS)
+    await repo.create_job(make_job("job-old"))
+    await store.put(KEYS.idempotency("team-a", "legacy"), b"job-old")
+    got, created = await repo.create_job(make_job("job-new"), "legacy", "any-digest")
+    assert (got.id, created) == ("job-old", False)
