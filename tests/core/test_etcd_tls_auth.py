@@ -32,7 +32,7 @@ from trainyard_core.files import atomic_write_bytes
 from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import InvalidPrincipal
 from trainyard_core.settings import SettingsError, load_settings
-from trainyard_core.store import etcd as etcd_module
+from trainyard_core.store import etcd_connection as etcd_module
 from trainyard_core.store.api import Put, absent
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import StartupCheckFailed, check_access

@@ -11,7 +11,8 @@ one), costing the next call another failure, or a whole timeout where the member
 
 TLS and etcd's own auth come from `EtcdOptions` (etcd_client.py: a token etcd no longer knows is renewed
 and the call made once more; a refusal of the user's role is PermissionDenied, never a failover).
-`etcd_check.check_access` is the start-up check of a service's etcd settings. The client's TLS files are
+`etcd_check.check_access` is the start-up check of a service's etcd settings. The connection itself (the
+member, failover, token renewal, TLS rotation) is `etcd_connection.EtcdConnection`. The client's TLS files are
 looked at (at most once a second, at a call): when they were rotated on disk into a usable set, the next call
 connects with them and the old connection is closed after its calls' deadline, with no restart.
 
@@ -22,10 +23,8 @@ StoreOutOfSpace, whose outcome is known (not applied), logged once per refused w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import aetcd
@@ -33,28 +32,20 @@ import aetcd.exceptions
 import grpc
 from aetcd import rpc
 
-from ..errors import FailedPrecondition, InvalidArgument, StoreOutOfSpace, Unavailable
+from ..errors import FailedPrecondition, InvalidArgument, Unavailable
 from .api import Compare, KeyValue, Op, Put, RangeResult, TxnResult, WatchCompacted, WatchEvent, prefix_end
 from .etcd_client import (
-    Client,
-    LoginRefused,
     WatchRefused,
     denied,
-    is_login_refused,
-    is_no_space,
-    is_permission_denied,
     is_stale_token,
-    out_of_space,
-    tls_problem,
-    tls_signature,
     watch_responses,
 )
+from .etcd_connection import EtcdConnection
 from .etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# How often, at most, a store looks at its TLS files for a rotation (at its next call).
-TLS_CHECK_EVERY_S = 1.0
+
 
 _TARGETS = {"version": rpc.Compare.VERSION, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE,
             "value": rpc.Compare.VALUE}
@@ -81,13 +72,6 @@ def parse_endpoints(spec: str) -> list[tuple[str, int]]:
 def _kv(raw: rpc.KeyValue) -> KeyValue:
     return KeyValue(key=raw.key.decode(), value=raw.value, create_revision=raw.create_revision,
                     mod_revision=raw.mod_revision, version=raw.version, lease=raw.lease)
-
-
-def _unavailable(exc: BaseException, endpoint: str) -> Unavailable:
-    # gRPC's own str() is a multi-line dump; its code and details are what a reader needs.
-    what = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else \
-        f"{type(exc).__name__}: {exc}"
-    return Unavailable(f"etcd at {endpoint} is unavailable: {what}")
 
 
 _CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError,
@@ -152,28 +136,15 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-_RPC_ERRORS = (grpc.aio.AioRpcError, aetcd.exceptions.ClientError)
-
 
 class EtcdStore:
     def __init__(self, endpoints: str | Sequence[tuple[str, int]], *, timeout: float = 5.0,
                  options: EtcdOptions | None = None) -> None:
-        self._endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        spec = endpoints if isinstance(endpoints, str) else ",".join(f"{h}:{p}" for h, p in self._endpoints)
+        parsed = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        spec = endpoints if isinstance(endpoints, str) else ",".join(f"{h}:{p}" for h, p in parsed)
         self._options = options or EtcdOptions(endpoints=spec)
-        self._current = 0
         self._timeout = timeout
-        self._client: Client | None = None
-        self._generation = 0  # grows each time the store moves to another endpoint
-        self._lock = asyncio.Lock()
-        self._closing: set[asyncio.Task[None]] = set()
-        self._retired: set[aetcd.Client] = set()
-        self.logins = 0  # logins of every client this store made (tests read it)
-        # The client's TLS files as last connected with; looked at once a second at most (see _rotated).
-        self._tls_seen = tls_signature(self._options)
-        self._tls_checked = time.monotonic()
-        self._tls_broken: tuple[tuple[int, int, int], ...] | None = None
-        self.tls_reloads = 0  # tests read it
+        self._conn = EtcdConnection(parsed, self._options, timeout=timeout)
 
     @classmethod
     def from_options(cls, options: EtcdOptions, *, timeout: float = 5.0) -> EtcdStore:
@@ -186,146 +157,28 @@ class EtcdStore:
 
     @property
     def endpoint(self) -> str:
-        host, port = self._endpoints[self._current]
-        return f"{host}:{port}"
+        return self._conn.endpoint
 
-    def _rotated(self) -> bool:
-        """Whether the TLS files changed on disk into a usable set since the client connected (a broken set,
-        mid-rotation, is logged once and the current connection kept)."""
-        now = time.monotonic()
-        if self._tls_seen is None or now - self._tls_checked < TLS_CHECK_EVERY_S:
-            return False
-        self._tls_checked = now
-        seen = tls_signature(self._options)
-        if seen is None or seen == self._tls_seen or seen == self._tls_broken:
-            return False
-        problem = tls_problem(self._options)
-        if problem is not None:
-            self._tls_broken = seen
-            log.warning("rotated etcd TLS files are not usable yet; keeping the current connection",
-                        extra={"endpoint": self.endpoint, "reason": problem})
-            return False
-        self._tls_seen, self._tls_broken = seen, None
-        return True
+    @property
+    def logins(self) -> int:
+        """Logins of every client this store made (tests read it)."""
+        return self._conn.logins
 
-    async def _get_client(self) -> Client:
-        if self._client is not None and self._rotated():
-            # A rotated client certificate (or CA): the next call connects with it; calls and watches on the
-            # old connection get their deadline, then it is closed (a watch then resumes on the new one).
-            old, self._client = self._client, None
-            self._generation += 1
-            self.tls_reloads += 1
-            log.info("etcd TLS files reloaded", extra={"endpoint": self.endpoint,
-                                                       "cert_file": str(self._options.cert_file)})
-            self._retire(old)
-        if self._client is None:
-            async with self._lock:
-                if self._client is None:
-                    host, port = self._endpoints[self._current]
-                    # The files this connection reads (Client.connect reads them).
-                    self._tls_seen = tls_signature(self._options) or self._tls_seen
-                    # Floats: int() made a 0.5 s deadline none at all, and 1.5 s one second.
-                    client = Client(host, port, self._options, timeout=self._timeout)
-                    try:
-                        await client.connect()
-                    except grpc.aio.AioRpcError as exc:
-                        with contextlib.suppress(Exception):
-                            await client.close()
-                        if is_login_refused(exc):
-                            raise LoginRefused(f"etcd at {host}:{port} refused the login of etcd_user "
-                                               f"{self._options.user!r}: {exc.details()}") from exc
-                        raise
-                    self.logins += client.logins
-                    self._client = client
-        return self._client
-
-    async def _renew(self, client: Client, stale: Any) -> None:
-        before = client.logins
-        try:
-            await client.renew_token(stale)
-        except grpc.aio.AioRpcError as exc:
-            if is_login_refused(exc):
-                raise LoginRefused(f"etcd at {self.endpoint} refused the login of etcd_user "
-                                   f"{self._options.user!r}: {exc.details()}") from exc
-            raise
-        finally:
-            self.logins += client.logins - before
-
-    async def _call(self, what: str, key: str, call: Callable[[Client], Awaitable[T]]) -> T:
-        """`call` on the current client. A token etcd no longer knows is renewed and the call made once more
-        (etcd refused it before applying anything); a refusal of the user's role is PermissionDenied."""
-        client = await self._get_client()
-        stale = client.metadata
-        try:
-            return await call(client)
-        except _RPC_ERRORS as exc:
-            if is_permission_denied(exc):
-                raise denied(what, key, self._options, exc) from exc
-            if is_no_space(exc):
-                raise self._out_of_space(what, key, exc) from exc
-            if not (client.uses_token and is_stale_token(exc)):
-                raise
-        await self._renew(client, stale)
-        try:
-            return await call(client)
-        except _RPC_ERRORS as exc:
-            if is_permission_denied(exc):
-                raise denied(what, key, self._options, exc) from exc
-            if is_no_space(exc):
-                raise self._out_of_space(what, key, exc) from exc
-            if is_stale_token(exc):
-                raise Unavailable(f"etcd at {self.endpoint} refused a token it had just issued: {exc}") from exc
-            raise
-
-    def _out_of_space(self, what: str, key: str, exc: BaseException) -> StoreOutOfSpace:
-        """A NOSPACE refusal: definite (nothing applied), never a failover (every member shares the alarm),
-        logged here once for each refused write."""
-        err = out_of_space(what, key, self.endpoint, exc)
-        log.error("etcd is out of space: a write was refused", extra={
-            "endpoint": self.endpoint, "write": what, "key": key, "alarm": "NOSPACE"})
-        return err
-
-    async def _fail(self, exc: BaseException, generation: int) -> Unavailable:
-        """`exc` ended a call that started on connection `generation`: move to the next endpoint, unless
-        another failed call already has."""
-        if generation != self._generation:
-            return _unavailable(exc, "an endpoint since left")
-        err = _unavailable(exc, self.endpoint)
-        self._generation += 1
-        client, self._client = self._client, None
-        self._current = (self._current + 1) % len(self._endpoints)
-        log.info("etcd: moving to the next endpoint", extra={"endpoint": self.endpoint, "reason": str(err)})
-        if client is not None:
-            # Closing may wait on aetcd's watch stream of a dead member; never let the failing call (and
-            # its caller's deadline) wait for that.
-            self._retire(client)
-        return err
-
-    def _retire(self, client: aetcd.Client) -> None:
-        self._retired.add(client)
-        task = asyncio.create_task(self._close_quietly(client))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _close_quietly(self, client: aetcd.Client) -> None:
-        # Calls still in flight on the old channel get their own deadline first: closing cancels them.
-        await asyncio.sleep(self._timeout + 1)
-        self._retired.discard(client)
-        try:
-            await asyncio.wait_for(client.close(), 2.0)
-        except Exception:  # TimeoutError included; a broken channel may fail to close; nothing to do
-            log.debug("closing etcd client failed", exc_info=True)
+    @property
+    def tls_reloads(self) -> int:
+        """Connections made anew because the TLS files were rotated (tests read it)."""
+        return self._conn.tls_reloads
 
     async def _read_range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
         # Reads are safe to retry on the next endpoint.
         last: BaseException | None = None
-        for _ in range(len(self._endpoints)):
-            generation = self._generation
+        for _ in range(self._conn.members):
+            generation = self._conn.generation
             try:
-                return await self._call("a read", request.key.decode(errors="replace"), lambda client:
+                return await self._conn.call("a read", request.key.decode(errors="replace"), lambda client:
                                         client.kvstub.Range(request, timeout=self._timeout, metadata=client.metadata))
             except _CONNECTION_ERRORS as exc:
-                last = await self._fail(exc, generation)
+                last = await self._conn.fail(exc, generation)
         assert last is not None
         raise last
 
@@ -357,7 +210,7 @@ class EtcdStore:
     # Every call is bounded as a whole: whatever inside the client waits (a reconnect, a stream of a dead
     # member), the caller gets Unavailable within a bounded time, never a hang.
     async def _bounded(self, what: str, call: Awaitable[T]) -> T:
-        generation = self._generation
+        generation = self._conn.generation
         task = asyncio.ensure_future(call)
         try:
             done, _ = await asyncio.wait({task}, timeout=self._timeout + 1)
@@ -370,7 +223,7 @@ class EtcdStore:
             task.cancel()
             task.add_done_callback(_consume)
             late = TimeoutError(f"{what} got no answer within {self._timeout + 1:g}s")
-            raise await self._fail(late, generation)
+            raise await self._conn.fail(late, generation)
         if task.cancelled():
             # Nobody cancelled us: grpc.aio cancels the calls of a channel that is closed under them (a
             # reconnect after another call failed). That is an unavailable store, not a cancellation — let
@@ -407,52 +260,52 @@ class EtcdStore:
         await self._bounded("revoke_lease", self._revoke_lease_impl(lease_id))
 
     async def _delete_impl(self, key: str) -> bool:
-        generation = self._generation
+        generation = self._conn.generation
         try:
-            resp = await self._call("a delete", key, lambda client: client.kvstub.DeleteRange(
+            resp = await self._conn.call("a delete", key, lambda client: client.kvstub.DeleteRange(
                 rpc.DeleteRangeRequest(key=key.encode()), timeout=self._timeout, metadata=client.metadata))
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         return bool(resp.deleted)
 
     async def _txn_impl(self, compares: Sequence[Compare], success: Sequence[Op],
                   failure: Sequence[Op] = ()) -> TxnResult:
         request = _txn_request(compares, success, failure)
-        generation = self._generation
+        generation = self._conn.generation
         try:
-            resp = await self._call("a transaction", _first_key(success, failure, compares), lambda client:
+            resp = await self._conn.call("a transaction", _first_key(success, failure, compares), lambda client:
                                     client.kvstub.Txn(request, timeout=self._timeout, metadata=client.metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:  # e.g. "requested lease not found"
                 raise FailedPrecondition(f"etcd refused the transaction: {exc.details()}") from exc
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument(f"etcd refused the transaction: {exc.details()}") from exc
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         return TxnResult(bool(resp.succeeded), resp.header.revision)
 
     async def watch(self, prefix: str, *, start_revision: int = 0) -> AsyncIterator[list[WatchEvent]]:
-        generation = self._generation
+        generation = self._conn.generation
         key, end = prefix.encode(), prefix_end(prefix).encode(errors="surrogateescape")
         renewed = False
         while True:
             try:
-                client = await self._get_client()
+                client = await self._conn.client()
                 stale = client.metadata
                 stream = watch_responses(client, key, end, start_revision)
                 first = await asyncio.wait_for(anext(stream), self._timeout)
                 break
             except WatchRefused as refused:
                 if client.uses_token and not renewed and is_stale_token(refused):
-                    await self._renew(client, stale)
+                    await self._conn.renew(client, stale)
                     renewed = True
                     continue
                 if "permission denied" in refused.reason.lower():
                     raise denied("a watch", prefix, self._options, refused) from None
                 raise Unavailable(f"etcd refused the watch of {prefix}: {refused.reason}") from None
             except _CONNECTION_ERRORS as exc:
-                raise await self._fail(exc, generation) from exc
+                raise await self._conn.fail(exc, generation) from exc
         try:
             resp = first
             while True:
@@ -469,7 +322,7 @@ class EtcdStore:
         except StopAsyncIteration:
             raise Unavailable(f"etcd ended the watch of {prefix}") from None
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -484,41 +337,33 @@ class EtcdStore:
                 log.debug("watch cancel failed", exc_info=True)
 
     async def _grant_lease_impl(self, ttl_seconds: int) -> int:
-        generation = self._generation
+        generation = self._conn.generation
         try:
-            lease = await self._call("a lease grant", "(lease)", lambda client: client.lease(ttl_seconds))
+            lease = await self._conn.call("a lease grant", "(lease)", lambda client: client.lease(ttl_seconds))
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         return int(lease.id)
 
     async def _keepalive_impl(self, lease_id: int) -> int:
-        generation = self._generation
+        generation = self._conn.generation
         try:
-            reply = await self._call("a lease keepalive", "(lease)", lambda client: client.refresh_lease(lease_id))
+            reply = await self._conn.call("a lease keepalive", "(lease)", lambda client: client.refresh_lease(lease_id))
         except _CONNECTION_ERRORS as exc:
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         return int(reply.TTL) if reply is not None else 0
 
     async def _revoke_lease_impl(self, lease_id: int) -> None:
-        generation = self._generation
+        generation = self._conn.generation
         try:
-            await self._call("a lease revoke", "(lease)", lambda client: client.revoke_lease(lease_id))
+            await self._conn.call("a lease revoke", "(lease)", lambda client: client.revoke_lease(lease_id))
         except aetcd.exceptions.ClientError as exc:
             if "not found" in str(exc).lower():
                 return
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
         except _CONNECTION_ERRORS as exc:
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.NOT_FOUND:
                 return
-            raise await self._fail(exc, generation) from exc
+            raise await self._conn.fail(exc, generation) from exc
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        for task in list(self._closing):
-            task.cancel()
-        retired, self._retired = list(self._retired), set()
-        for old in retired:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.close(), 2.0)
-        if client is not None:
-            await client.close()
+        await self._conn.close()
