@@ -184,7 +184,9 @@ MAX_TOKEN_DESCRIPTION = 256
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 MAX_JOB_NAME_LENGTH = 63  # JOB_NAME's; a name-prefix filter is at most this long
-# The latest time a filter may name: 9999-12-31T23:59:59Z, the end of RFC 3339's range.
+# The times a filter may name: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z, RFC 3339's range (and
+# protobuf Timestamp's).
+MIN_UNIX_TIME_S = -62_135_596_800
 MAX_UNIX_TIME_S = 253_402_300_799
 MAX_LOG_TAIL = 1_000_000
 

@@ -340,7 +340,10 @@ def test_path_and_query_parameters_follow_the_contract(doc: dict[str, Any]) -> N
                                ("/v1/tokens/{token_id}", "delete", "token_id")]:
         assert parameter(path, method, name)["pattern"] == c.ID.pattern
     assert parameter("/v1/queues/{name}", "put", "name")["pattern"] == c.QUEUE_NAME.pattern
-    assert parameter("/v1/jobs", "get", "page_token")["pattern"] == c.ID.or_empty.pattern
+    assert parameter("/v1/jobs", "get", "page_token")["pattern"] == c.PAGE_TOKEN.or_empty.pattern
+    for name, rule in (("user", c.USER), ("team", c.TEAM), ("queue", c.QUEUE_NAME)):
+        assert parameter("/v1/jobs", "get", name)["pattern"] == rule.or_empty.pattern
+    assert parameter("/v1/jobs", "get", "name_prefix")["maxLength"] == c.MAX_JOB_NAME_LENGTH
     assert parameter("/v1/jobs", "get", "page_size")["maximum"] == c.MAX_PAGE_SIZE
     assert parameter("/v1/jobs", "post", "Idempotency-Key")["pattern"] == c.IDEMPOTENCY_KEY.pattern
     assert set(parameter("/v1/jobs", "get", "state")["items"]["enum"]) == set(c.JOB_STATES)

@@ -10,7 +10,6 @@ from fastapi.responses import PlainTextResponse
 from pydantic import AwareDatetime, Field
 
 from trainyard_core import contract as c
-from trainyard_core.errors import InvalidArgument
 
 from .. import roles
 from ..auth import Deps, JobCanceller, JobReader, JobSubmitter, team_scope
@@ -22,8 +21,9 @@ from .params import JobId
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 StateFilter = Annotated[str, OneOf(c.JOB_STATES)]
-# key=value, the key by the label rule (the scheduler checks the value's length).
-LabelFilter = Annotated[str, Field(pattern="^" + c.LABEL_KEY.pattern[1:-1] + "=[^\\x00]*$")]
+# key=value: the key by the label rule, the value as a label's value may be.
+LabelFilter = Annotated[str, Field(
+    pattern="^" + c.LABEL_KEY.pattern[1:-1] + "=[^\\x00]{0," + str(c.MAX_LABEL_VALUE_LENGTH) + "}$")]
 
 
 @router.post("", status_code=201, response_model=Job, summary="Submit a job",
@@ -72,8 +72,9 @@ async def list_jobs(
     user: Annotated[str, Query(pattern=c.USER.or_empty.pattern, description="only jobs this user submitted")] = "",
     queue: Annotated[str, Query(pattern=c.QUEUE_NAME.or_empty.pattern, description="only this queue's jobs")] = "",
     label: Annotated[list[LabelFilter] | None, Query(
+        max_length=c.MAX_LABELS,
         description="only jobs with this label, as key=value (repeatable: every one must match)")] = None,
-    name_prefix: Annotated[str, Query(max_length=c.MAX_JOB_NAME_LENGTH,
+    name_prefix: Annotated[str, Query(max_length=c.MAX_JOB_NAME_LENGTH, pattern=c.NO_NUL.pattern,
                                       description="only jobs whose name starts with this")] = "",
     submitted_after: Annotated[AwareDatetime | None, Query(
         description="only jobs submitted at or after this time (RFC 3339, with a time zone)")] = None,
@@ -87,9 +88,9 @@ async def list_jobs(
     scope = team_scope(principal)
     if scope and team and team != scope:
         return JobList(jobs=[], next_page_token="")
-    labels = tuple(sorted(_label_pair(pair) for pair in label or []))
-    if len(dict(labels)) != len(labels):
-        raise InvalidArgument("label: each key at most once")
+    labels = tuple(sorted({_label_pair(pair) for pair in label or []}))
+    if len(dict(labels)) != len(labels):  # one key with two values: no job has both
+        return JobList(jobs=[], next_page_token="")
     query = JobQuery(team=scope or team, user=user, states=tuple(state or []), queue=queue, labels=labels,
                      name_prefix=name_prefix, submitted_after=submitted_after, submitted_before=submitted_before,
                      finished_after=finished_after, finished_before=finished_before)
