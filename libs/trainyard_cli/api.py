@@ -110,11 +110,58 @@ class Api:
                                             json={"reason": reason} if reason else None)
         return result
 
+    def job_operation(self, job_id: str, operation: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST /v1/jobs/{id}:<operation> (hold, release, requeue)."""
+        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{quote(job_id, safe='')}:{operation}", json=body)
+        return result
+
+    def set_priority(self, job_id: str, priority: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("PATCH", f"/v1/jobs/{quote(job_id, safe='')}", json={"priority": priority})
+        return result
+
+    def resubmit(self, job_id: str, overrides: dict[str, Any], *, idempotency_key: str = "") -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{quote(job_id, safe='')}:resubmit",
+                                            json={"overrides": overrides}, headers=headers)
+        return result
+
     def logs(self, job_id: str, *, tail: int = 0, attempt: int | None = None) -> str:
         params: dict[str, int] = {"tail": tail}
         if attempt is not None:
             params["attempt"] = attempt
         return self._send("GET", f"/v1/jobs/{quote(job_id, safe='')}/logs", params=params).text
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _checkpoints(self, job_id: str, rest: str = "") -> str:
+        return f"/v1/jobs/{quote(job_id, safe='')}/checkpoints{rest}"
+
+    def checkpoints_page(self, job_id: str, *, page_size: int, page_token: str = "") -> dict[str, Any]:
+        params: dict[str, str | int] = {"page_size": page_size, **({"page_token": page_token} if page_token else {})}
+        result: dict[str, Any] = self._json("GET", self._checkpoints(job_id), params=params)
+        return result
+
+    def checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", self._checkpoints(job_id, f"/{quote(checkpoint_id, safe='')}"))
+        return result
+
+    def checkpoint_manifest(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", self._checkpoints(
+            job_id, f"/{quote(checkpoint_id, safe='')}/manifest"))
+        return result
+
+    def tag_checkpoint(self, job_id: str, checkpoint_id: str, tag: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("PUT", self._checkpoints(
+            job_id, f"/{quote(checkpoint_id, safe='')}/tags/{quote(tag, safe='')}"))
+        return result
+
+    def untag_checkpoint(self, job_id: str, checkpoint_id: str, tag: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", self._checkpoints(
+            job_id, f"/{quote(checkpoint_id, safe='')}/tags/{quote(tag, safe='')}"))
+        return result
+
+    def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", self._checkpoints(job_id, f"/{quote(checkpoint_id, safe='')}"))
+        return result
 
     # -- nodes and tokens ------------------------------------------------------------------------
     def nodes(self) -> list[dict[str, Any]]:
@@ -142,6 +189,10 @@ class Api:
     # -- audit ------------------------------------------------------------------------------------
     def audit(self, params: dict[str, str | int]) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", "/v1/audit", params=params)
+        return result
+
+    def usage(self, params: dict[str, str | int]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/v1/usage", params=params)
         return result
 
     # -- queues and quotas -----------------------------------------------------------------------

@@ -319,7 +319,7 @@ class LocalCluster:
             gw_port = 0
         gw = self._proc("gateway", "trainyard_gateway.main", "TRAINYARD_GATEWAY_", {
             **common, "http_port": str(gw_port), "grpc_port": "0", "scheduler_address": self.scheduler_address,
-            **self._tls(identity.GATEWAY)})
+            "checkpoint_store_address": self.checkpoint_store_address, **self._tls(identity.GATEWAY)})
         # The one place a bootstrap token exists: an operator token for the developer (production creates its
         # first token with `python -m trainyard_gateway.tokens_admin`). The rate limit per token stays on, far
         # above what a sandbox sends (the benchmarks poll a job every 5 ms with this token).

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from trainyard_core import contract
 
-from . import audit, commands
+from . import audit, checkpoints, commands, jobops, usage
 from .errors import CliError, UsageError
 from .spec import parse_duration, when
 
@@ -227,10 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="recorded in the job's events")
     p.set_defaults(func=commands.cmd_cancel)
 
+    jobops.add_parsers(sub, common)
+
+    checkpoints.add_parser(sub, common)
+
     p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
     p.set_defaults(func=commands.cmd_nodes)
 
     audit.add_parser(sub, common)
+    usage.add_parser(sub, common)
 
     queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (operator)",
                             description="List the queues (the default action), or create, replace and delete them.",

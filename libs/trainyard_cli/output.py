@@ -111,6 +111,12 @@ def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:
             ("cancelled", "succeeded", "failed") else "")),
         ("team/user", f"{job['team']}/{job['user']}"),
         *([("cancelled by", job["cancelled_by"])] if job.get("cancelled_by") else []),
+        *([("held by", job["held_by"] + (f": {job['hold_reason']}" if job.get("hold_reason") else ""))]
+          if job.get("held_by") else []),
+        *([("requeue", f"asked by {job['requeue_requested_by']}; workers being stopped")]
+          if job.get("requeue_requested_by") else []),
+        *([("resubmitted from", spec["labels"]["resubmitted_from"])]
+          if (spec.get("labels") or {}).get("resubmitted_from") else []),
         ("resources", f"{r.get('nodes')} node(s) x {r.get('gpus_per_node')} GPU(s) of {accelerators(r)}"
          + (f", {r['cpus_per_node']} CPUs per node" if r.get("cpus_per_node") else "")),
         ("queue", (spec.get("queue") or "default")

@@ -87,10 +87,15 @@ PROGRAM = Name(r"^[^\x00-\x20][^\x00]*$",
 WORKING_DIR = Name(r"^(/[^\x00]*)?$", "an absolute path without NUL characters (or empty: a per-job directory)")
 # What a node agent writes to its GPU-health audit log: one line a person can read anywhere.
 GPU_HEALTH_REASON = Name(r"^[ -~]*[!-~][ -~]*$", "one line of printable ASCII, not only spaces")
+# The checkpoint-store's ids (an ID that starts with "ckpt-") and tag names; its validation reads them too.
+CHECKPOINT_ID = Name(r"^ckpt-[a-z0-9-]{0,58}$", "'ckpt-' followed by lower-case letters, digits and '-' (as the "
+                     "checkpoint-store returns them), 5-63 characters")
+CHECKPOINT_TAG = Name(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                      "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
 
 NAMES: tuple[Name, ...] = (JOB_NAME, TEAM, USER, QUEUE_NAME, PRIORITY_CLASS, LABEL_KEY, ENV_KEY, MODEL_NAME,
                            COMPUTE_CAPABILITY, ID, IDEMPOTENCY_KEY, PAGE_TOKEN, NO_NUL, PROGRAM, WORKING_DIR,
-                           GPU_HEALTH_REASON)
+                           GPU_HEALTH_REASON, CHECKPOINT_ID, CHECKPOINT_TAG)
 
 
 def rule_for(pattern: str) -> str | None:
@@ -120,6 +125,8 @@ class JobState(StrEnum):
 
 
 JOB_STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+# A checkpoint's states as the API names them (the checkpoint-store's CheckpointState, lower case).
+CHECKPOINT_STATES: tuple[str, ...] = ("writing", "committed", "aborted", "deleted", "damaged")
 # Domains a job may ask its gang to fit in, innermost first (node ⊂ leaf switch ⊂ spine ⊂ zone); "" asks
 # for none. The scheduler also knows the NVLink island inside a node and the whole cluster: not a job's to
 # ask (a node's share is packed into one island anyway, and "cluster" constrains nothing).
@@ -154,6 +161,8 @@ MAX_ENV_VARS = 256
 MAX_ENV_VALUE_LENGTH = 32 * 1024
 MAX_WORKING_DIR_LENGTH = 4096
 MAX_LABELS = 64
+# The label a resubmitted job carries: the id of the job whose spec it was made from.
+RESUBMITTED_FROM_LABEL = "resubmitted_from"
 MAX_LABEL_VALUE_LENGTH = 253
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_RESTARTS = 100
@@ -189,6 +198,17 @@ MAX_JOB_NAME_LENGTH = 63  # JOB_NAME's; a name-prefix filter is at most this lon
 MIN_UNIX_TIME_S = -62_135_596_800
 MAX_UNIX_TIME_S = 253_402_300_799
 MAX_LOG_TAIL = 1_000_000
+
+# --- usage and cost ----------------------------------------------------------------------------------------
+
+# What GET /v1/usage (the scheduler's UsageService) groups GPU-hours, CPU-hours and cost by: the job's team,
+# its "project" label, its submitter, the accelerator model, its queue, or the job itself.
+USAGE_GROUPS: tuple[str, ...] = ("team", "project", "user", "model", "queue", "job")
+DEFAULT_USAGE_GROUP = "team"
+DEFAULT_USAGE_WINDOW_DAYS = 30  # the window a usage report covers when it names no start
+DEFAULT_USAGE_ROWS, MAX_USAGE_ROWS = 1000, 10_000  # groups in one answer (the largest first); totals cover all
+# The currency prices are given in: an ISO 4217 code.
+CURRENCY = Name(r"^[A-Z]{3}$", "3 upper-case letters, an ISO 4217 code (e.g. USD, EUR)")
 
 # --- roles, scopes and token lifetimes ---------------------------------------------------------------------
 # What a gateway token may do is its role (per team: viewer < member < admin; `operator` for the whole
@@ -226,6 +246,7 @@ class Scope(StrEnum):
     TOKENS_READ = "tokens:read"
     TOKENS_WRITE = "tokens:write"  # create, revoke
     AUDIT_READ = "audit:read"
+    USAGE_READ = "usage:read"  # GPU-hours, CPU-hours and cost
 
 
 SCOPES: tuple[str, ...] = tuple(s.value for s in Scope)

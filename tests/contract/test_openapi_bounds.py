@@ -391,3 +391,12 @@ def test_rules_between_fields_are_refused_by_both(change: dict[str, Any]) -> Non
         JobSubmit.model_validate(copy.deepcopy(body))
     with pytest.raises(InvalidArgument):
         scheduler_job(copy.deepcopy(body))
+
+
+def test_usage_parameters_are_the_contracts(doc: dict[str, Any]) -> None:
+    params = {p["name"]: _resolve(doc, p["schema"]) for p in doc["paths"]["/v1/usage"]["get"]["parameters"]}
+    assert set(params) == {"from", "to", "group_by", "team", "limit"}
+    assert params["group_by"]["enum"] == list(c.USAGE_GROUPS) and params["group_by"]["default"] == "team"
+    assert (params["limit"]["minimum"], params["limit"]["maximum"]) == (1, c.MAX_USAGE_ROWS)
+    assert params["team"]["pattern"] == c.TEAM.or_empty.pattern
+    assert schema_at(doc, "UsageReport", ("group_by",))["enum"] == list(c.USAGE_GROUPS)

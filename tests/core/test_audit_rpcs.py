@@ -175,6 +175,19 @@ ROWS: list[Row] = [
         caller=NODE_1),
     Row(S, _m(authz.JOBS, "SubmitJob"), JOBS, lambda s: sc.SubmitJobRequest(spec=_job_spec(), team="team-a"),
         target=lambda _s, answer: f"job/{answer.job.id}" if answer else "", save=lambda a: ("job", a.job.id)),
+    # The job operations (each ok or failed_precondition, as the job's state is when it is asked).
+    Row(S, _m(authz.JOBS, "HoldJob"), JOBS, lambda s: sc.HoldJobRequest(job_id=s["job"], team="team-a",
+                                                                         reason="audit test"),
+        target=_saved("job", "job")),
+    Row(S, _m(authz.JOBS, "ReleaseJob"), JOBS, lambda s: sc.ReleaseJobRequest(job_id=s["job"], team="team-a"),
+        target=_saved("job", "job")),
+    Row(S, _m(authz.JOBS, "SetJobPriority"), JOBS, lambda s: sc.SetJobPriorityRequest(job_id=s["job"], team="team-a",
+                                                                                       priority=3),
+        target=_saved("job", "job")),
+    Row(S, _m(authz.JOBS, "RequeueJob"), JOBS, lambda s: sc.RequeueJobRequest(job_id="job-none", team="team-a"),
+        target=_fixed("job/job-none")),
+    Row(S, _m(authz.JOBS, "HoldJob"), JOBS, lambda s: sc.HoldJobRequest(job_id="job-none", team="team-a"),
+        caller=NODE_1, target=_fixed("job/job-none")),  # refused: a node may not
     Row(S, _m(authz.JOBS, "CancelJob"), JOBS, lambda s: sc.CancelJobRequest(job_id=s["job"], team="team-a"),
         target=_saved("job", "job")),
     # Fails: no such job.
@@ -283,6 +296,8 @@ async def test_every_mutating_call_produces_one_audit_entry(services: Services) 
     assert "permission_denied" in seen[_m(authz.JOBS, "SubmitJob")]
     assert "not_found" in seen[_m(authz.JOBS, "CancelJob")]
     assert seen[_m(authz.JOBS, "CancelJob")] >= {"ok", "not_found"}
+    assert "not_found" in seen[_m(authz.JOBS, "RequeueJob")]
+    assert "permission_denied" in seen[_m(authz.JOBS, "HoldJob")]
     assert "ok" in seen[_m(authz.TOKENS, "CreateToken")]
 
 

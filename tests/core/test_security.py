@@ -5,6 +5,7 @@ the table covering every RPC of every service."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -255,9 +256,20 @@ def test_a_client_certificate_rotated_on_disk_gives_new_credentials(pki_dir: Pat
     assert tls.generation == gen + 1
 
 
+PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
+
+
+def _proto_modules() -> list[Any]:
+    """The generated module of every .proto file under proto/ (a new file is held to the table at once)."""
+    return [importlib.import_module(".".join(p.relative_to(PROTO_ROOT).with_suffix("").parts) + "_pb2")
+            for p in sorted(PROTO_ROOT.rglob("*.proto"))]
+
+
 def _all_methods() -> set[str]:
     out = set()
-    for module in (agent_pb2, scheduler_pb2, policy_pb2, checkpoint_pb2, gateway_pb2):
+    modules = _proto_modules()
+    assert {agent_pb2, scheduler_pb2, policy_pb2, checkpoint_pb2, gateway_pb2} <= set(modules)
+    for module in modules:
         for service in module.DESCRIPTOR.services_by_name.values():
             out |= {f"/{service.full_name}/{m.name}" for m in service.methods}
     return out

@@ -45,6 +45,28 @@ CALLS: list[Call] = [
          target=lambda s: f"job/{s['job']}", team="vision"),
     Call("POST", "/v1/jobs/{job_id}:cancel", fixed("/v1/jobs/job-nope:cancel"), target=fixed("job/job-nope"),
          result="not_found"),
+    # The job operations: each route once, with an answer that does not depend on how far the job has got.
+    Call("PATCH", "/v1/jobs/{job_id}", lambda s: f"/v1/jobs/{s['job']}", token="member", body={"priority": 5000},
+         target=lambda s: f"job/{s['job']}", result="invalid_argument"),
+    Call("POST", "/v1/jobs/{job_id}:hold", fixed("/v1/jobs/job-nope:hold"), target=fixed("job/job-nope"),
+         result="not_found"),
+    Call("POST", "/v1/jobs/{job_id}:release", fixed("/v1/jobs/job-nope:release"), target=fixed("job/job-nope"),
+         result="not_found"),
+    Call("POST", "/v1/jobs/{job_id}:requeue", fixed("/v1/jobs/job-nope:requeue"), token="none",
+         target=fixed("job/job-nope"), result="unauthenticated"),
+    Call("POST", "/v1/jobs/{job_id}:resubmit", lambda s: f"/v1/jobs/{s['job']}:resubmit", token="member",
+         body={"overrides": {"name": "audited-again"}}, target=lambda s: f"job/{s['again']}",
+         save=lambda b: ("again", b["id"]), team="vision"),
+    # Checkpoint routes (this gateway has no checkpoint-store: 503 once the job is found; test_checkpoints_api
+    # audits them against a real one).
+    Call("PUT", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/tags/{tag}",
+         lambda s: f"/v1/jobs/{s['job']}/checkpoints/ckpt-1/tags/best", token="member",
+         target=fixed("checkpoint/ckpt-1"), result="unavailable", team="vision"),
+    Call("DELETE", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/tags/{tag}",
+         fixed("/v1/jobs/job-nope/checkpoints/ckpt-1/tags/best"), target=fixed("checkpoint/ckpt-1"),
+         result="not_found"),
+    Call("DELETE", "/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", fixed("/v1/jobs/job-nope/checkpoints/ckpt-1"),
+         target=fixed("checkpoint/ckpt-1"), result="not_found"),
     Call("POST", "/v1/jobs", fixed("/v1/jobs"), token="none", body=JOB, result="unauthenticated"),
     Call("POST", "/v1/nodes/{node_id}:cordon", fixed("/v1/nodes/node-a:cordon"), token="member",
          target=fixed("node/node-a"), result="permission_denied"),
@@ -125,7 +147,8 @@ async def test_reads_and_unversioned_paths_leave_no_entry(live_gateway: RunningG
     before = len((await log.query(AuditFilter(), page_size=500)).entries)
     async with live_gateway.client(live_gateway.admin_token) as http:
         for method, path in [("GET", "/v1/jobs"), ("GET", "/v1/nodes"), ("HEAD", "/v1/jobs"), ("OPTIONS", "/v1/jobs"),
-                             ("GET", "/v1/audit"), ("GET", "/healthz"), ("POST", "/healthz")]:
+                             ("GET", "/v1/audit"), ("GET", "/v1/usage"), ("GET", "/healthz"),
+                             ("POST", "/healthz")]:
             await http.request(method, path)
     assert len((await log.query(AuditFilter(), page_size=500)).entries) == before
 

@@ -98,7 +98,18 @@ ROUTES: list[tuple[str, str, Any, Action]] = [
     ("GET", "/v1/jobs", None, Action.JOBS_READ),
     ("GET", "/v1/jobs/job-missing", None, Action.JOBS_READ),
     ("POST", "/v1/jobs/job-missing:cancel", None, Action.JOBS_CANCEL),
+    ("POST", "/v1/jobs/job-missing:hold", None, Action.JOBS_UPDATE),
+    ("POST", "/v1/jobs/job-missing:release", None, Action.JOBS_UPDATE),
+    ("POST", "/v1/jobs/job-missing:requeue", None, Action.JOBS_UPDATE),
+    ("PATCH", "/v1/jobs/job-missing", {"priority": 1}, Action.JOBS_UPDATE),
+    ("POST", "/v1/jobs/job-missing:resubmit", None, Action.JOBS_SUBMIT),
     ("GET", "/v1/jobs/job-missing/logs", None, Action.JOBS_READ),
+    ("GET", "/v1/jobs/job-missing/checkpoints", None, Action.CHECKPOINTS_READ),
+    ("GET", "/v1/jobs/job-missing/checkpoints/ckpt-missing", None, Action.CHECKPOINTS_READ),
+    ("GET", "/v1/jobs/job-missing/checkpoints/ckpt-missing/manifest", None, Action.CHECKPOINTS_READ),
+    ("PUT", "/v1/jobs/job-missing/checkpoints/ckpt-missing/tags/best", None, Action.CHECKPOINTS_WRITE),
+    ("DELETE", "/v1/jobs/job-missing/checkpoints/ckpt-missing/tags/best", None, Action.CHECKPOINTS_WRITE),
+    ("DELETE", "/v1/jobs/job-missing/checkpoints/ckpt-missing", None, Action.CHECKPOINTS_WRITE),
     ("GET", "/v1/nodes", None, Action.NODES_READ),
     ("GET", "/v1/nodes/node-missing", None, Action.NODES_READ),
     ("POST", "/v1/nodes/node-missing:cordon", None, Action.NODES_WRITE),
@@ -116,6 +127,7 @@ ROUTES: list[tuple[str, str, Any, Action]] = [
     ("GET", "/v1/tokens", None, Action.TOKENS_READ),
     ("DELETE", "/v1/tokens/tok-missing", None, Action.TOKENS_WRITE),
     ("GET", "/v1/audit", None, Action.AUDIT_READ),
+    ("GET", "/v1/usage", None, Action.USAGE_READ),
 ]
 UNAUTHENTICATED_ROUTES = {("GET", "/healthz")}
 
@@ -133,6 +145,7 @@ def test_every_route_is_in_the_table(gateway: RunningGateway) -> None:
     paths = gateway.app.app.openapi()["paths"]
     documented = {(method.upper(), path) for path, operations in paths.items() for method in operations}
     listed = {(method, path.replace("job-missing", "{job_id}").replace("node-missing", "{node_id}")
+               .replace("ckpt-missing", "{checkpoint_id}").replace("/tags/best", "/tags/{tag}")
                .replace("tok-missing", "{token_id}").replace("/gpus/0", "/gpus/{gpu_index}")
                .replace("/batch", "/{name}").replace("/queues/missing", "/queues/{name}")
                .replace("/quotas/missing", "/quotas/{team}")) for method, path, _, _ in ROUTES}

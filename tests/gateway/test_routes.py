@@ -20,7 +20,8 @@ SPEC = {"name": "train-1", "command": ["python", "train.py"], "env": {"LR": "0.1
 JOB_KEYS = {"id", "name", "state", "team", "user", "spec", "attempt", "exit_code", "message", "cancel_requested",
             "placement", "exits", "events", "created_at", "updated_at", "started_at", "finished_at", "restarts",
             "infra_restarts",
-            "queued_at", "not_before", "preempted_by", "last_checkpoint_at", "cancelled_by", "attempts"}
+            "queued_at", "not_before", "preempted_by", "last_checkpoint_at", "cancelled_by", "attempts",
+            "held_by", "hold_reason", "requeue_requested_by"}
 # What the API shows for the spec fields a submit leaves out.
 SPEC_DEFAULTS = {"working_dir": "", "queue": "default", "priority": 0, "max_restarts": 0, "priority_class": "",
                  "topology": {"tier": "", "required": False, "wait_s": 0.0},
@@ -272,7 +273,7 @@ async def test_options_and_405_carry_allow(gateway: RunningGateway) -> None:
     """RFC 9110: a 405 carries `Allow`. OPTIONS answers 204 with it, without a token; both list the methods
     the OpenAPI document gives the path (issue 11: 405 without `Allow`, or `Allow: GET` on the cancel path)."""
     async with httpx.AsyncClient(base_url=gateway.url) as http:
-        for path, allow in [("/v1/jobs", "GET, POST, OPTIONS"), ("/v1/jobs/job-abc", "GET, OPTIONS"),
+        for path, allow in [("/v1/jobs", "GET, POST, OPTIONS"), ("/v1/jobs/job-abc", "GET, PATCH, OPTIONS"),
                             ("/v1/jobs/job-abc:cancel", "POST, OPTIONS"), ("/v1/jobs/job-abc/logs", "GET, OPTIONS"),
                             ("/v1/nodes/node-1:cordon", "POST, OPTIONS"), ("/v1/queues/batch", "DELETE, PUT, OPTIONS"),
                             ("/v1/quotas/vision", "DELETE, GET, PUT, OPTIONS"), ("/v1/tokens", "GET, POST, OPTIONS"),

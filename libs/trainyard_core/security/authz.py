@@ -75,6 +75,7 @@ AGENT = "trainyard.agent.v1.AgentService"
 JOBS = "trainyard.scheduler.v1.JobService"
 NODES = "trainyard.scheduler.v1.NodeService"
 POLICY = "trainyard.scheduler.v1.PolicyService"
+USAGE = "trainyard.scheduler.v1.UsageService"
 CHECKPOINTS = "trainyard.checkpoint.v1.CheckpointService"
 TOKENS = "trainyard.gateway.v1.TokenService"
 HEALTH = "grpc.health.v1.Health"
@@ -111,9 +112,12 @@ RULES: Mapping[str, Rule] = {
     f"/{NODES}/ReportWorkerExit": rule("node", as_node=lambda r: str(r.node_id)),
     **_methods(NODES, ("ListNodes", "GetNode", "CordonNode"), rule("gateway", "tool")),
     # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
-    **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob"), rule("gateway", "tool")),
+    **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "HoldJob", "ReleaseJob",
+                      "SetJobPriority", "RequeueJob"), rule("gateway", "tool")),
     **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",
                         "DeleteQuota"), rule("gateway", "tool")),
+    # Usage and cost: the gateway (its users' team, or every team for operators) and tools (their teams).
+    f"/{USAGE}/GetUsage": rule("gateway", "tool"),
     # Checkpoints: a job's workers (its credential, for its own job and attempt only) call what the checkpoint
     # client uses; the gateway (users) and tools act on their team's jobs (x-trainyard-team); the scheduler on
     # any job. Bound by the checkpoint-store's JobBinding (trainyard_checkpoint/access.py).
@@ -175,6 +179,14 @@ AUDITED: Mapping[str, Audited] = {
                                   detail=lambda r: {"name": r.spec.name, "user": r.user}),
     f"/{JOBS}/CancelJob": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
                                   detail=lambda r: {"reason": r.reason} if r.reason else {}),
+    f"/{JOBS}/HoldJob": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
+                                detail=lambda r: {"user": r.user, **({"reason": r.reason} if r.reason else {})}),
+    f"/{JOBS}/ReleaseJob": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
+                                   detail=lambda r: {"user": r.user}),
+    f"/{JOBS}/SetJobPriority": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
+                                       detail=lambda r: {"user": r.user, "priority": r.priority}),
+    f"/{JOBS}/RequeueJob": Audited(_on("job", lambda r: r.job_id), team=lambda r: r.team,
+                                   detail=lambda r: {"user": r.user, **({"reason": r.reason} if r.reason else {})}),
     f"/{NODES}/RegisterNode": Audited(_on("node", lambda r: r.node.node_id),
                                       detail=lambda r: {"agent_address": r.node.agent_address}),
     f"/{NODES}/ReportWorkerExit": Audited(_on("job", lambda r: r.job_id),

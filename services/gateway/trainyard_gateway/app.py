@@ -1,7 +1,8 @@
 """The gateway process: the FastAPI application (`create_app`) and its lifecycle (`GatewayApp`).
 
 `GatewayApp.start()` opens the etcd store, stores the bootstrap operator token (hashed) when one is
-configured (the local cluster's), opens the channel pool to the scheduler and the agents, then serves HTTP
+configured (the local cluster's), opens the channel pool to the scheduler, the agents and (with
+checkpoint_store_address) the checkpoint-store, then serves HTTP
 with uvicorn inside the running event loop (on a socket bound here, so port 0 works and a busy port fails
 with a clear OSError) and the internal TokenService over grpc.aio. `stop()` undoes it in reverse order.
 Signals are the caller's business (trainyard_core.service.run), so uvicorn's own signal capture is turned off.
@@ -9,8 +10,8 @@ Signals are the caller's business (trainyard_core.service.run), so uvicorn's own
 Transport: with the tls_* settings, the TokenService requires mTLS and the authorization table, and every
 channel (from one `Channels` pool) presents the gateway's certificate and accepts only the principal it
 means to reach: `trainyard://scheduler` for every scheduler replica, `trainyard://node/<id>` for the agent
-of that node. HTTP is HTTPS when http_tls_cert_file/http_tls_key_file are set (a certificate for users,
-not the mTLS one), plain HTTP otherwise.
+of that node, `trainyard://checkpoint-store` for the checkpoint-store. HTTP is HTTPS when
+http_tls_cert_file/http_tls_key_file are set (a certificate for users, not the mTLS one), plain HTTP otherwise.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
 
 from . import audit_http, http_errors, http_methods, openapi
+from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
 from .rate_limit import TokenBuckets
-from .routers import audit, health, jobs, nodes, queues, quotas, tokens
+from .routers import audit, checkpoints, health, job_operations, jobs, nodes, queues, quotas, tokens, usage
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
 from .tokens import TokenStore
@@ -67,7 +69,7 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
     audit_http.install(app, getattr(deps, "audit", None))  # outermost: the answer waits for its audit entry
-    for module in (health, jobs, nodes, queues, quotas, tokens, audit):
+    for module in (health, jobs, job_operations, checkpoints, nodes, queues, quotas, usage, tokens, audit):
         app.include_router(module.router)
     openapi.install(app)
     return app
@@ -150,7 +152,8 @@ class GatewayApp:
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
                                                                      clock=self._clock),
                            audit=AuditLog(self._store, s.etcd_prefix, retention_s=s.audit_retention_s(),
-                                          clock=self._clock))
+                                          clock=self._clock),
+                           checkpoints=self._checkpoint_store(channels))
         self.app = create_app(deps)
 
         servicer = TokenServicer(token_store)
@@ -188,7 +191,15 @@ class GatewayApp:
         scheme = "https" if s.http_tls else "http"
         log.info("gateway serving", extra={"http_url": f"{scheme}://{s.http_host}:{self.http_port}",
                                            "grpc_port": self.grpc_port, "grpc_mtls": s.tls is not None,
-                                           "scheduler_address": s.scheduler_address})
+                                           "scheduler_address": s.scheduler_address,
+                                           "checkpoint_store_address": s.checkpoint_store_address})
+
+    def _checkpoint_store(self, channels: Channels) -> CheckpointStoreClient | None:
+        address = self.settings.checkpoint_store_address
+        if not address:
+            return None
+        return CheckpointStoreClient(lambda: channels.get(address, identity.CHECKPOINT_STORE),
+                                     timeout_s=self.settings.request_timeout_s)
 
     async def stop(self) -> None:
         """Idempotent; safe after a failed start."""

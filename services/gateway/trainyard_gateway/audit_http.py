@@ -8,9 +8,11 @@ failed write is logged and counted, and the caller still gets the true answer), 
 - what: the method and the route template (`POST /v1/jobs/{job_id}:cancel`), the raw path when no route
   matched;
 - on what: the path parameters (`job/j-...`, `node/gpu-01/gpu/3`, `queue/batch`, `team/vision`,
-  `token/t-...`), or for a create the new object's id from the answer (a job's `id`, a token's
-  `token_id`). The answer's `team`, when it has one, is the entry's team (an operator cancelling team
-  vision's job is recorded under vision). The body of a request is never read, nor a token's secret kept;
+  `token/t-...`; `checkpoint/ckpt-...` as the checkpoint-store's entries name it, its job and tag in the
+  detail), or for a create the new object's id from the answer (a job's `id`, a token's `token_id`; a
+  resubmit's new job, the job it came from in the detail, or that job when the resubmit failed). The
+  answer's `team`, when it has one, is the entry's team (an operator cancelling team vision's job, or tagging
+  its checkpoint, is recorded under vision). The body of a request is never read, nor a token's secret kept;
 - the result: `ok` below 400, else the error body's code (`permission_denied`, `not_found`, ...).
 
 Every audited answer carries `X-Request-Id`: the caller's, when it sent a valid one, else a fresh one; the
@@ -48,11 +50,14 @@ _PARAM_KINDS: Mapping[str, str] = {"job_id": "job", "node_id": "node", "token_id
 # Creates: the new object's id is in the answer (kind, path into the JSON body).
 _CREATED: Mapping[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("POST", "/v1/jobs"): ("job", ("id",)),
+    ("POST", "/v1/jobs/{job_id}:resubmit"): ("job", ("id",)),
     ("POST", "/v1/tokens"): ("token", ("token", "token_id")),
 }
 # Small fields of the answer worth keeping: a new token's owner and role, a job's name. Never the secret.
 _ANSWER_DETAIL: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]] = {
     ("POST", "/v1/jobs"): {"name": ("name",), "user": ("user",)},
+    ("POST", "/v1/jobs/{job_id}:resubmit"): {"name": ("name",), "user": ("user",),
+                                             "resubmitted_from": ("spec", "labels", "resubmitted_from")},
     ("POST", "/v1/tokens"): {"user": ("token", "user"), "role": ("token", "role")},
 }
 
@@ -68,9 +73,13 @@ def _dig(body: Any, path: tuple[str, ...]) -> str:
 def target_of(path_params: Mapping[str, Any], created: tuple[str, tuple[str, ...]] | None, body: Any) -> str:
     if created is not None:
         value = _dig(body, created[1])
-        return f"{created[0]}/{value}" if value else ""
+        if value or not path_params:
+            return f"{created[0]}/{value}" if value else ""
+        # A create under another object (a resubmit) that failed: the object it was asked on.
     if "gpu_index" in path_params and "node_id" in path_params:
         return f"node/{path_params['node_id']}/gpu/{path_params['gpu_index']}"
+    if "checkpoint_id" in path_params:  # as the checkpoint-store's own entries name it
+        return f"checkpoint/{path_params['checkpoint_id']}"
     for param, kind in _PARAM_KINDS.items():
         if param in path_params:
             return f"{kind}/{path_params[param]}"
@@ -119,6 +128,9 @@ class HttpAudit:
         key = (method, template)
         result, message = result_of(status, body)
         detail: dict[str, object] = {"http_status": status}
+        if "checkpoint_id" in path_params:  # the target names the checkpoint; its job and the tag go beside it
+            detail.update({name: str(path_params[p]) for p, name in (("job_id", "job"), ("tag", "tag"))
+                           if p in path_params})
         if status < 400:
             detail.update({name: v for name, path in _ANSWER_DETAIL.get(key, {}).items() if (v := _dig(body, path))})
         return AuditEntry.make(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Generic, TypeVar, cast
 
 import grpc
@@ -19,7 +20,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
-from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, usage_pb2_grpc
 from trainyard_core.errors import FailedPrecondition, Unavailable
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
@@ -32,6 +33,7 @@ from .schemas.logs import LogLine
 from .schemas.nodes import Node
 from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
+from .schemas.usage import UsageReport
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -67,6 +69,7 @@ class _SchedulerStubs:
         self.jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         self.nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
         self.policy = policy_pb2_grpc.PolicyServiceStub(channel)
+        self.usage = usage_pb2_grpc.UsageServiceStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
 
 
@@ -100,6 +103,10 @@ class SchedulerClient:
     @property
     def _policy(self) -> policy_pb2_grpc.PolicyServiceStub:
         return self._main.on(self._channel()).policy
+
+    @property
+    def _usage(self) -> usage_pb2_grpc.UsageServiceStub:
+        return self._main.on(self._channel()).usage
 
     @property
     def _health(self) -> health_pb2_grpc.HealthStub:
@@ -185,6 +192,26 @@ class SchedulerClient:
         reply = await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout))
         return convert.job_from_pb(reply.job)
 
+    async def hold_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
+        request = scheduler_pb2.HoldJobRequest(job_id=job_id, team=team, user=user, reason=reason)
+        reply = await _call("scheduler", self._jobs.HoldJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def release_job(self, job_id: str, *, team: str, user: str) -> Job:
+        request = scheduler_pb2.ReleaseJobRequest(job_id=job_id, team=team, user=user)
+        reply = await _call("scheduler", self._jobs.ReleaseJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def set_job_priority(self, job_id: str, *, team: str, user: str, priority: int) -> Job:
+        request = scheduler_pb2.SetJobPriorityRequest(job_id=job_id, team=team, user=user, priority=priority)
+        reply = await _call("scheduler", self._jobs.SetJobPriority(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
+    async def requeue_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
+        request = scheduler_pb2.RequeueJobRequest(job_id=job_id, team=team, user=user, reason=reason)
+        reply = await _call("scheduler", self._jobs.RequeueJob(request, timeout=self._timeout))
+        return convert.job_from_pb(reply.job)
+
     async def list_nodes(self) -> list[Node]:
         reply = await self._on_leader(lambda nodes, left: nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
                                                                           timeout=left))
@@ -234,6 +261,13 @@ class SchedulerClient:
         reply = await _call("scheduler", self._policy.DeleteQuota(policy_pb2.DeleteQuotaRequest(team=team),
                                                                   timeout=self._timeout))
         return convert.quota_from_pb(reply.quota)
+
+    async def get_usage(self, *, since: datetime, until: datetime, group_by: str, team: str,
+                        limit: int) -> UsageReport:
+        """Any replica answers (from its mirror and the history store)."""
+        request = convert.usage_request_to_pb(since=since, until=until, group_by=group_by, team=team, limit=limit)
+        reply = await _call("scheduler", self._usage.GetUsage(request, timeout=self._timeout))
+        return convert.usage_from_pb(reply, since=since, until=until, team=team)
 
     async def check_health(self, timeout_s: float) -> str:
         """'' when the scheduler answers SERVING, else why not."""

@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard.gateway.v1 import gateway_pb2
-from trainyard.scheduler.v1 import scheduler_pb2
+from trainyard.scheduler.v1 import scheduler_pb2, usage_pb2
 from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState, Role
 
 from .schemas import jobs as js
@@ -20,6 +20,7 @@ from .schemas import queues as qs
 from .schemas import quotas
 from .schemas.logs import LogLine
 from .schemas.tokens import Token
+from .schemas.usage import UsageAmount, UsageReport, UsageRow
 from .tokens import TokenRecord
 
 _JOB_STATES = frozenset(js.JOB_STATE_NAMES)
@@ -113,7 +114,8 @@ def job_from_pb(job: types_pb2.Job) -> js.Job:
         last_checkpoint_at=_time(job.last_checkpoint_at), cancelled_by=job.cancelled_by,
         attempts=[js.JobAttempt(attempt=a.attempt, started_at=_time(a.started_at), ended_at=_time(a.ended_at),
                                 nodes=list(a.nodes), gpus=a.gpus, cpus=a.cpus, model=a.model,
-                                outcome=job_state_name(a.outcome), reason=a.reason) for a in job.attempts])
+                                outcome=job_state_name(a.outcome), reason=a.reason) for a in job.attempts],
+        held_by=job.held_by, hold_reason=job.hold_reason, requeue_requested_by=job.requeue_requested_by)
 
 
 def queue_to_pb(name: str, body: qs.QueuePut) -> types_pb2.QueueConfig:
@@ -205,3 +207,36 @@ def token_to_pb(record: TokenRecord) -> gateway_pb2.TokenInfo:
     if record.expires_at is not None:
         info.expires_at.CopyFrom(_pb_time(record.expires_at))
     return info
+
+
+# --- usage ---------------------------------------------------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _exact_pb_time(t: datetime) -> Timestamp:
+    """Every microsecond of `t`, over the whole range of RFC 3339 times (FromDatetime refuses those an offset
+    puts before 0001-01-01T00:00:00Z, which a window's end may be)."""
+    delta = t - _EPOCH
+    return Timestamp(seconds=delta.days * 86400 + delta.seconds, nanos=delta.microseconds * 1000)
+
+
+def usage_request_to_pb(*, since: datetime, until: datetime, group_by: str, team: str,
+                        limit: int) -> usage_pb2.GetUsageRequest:
+    return usage_pb2.GetUsageRequest(since=_exact_pb_time(since), until=_exact_pb_time(until), group_by=group_by,
+                                     team=team, limit=limit)
+
+
+def _amount(r: usage_pb2.UsageRow) -> dict[str, float]:
+    return {"gpu_hours": r.gpu_hours, "cpu_hours": r.cpu_hours, "cost": r.cost,
+            "unpriced_gpu_hours": r.unpriced_gpu_hours}
+
+
+def usage_from_pb(pb: usage_pb2.GetUsageResponse, *, since: datetime, until: datetime, team: str) -> UsageReport:
+    """The report for the window as the caller named it (`since`, `until`: the scheduler's copy of them is
+    the same instants, in UTC)."""
+    return UsageReport.model_validate({
+        "from": since, "to": until, "group_by": pb.group_by, "team": team, "currency": pb.currency,
+        "prices": dict(pb.prices), "rows": [UsageRow(group=r.group, **_amount(r)) for r in pb.rows],
+        "groups": pb.groups, "total": UsageAmount(**_amount(pb.total)), "unpriced_models": list(pb.unpriced_models),
+        "computed_at": pb.computed_at.ToDatetime(tzinfo=UTC)})

@@ -9,6 +9,7 @@ from fastapi import Request
 from trainyard_core.audit import AuditLog
 from trainyard_core.store import Store
 
+from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
 from .rate_limit import TokenBuckets
 from .settings import GatewaySettings
@@ -25,6 +26,8 @@ class GatewayDeps:
     limiter: TokenBuckets
     # Where the HTTP audit middleware, the TokenService and GET /v1/audit write and read (None: not recorded).
     audit: AuditLog | None = None
+    # The checkpoint-store (None: no checkpoint_store_address; the checkpoint routes answer 503).
+    checkpoints: CheckpointStoreClient | None = None
 
 
 def get_deps(request: Request) -> GatewayDeps:

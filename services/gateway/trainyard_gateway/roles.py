@@ -26,6 +26,8 @@ class Action(StrEnum):
     JOBS_SUBMIT = "jobs.submit"
     JOBS_CANCEL = "jobs.cancel"  # the caller's own job
     JOBS_CANCEL_ANY = "jobs.cancel_any"  # a teammate's job too
+    JOBS_UPDATE = "jobs.update"  # hold, release, requeue, priority: the caller's own job
+    JOBS_UPDATE_ANY = "jobs.update_any"  # a teammate's job too (and lifting a hold someone else placed)
     NODES_READ = "nodes.read"
     NODES_ADDRESSES = "nodes.addresses"  # hostnames and agent addresses in node answers
     NODES_WRITE = "nodes.write"  # cordon, uncordon, set GPU health
@@ -36,6 +38,10 @@ class Action(StrEnum):
     TOKENS_READ = "tokens.read"
     TOKENS_WRITE = "tokens.write"  # create, revoke
     AUDIT_READ = "audit.read"
+    USAGE_READ = "usage.read"  # GPU-hours, CPU-hours and cost (GET /v1/usage)
+    CHECKPOINTS_READ = "checkpoints.read"  # a job's checkpoints: list, get, manifest
+    CHECKPOINTS_WRITE = "checkpoints.write"  # tag, untag, delete: the caller's own job's
+    CHECKPOINTS_WRITE_ANY = "checkpoints.write_any"  # a teammate's job's too
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,8 @@ RULES: dict[Action, Rule] = {
     Action.JOBS_SUBMIT: Rule(_M, Scope.JOBS_WRITE, team_scoped=True),
     Action.JOBS_CANCEL: Rule(_M, Scope.JOBS_WRITE, team_scoped=True),
     Action.JOBS_CANCEL_ANY: Rule(_A, Scope.JOBS_WRITE, team_scoped=True),
+    Action.JOBS_UPDATE: Rule(_M, Scope.JOBS_WRITE, team_scoped=True),
+    Action.JOBS_UPDATE_ANY: Rule(_A, Scope.JOBS_WRITE, team_scoped=True),
     Action.NODES_READ: Rule(_V, Scope.NODES_READ, team_scoped=False),
     Action.NODES_ADDRESSES: Rule(_O, Scope.NODES_READ, team_scoped=False),
     Action.NODES_WRITE: Rule(_O, Scope.NODES_WRITE, team_scoped=False),
@@ -61,6 +69,12 @@ RULES: dict[Action, Rule] = {
     Action.TOKENS_READ: Rule(_A, Scope.TOKENS_READ, team_scoped=True),
     Action.TOKENS_WRITE: Rule(_A, Scope.TOKENS_WRITE, team_scoped=True),
     Action.AUDIT_READ: Rule(_O, Scope.AUDIT_READ, team_scoped=False),
+    # A team's usage and cost: every role of the team reads its own; operators every team's.
+    Action.USAGE_READ: Rule(_V, Scope.USAGE_READ, team_scoped=True),
+    # A checkpoint is the job's data: read with the job, changed like the job (cancel's roles and scope).
+    Action.CHECKPOINTS_READ: Rule(_V, Scope.JOBS_READ, team_scoped=True),
+    Action.CHECKPOINTS_WRITE: Rule(_M, Scope.JOBS_WRITE, team_scoped=True),
+    Action.CHECKPOINTS_WRITE_ANY: Rule(_A, Scope.JOBS_WRITE, team_scoped=True),
 }
 # The highest role a team admin may grant; operators grant any.
 MAX_ROLE_GRANTED_BY_ADMIN = Role.ADMIN
@@ -155,3 +169,30 @@ def check_cancel(caller: Caller, job_user: str) -> None:
     if job_user != caller.user and not allows(caller, Action.JOBS_CANCEL_ANY):
         raise PermissionDenied(f"only the job's submitter or a team admin may cancel it (submitted by {job_user}; "
                                f"the token of {caller.user} has the {caller.role.value} role)")
+
+
+def check_update(caller: Caller, job_user: str, verb: str) -> None:
+    """After JOBS_UPDATE and the team check (hold, release, requeue, priority change): a job of someone else
+    needs JOBS_UPDATE_ANY (403, not 404: the job is the caller's team's)."""
+    if job_user != caller.user and not allows(caller, Action.JOBS_UPDATE_ANY):
+        raise PermissionDenied(f"only the job's submitter or a team admin may {verb} it (submitted by {job_user}; "
+                               f"the token of {caller.user} has the {caller.role.value} role)")
+
+
+def check_release(caller: Caller, job_user: str, held_by: str) -> None:
+    """A hold is lifted by whoever placed it, or by a team admin (an admin's hold on a member's job stays until an
+    admin lifts it, as Slurm's administrator holds do)."""
+    check_update(caller, job_user, "release")
+    if held_by and held_by != caller.user and not allows(caller, Action.JOBS_UPDATE_ANY):
+        raise PermissionDenied(f"the job is held by {held_by}: only they or a team admin may release it (the token "
+                               f"of {caller.user} has the {caller.role.value} role)")
+
+
+def check_checkpoint_write(caller: Caller, job_user: str) -> None:
+    """After CHECKPOINTS_WRITE and the team check: tagging, untagging or deleting the checkpoints of someone
+    else's job needs CHECKPOINTS_WRITE_ANY (a team admin; operators hold it for every team). 403, not 404: the
+    job is the caller's team's."""
+    if job_user != caller.user and not allows(caller, Action.CHECKPOINTS_WRITE_ANY):
+        raise PermissionDenied(f"only the job's submitter or a team admin may tag, untag or delete its checkpoints "
+                               f"(submitted by {job_user}; the token of {caller.user} has the {caller.role.value} "
+                               "role)")

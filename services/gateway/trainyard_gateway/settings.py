@@ -55,6 +55,8 @@ class GatewaySettings(EtcdSettings):
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API; "
                                    "every replica, comma-separated (IP addresses or DNS names): the next one is "
                                    "used while one is down")
+    checkpoint_store_address: str = Field("", description="host:port of the checkpoint-store's gRPC API, for the "
+                                          "/v1/jobs/{job_id}/checkpoints routes; empty: those routes answer 503")
     # The local cluster's: production creates its first token offline (python -m trainyard_gateway.tokens_admin).
     bootstrap_admin_token: SecretStr | None = Field(
         None, description=f"operator token ('{SECRET_PREFIX}...', never expiring) stored (hashed) at start for team "
@@ -112,6 +114,14 @@ class GatewaySettings(EtcdSettings):
             if host_port(t) is None:
                 raise ValueError(f"{t!r} is not host:port (e.g. 10.0.0.5:50051 or sched1.example.internal:50051)")
         return ",".join(targets)
+
+    @field_validator("checkpoint_store_address")
+    @classmethod
+    def _check_checkpoint_store_address(cls, v: str) -> str:
+        v = v.strip()
+        if v and host_port(v) is None:
+            raise ValueError(f"{v!r} is not host:port (e.g. ckpt.example.internal:50053), or empty for none")
+        return v
 
     @property
     def scheduler_target(self) -> str:

@@ -7,7 +7,14 @@ import functools
 import logging
 import socket
 
-from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from trainyard.scheduler.v1 import (
+    policy_pb2,
+    policy_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    usage_pb2,
+    usage_pb2_grpc,
+)
 from trainyard_core import contract
 from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
@@ -25,6 +32,7 @@ from .archive import Archiver, ArchiveSettings
 from .grpc.agent_client import GrpcAgents
 from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
+from .grpc.usage_servicer import UsageServicer
 from .history.access import History
 from .leadership import Leadership
 from .liveness import NodeLiveness
@@ -36,6 +44,7 @@ from .state.keys import Keys
 from .state.mirrored_nodes import MirroredNodes
 from .state.policy_repository import PolicyRepository
 from .state.repository import Repository, max_gang_nodes, placement_txn_ops
+from .usage_report import UsageReader
 from .worker_credentials import WorkerCredentials
 
 log = logging.getLogger(__name__)
@@ -101,14 +110,18 @@ class SchedulerApp:
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
+        usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),
+                                                   clock=self.clock), tool_teams=s.tool_team_map())
 
         def register(server: object) -> None:
             scheduler_pb2_grpc.add_JobServiceServicer_to_server(job_servicer, server)
             scheduler_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
             policy_pb2_grpc.add_PolicyServiceServicer_to_server(policy_servicer, server)
+            usage_pb2_grpc.add_UsageServiceServicer_to_server(usage_servicer, server)
 
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
+        names.append(usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                service_names=names, tls=s.tls, audit=self.audit,
                                                audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)

@@ -26,6 +26,7 @@ from trainyard_core.store.mirror import PrefixMirror
 from . import metrics
 from .domain.jobs import admit, due_for_requeue, transition, with_event
 from .domain.models import Allocation, Job, JobState, Node
+from .domain.operations import restand
 from .domain.progress import progress
 from .domain.queues import (
     DEFAULT_QUEUE,
@@ -223,6 +224,12 @@ class Reconciler:
                 await self._try(self._repo.write(release=alloc, alloc_rev=snap.allocation_revisions[job_id]))
                 continue
             with log_context(job_id=job_id):
+                restood = restand(job, alloc)
+                if restood is not None:
+                    # The job's priority changed while it runs: its gang's standing follows (preemption reads
+                    # it); the gang is looked at again next cycle, from the record just written.
+                    await self._try(self._repo.write(alloc=restood, alloc_rev=snap.allocation_revisions[job_id]))
+                    continue
                 await self._progress(snap, job, alloc, now)
         for node_id, strays in snap.orphans().items():
             node = snap.nodes.get(node_id)

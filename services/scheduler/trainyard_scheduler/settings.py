@@ -13,6 +13,7 @@ from trainyard_core.security.identity import Principal
 from trainyard_core.settings import EtcdSettings
 
 from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
+from .domain.usage import Pricing
 
 # Dense BF16 training throughput relative to an A100, roughly; a site should measure its own. Keys are the
 # model names agents report (NVML's name, vendor prefix dropped, spaces as dashes).
@@ -124,6 +125,14 @@ class SchedulerSettings(EtcdSettings):
         "submit, read and cancel jobs for, as TOOL:TEAM pairs (e.g. ci:ml,ci:research); a tool with no pair acts "
         "for no team. The gateway acts for its users' teams")
 
+    # --- usage and cost (docs/operations.md, "Usage and cost"): GET /v1/usage, the UsageService ---
+    usage_prices: dict[str, float] = Field(
+        default_factory=dict, description="Price of one GPU-hour per accelerator model, as the agents report "
+        "models (e.g. H100-80GB-HBM3=2.49), in usage_currency; a mixed gang by its models joined by '+'. A model "
+        "without a price costs 0 in usage reports, which name it as unpriced. Prices are >= 0")
+    usage_currency: str = Field("USD", description="The currency of usage_prices and of the costs in usage "
+                                "reports: an ISO 4217 code (3 upper-case letters)")
+
     @field_validator("tool_teams")
     @classmethod
     def _tool_teams(cls, v: list[str]) -> list[str]:
@@ -163,6 +172,14 @@ class SchedulerSettings(EtcdSettings):
             raise ValueError("job_issuer_cert_file needs the mTLS files (tls_ca_file is the CA bundle workers "
                              "verify the checkpoint-store against)")
         return self
+
+    @model_validator(mode="after")
+    def _usage_pricing(self) -> SchedulerSettings:
+        self.pricing()  # ValueError naming the bad price or currency
+        return self
+
+    def pricing(self) -> Pricing:
+        return Pricing.of(self.usage_prices, self.usage_currency)
 
     @field_validator("speed_factors")
     @classmethod

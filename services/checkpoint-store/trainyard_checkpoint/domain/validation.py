@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trainyard_core import contract
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.ids import is_valid_id
 
@@ -20,7 +21,6 @@ CHECKPOINT_ID_PREFIX = "ckpt"
 MAX_JOB_SPEC_BYTES = 64 * 1024
 MAX_CODE_VERSION_CHARS = 256
 MAX_HOLDER_CHARS = 256
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 LEASE_ID_RE = re.compile(r"^[0-9a-f]{1,16}$")
 # The record (with every shard) is one etcd value, and etcd caps a request at 1.5 MiB by default.
 # 10,000 shards of ~100 bytes each stay well under it; issue 5 moves big manifests into storage.
@@ -115,9 +115,8 @@ def validate_lineage(lineage: Lineage) -> None:
 
 
 def validate_tag(tag: str) -> None:
-    if not TAG_RE.match(tag):
-        raise InvalidArgument(f"tag {tag!r} must be 1-63 characters: letters, digits, '.', '_' and '-', "
-                              "starting with a letter or digit")
+    if not contract.CHECKPOINT_TAG.matches(tag):  # fullmatch: re's `$` took a trailing newline ("best\n")
+        raise InvalidArgument(f"tag {tag!r} must be {contract.CHECKPOINT_TAG.rule}")
 
 
 def validate_lease_request(ttl_s: int, max_ttl_s: int, holder: str) -> None:

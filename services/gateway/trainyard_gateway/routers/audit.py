@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BeforeValidator
 
 from trainyard_core import audit
 from trainyard_core import contract as c
@@ -16,21 +14,11 @@ from trainyard_core.errors import Unavailable
 from ..auth import Deps, OperatorPrincipal
 from ..schemas.audit import AuditEntry, AuditPage
 from ..schemas.common import error_responses
+from .params import Time
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
 _TEXT = {"max_length": audit.MAX_FIELD, "pattern": r"^[ -~]*$"}
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
-
-
-def _rfc3339(value: object) -> object:
-    # The schema says date-time (RFC 3339): a time zone is part of it, and a bare number is not one.
-    if isinstance(value, str) and not _RFC3339.match(value):
-        raise ValueError("must be an RFC 3339 time with its time zone, e.g. 2026-01-31T12:00:00Z")
-    return value
-
-
-Time = Annotated[datetime, BeforeValidator(_rfc3339)]
 
 
 def _epoch(value: datetime | None) -> float | None:

@@ -341,6 +341,11 @@ class Job(ApiModel):
     attempts: list[JobAttempt] = Field(default_factory=list,
                                        description="every attempt that was placed and has ended, oldest first "
                                                    "(the latest 200): where it ran, on what, and why it ended")
+    held_by: str = Field("", description="who holds the pending job back from placement (POST "
+                                         "/v1/jobs/{id}:hold); empty when it is not held")
+    hold_reason: str = Field("", description="why it is held, as the holder said")
+    requeue_requested_by: str = Field("", description="who asked for the placed job to be requeued; empty unless "
+                                                      "one was asked and its workers are not stopped yet")
 
 
 class JobList(ApiModel):

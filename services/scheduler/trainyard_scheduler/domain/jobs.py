@@ -16,9 +16,16 @@ revision and, for the scheduler's own writes, by the leader's epoch):
                        reason in one txn)-->                                 PREEMPTED
     PREEMPTED --workers stopped, allocation deleted (leader; attempt + 1,
                 the preemptor remembered so it is never preempted back)-->  PENDING
+    ADMITTED/RUNNING --requeue asked (any replica sets requeue_requested_by); the leader stops the
+                       workers with the job's preemption signal and grace, deletes the allocation
+                       (attempt + 1, counted in no restart budget)-->       PENDING
     PENDING/RESTARTING --cancel (any replica, CAS on the job)-->             CANCELLED
     ADMITTED/RUNNING/PREEMPTED --cancel sets cancel_requested (any replica); the leader
                        stops the workers, deletes the allocation-->          CANCELLED
+
+A PENDING job may be held (`held_by`, any replica): it stays PENDING, in its place in the queue (queued_at
+unchanged), but placement skips it until it is released. Hold, release, priority change and requeue are in
+operations.py.
 
 SUCCEEDED, FAILED and CANCELLED are terminal: nothing leaves them. An allocation exists exactly while a
 job is ADMITTED, RUNNING or PREEMPTED, or is being stopped on its way to a terminal state or to
@@ -39,9 +46,9 @@ from .models import Allocation, AttemptRecord, Job, JobEvent, JobState, NodeAssi
 _ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
     JobState.ADMITTED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELLED,
-                                  JobState.SUCCEEDED, JobState.PREEMPTED, JobState.RESTARTING}),
+                                  JobState.SUCCEEDED, JobState.PREEMPTED, JobState.RESTARTING, JobState.PENDING}),
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
-                                 JobState.PREEMPTED, JobState.RESTARTING}),
+                                 JobState.PREEMPTED, JobState.RESTARTING, JobState.PENDING}),
     JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED, JobState.FAILED}),
     JobState.RESTARTING: frozenset({JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
@@ -119,10 +126,10 @@ def restart_delay(job: Job) -> float:
 
 
 def requeue(job: Job, now: float, message: str) -> Job:
-    """Back to PENDING as a new attempt (after preemption or a restart's backoff)."""
+    """Back to PENDING as a new attempt (after preemption, a restart's backoff, or a requeue someone asked for)."""
     pending = transition(job, JobState.PENDING, now, message)
     return replace(pending, attempt=job.attempt + 1, placement=(), exits=(), queued_at=now, not_before=0.0,
-                   started_at=None)
+                   started_at=None, requeue_requested_by="")
 
 
 def due_for_requeue(job: Job, now: float) -> Job | None:

@@ -194,6 +194,11 @@ class Job:
     # A digest of the record as archived (archive.content_digest): a write after the archive (a late rank's
     # exit) changes the record but not this, so the archiver writes the job to the history store again.
     archived_digest: str = ""
+    # Who holds the (PENDING) job back from placement, and why ("" while it is not held; see operations.py).
+    held_by: str = ""
+    hold_reason: str = ""
+    # Who asked for the placed job to be stopped and queued again ("" unless a requeue was asked).
+    requeue_requested_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +234,8 @@ class Allocation:
     stop_grace_s: float = 0.0
     # Expected end (started + time limit) for backfill; None when the job has no time limit.
     expected_end: float | None = None
+    # Set when the gang is stopped because someone asked for a requeue (who): the job goes back to PENDING.
+    requeued_by: str = ""
 
     @property
     def world_size(self) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from .jobs import describe_exit, end_attempt, first_failure, requeue, restart_delay, transition
 from .models import EXIT_UNKNOWN, Allocation, Job, JobState, Node, WorkerExit
+from .operations import requeue_reason
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,13 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
         failure = first_failure(alloc.exits)
         lost = [n for n in alloc.node_ids if n not in alive]
         sick = _unhealthy_gpu(alloc, nodes or {})
-        infra = False
+        infra = requeued = False
         if job.cancel_requested:
             reason = "cancelled"
         elif failure is not None:
             reason = describe_exit(failure)
+        elif job.requeue_requested_by:
+            reason, requeued = requeue_reason(job), True
         elif alloc.expected_end is not None and now >= alloc.expected_end and job.spec.time_limit_s > 0:
             reason = f"time limit of {job.spec.time_limit_s:g}s exceeded"
         elif lost:
@@ -66,6 +69,10 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
             reason, infra = sick, True
         if reason:
             new_alloc = replace(alloc, stop_reason=reason, infra_failure=infra)
+        if requeued:
+            # Stopped like a preemption: the job's own signal first (it may checkpoint), then its grace.
+            new_alloc = replace(alloc, stop_reason=reason, requeued_by=job.requeue_requested_by,
+                                stop_signal=job.spec.preemption.signal, stop_grace_s=job.spec.preemption.grace_s)
 
     if reason:
         current = new_alloc or alloc
@@ -133,8 +140,10 @@ def stopping_failure(alloc: Allocation) -> WorkerExit | None:
 
 
 def _finish(job: Job, alloc: Allocation, now: float, *, infra: str = "", infra_restart_limit: int = 20) -> Job:
-    """The job as the release of `alloc` leaves it: its next state, and the attempt's record."""
-    return end_attempt(_after(job, alloc, now, infra=infra, infra_restart_limit=infra_restart_limit), alloc, now)
+    """The job as the release of `alloc` leaves it: its next state, and the attempt's record. A requeue asked
+    while the gang was being stopped for something else is dropped with it (it would stop the next attempt)."""
+    after = _after(job, alloc, now, infra=infra, infra_restart_limit=infra_restart_limit)
+    return end_attempt(replace(after, requeue_requested_by=""), alloc, now)
 
 
 def _after(job: Job, alloc: Allocation, now: float, *, infra: str, infra_restart_limit: int) -> Job:
@@ -147,6 +156,9 @@ def _after(job: Job, alloc: Allocation, now: float, *, infra: str, infra_restart
                                                                             alloc.stop_reason)
         requeued = requeue(stopped, now, f"requeued after preemption by {alloc.preempted_by}")
         return replace(requeued, preempted_by=(*job.preempted_by, alloc.preempted_by)[-20:])
+    elif alloc.requeued_by:
+        return requeue(job, now, f"requeued by {alloc.requeued_by}: attempt {job.attempt + 1} queued (a requeue "
+                                 "counts against no restart budget)")
     elif infra and job.infra_restarts < infra_restart_limit:
         counted = replace(job, infra_restarts=job.infra_restarts + 1, exits=exits)
         restarting = transition(counted, JobState.RESTARTING, now,

@@ -158,7 +158,8 @@ def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
         cancelled_by=job.cancelled_by,
         not_before=_ts(job.not_before or None),
         preempted_by=list(job.preempted_by), last_checkpoint_at=_ts(job.last_checkpoint_at),
-        attempts=[_attempt_pb(a) for a in job.attempts])
+        attempts=[_attempt_pb(a) for a in job.attempts], held_by=job.held_by, hold_reason=job.hold_reason,
+        requeue_requested_by=job.requeue_requested_by)
 
 
 def _attempt_pb(a: AttemptRecord) -> types_pb2.JobAttempt:

@@ -21,7 +21,6 @@ from trainyard_core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    PermissionDenied,
     Unavailable,
 )
 from trainyard_core.ids import is_valid_id, new_id
@@ -30,7 +29,7 @@ from trainyard_core.rpc import pulse
 from trainyard_core.security import authz
 from trainyard_core.store.api import WatchCompacted
 
-from ..domain import listing
+from ..domain import listing, operations
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
 from ..domain.models import Gpu, Job, JobState, Node
@@ -51,6 +50,7 @@ from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
 from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, IdempotentJobGone, Repository, max_gang_nodes
 from . import convert
+from .teams import acting_team
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ def _request_digest(spec: types_pb2.JobSpec, user: str) -> str:
     digest = hashlib.sha256(spec.SerializeToString(deterministic=True))
     digest.update(b"\0" + user.encode())
     return digest.hexdigest()[:32]
+
+
+def _check_reason(reason: str) -> None:
+    if len(reason) > contract.MAX_REASON_LENGTH:
+        raise InvalidArgument(f"reason must be at most {contract.MAX_REASON_LENGTH} characters")
 
 
 def _check_job_id(job_id: str) -> None:
@@ -100,19 +105,8 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         self._policy = policy or PolicyRepository(repo.store, repo.keys)
 
     def _team(self, requested: str) -> str:
-        """The team a call acts for (for reads, '' is every team). The gateway is trusted with its users'
-        team; a tool acts only for the teams the settings bind it to, and must name one. On a plaintext
-        server (no principal) the request is taken as it is."""
-        principal = authz.current_principal.get()
-        if principal is None or principal.kind == "gateway":
-            return requested
-        bound = self._tool_teams.get(principal.name, frozenset()) if principal.kind == "tool" else frozenset()
-        allowed = ", ".join(sorted(bound)) or "none (the scheduler's tool_teams setting binds tools to teams)"
-        if not requested:
-            raise PermissionDenied(f"{principal} must name the team it acts for; its teams: {allowed}")
-        if requested not in bound:
-            raise PermissionDenied(f"{principal} may not act for team {requested!r}; its teams: {allowed}")
-        return requested
+        """The team a call acts for (teams.acting_team: the gateway's users' team, a tool's bound teams)."""
+        return acting_team(requested, self._tool_teams)
 
     def _user(self, requested: str) -> str:
         """Who submitted: the gateway names its user; a tool is its own user."""
@@ -252,6 +246,57 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             self._wake.set()
             return scheduler_pb2.CancelJobResponse(job=await self._view(cancelled))
         raise Conflict(f"job {request.job_id} kept changing; retry the cancel")
+
+    async def HoldJob(self, request: scheduler_pb2.HoldJobRequest,
+                      context: grpc.aio.ServicerContext) -> scheduler_pb2.HoldJobResponse:
+        _check_reason(request.reason)
+        by = self._user(request.user)
+        job = await self._operate(request.job_id, request.team, "hold",
+                                  lambda j, now: operations.hold(j, now, by, request.reason))
+        return scheduler_pb2.HoldJobResponse(job=job)
+
+    async def ReleaseJob(self, request: scheduler_pb2.ReleaseJobRequest,
+                         context: grpc.aio.ServicerContext) -> scheduler_pb2.ReleaseJobResponse:
+        by = self._user(request.user)
+        job = await self._operate(request.job_id, request.team, "release",
+                                  lambda j, now: operations.release(j, now, by))
+        return scheduler_pb2.ReleaseJobResponse(job=job)
+
+    async def SetJobPriority(self, request: scheduler_pb2.SetJobPriorityRequest,
+                             context: grpc.aio.ServicerContext) -> scheduler_pb2.SetJobPriorityResponse:
+        by = self._user(request.user)
+        job = await self._operate(request.job_id, request.team, "priority change",
+                                  lambda j, now: operations.set_priority(j, now, by, request.priority))
+        return scheduler_pb2.SetJobPriorityResponse(job=job)
+
+    async def RequeueJob(self, request: scheduler_pb2.RequeueJobRequest,
+                         context: grpc.aio.ServicerContext) -> scheduler_pb2.RequeueJobResponse:
+        _check_reason(request.reason)
+        by = self._user(request.user)
+        job = await self._operate(request.job_id, request.team, "requeue",
+                                  lambda j, now: operations.request_requeue(j, now, by, request.reason))
+        return scheduler_pb2.RequeueJobResponse(job=job)
+
+    async def _operate(self, job_id: str, team: str, what: str,
+                       change: Callable[[Job, float], Job]) -> types_pb2.Job:
+        """Read the job, apply `change` (operations.py: it returns the job itself when there is nothing to do),
+        CAS-write it and wake the leader; the job as it is now."""
+        for _ in range(10):
+            job, rev = await self._visible(job_id, team)
+            changed = change(job, self._clock.now())
+            if changed is job:
+                return await self._view(job)
+            if rev == 0:  # read from the history store: finished, so no operation changes it
+                raise FailedPrecondition(f"job {job_id} has finished and left etcd; it cannot change")
+            try:
+                await self._repo.update_job(changed, rev)
+            except Conflict:
+                continue
+            with log_context(job_id=job.id):
+                log.info("job %s", what, extra={"event": changed.events[-1].message if changed.events else ""})
+            self._wake.set()
+            return await self._view(changed)
+        raise Conflict(f"job {job_id} kept changing; retry the {what}")
 
     async def WatchJob(self, request: scheduler_pb2.WatchJobRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:

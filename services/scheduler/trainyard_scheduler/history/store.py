@@ -80,6 +80,17 @@ class UsageRecord:
     started_at: float  # unix seconds
     ended_at: float
 
+    @property
+    def key(self) -> UsageKey:
+        """Where the record is in the order `HistoryStore.usage` answers in (`after` of the next page)."""
+        return UsageKey(self.started_at, self.job_id, self.attempt)
+
+
+class UsageKey(NamedTuple):
+    started_at: float
+    job_id: str
+    attempt: int
+
 
 @dataclass(frozen=True, slots=True)
 class ArchivedJob:
@@ -457,15 +468,18 @@ class HistoryStore:
             return await self._assemble(conn, (await conn.execute(query)).all())
 
     async def usage(self, *, team: str = "", since: float | None = None, until: float | None = None,
-                    limit: int = 10_000) -> _Usage:
+                    limit: int = 10_000, after: UsageKey | None = None) -> _Usage:
         """Usage records that overlap [since, until) (started before `until`, ended after `since`), of `team`
-        if given, in order of start (then job id and attempt), at most `limit`."""
+        if given, in order of start (then job id and attempt), at most `limit`. With `after` (the `key` of the
+        last record of a page), only the records that sort after it: the next page."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
         u = usage_records.c
         where = [u.team == team] if team else []
         if until is not None:
             where.append(u.started_at < until)
+        if after is not None:
+            where.append(sa.tuple_(u.started_at, u.job_id, u.attempt) > sa.tuple_(*after))
         async with self._read("query usage") as conn:
             if since is not None:
                 # See ix_usage_records_duration in schema.py; the second of slack absorbs the rounding of

@@ -174,7 +174,7 @@ class _Session:
     def run(self, timer: Callable[[], float] | None) -> PlacementResult:
         by_team: dict[str, list[Job]] = {}
         for job in self.snap.jobs.values():
-            if job.state is JobState.PENDING and not job.cancel_requested:
+            if job.state is JobState.PENDING and not job.cancel_requested and not job.held_by:
                 by_team.setdefault(job.team, []).append(job)
         order = self.profile.order
         heap: list[tuple[tuple[float, ...], str, int]] = []

@@ -92,7 +92,13 @@ def encode_job(job: Job) -> bytes:
         "attempts": [_attempt(a) for a in job.attempts],
         "archived_at": job.archived_at,
         "archived_digest": job.archived_digest,
+        # Written only when set, so a record without them encodes (and digests: archive.content_digest) as before.
+        **_set(held_by=job.held_by, hold_reason=job.hold_reason, requeue_requested_by=job.requeue_requested_by),
     })
+
+
+def _set(**fields: str) -> dict[str, str]:
+    return {k: v for k, v in fields.items() if v}
 
 
 def _attempt(a: AttemptRecord) -> dict[str, Any]:
@@ -134,7 +140,9 @@ def decode_job(raw: bytes) -> Job:
                infra_restarts=d.get("infra_restarts", 0), cancelled_by=d.get("cancelled_by", ""),
                not_before=d.get("not_before", 0.0), preempted_by=tuple(d.get("preempted_by", ())),
                attempts=tuple(_attempt_from(a) for a in d.get("attempts", ())),
-               archived_at=d.get("archived_at"), archived_digest=d.get("archived_digest", ""))
+               archived_at=d.get("archived_at"), archived_digest=d.get("archived_digest", ""),
+               held_by=d.get("held_by", ""), hold_reason=d.get("hold_reason", ""),
+               requeue_requested_by=d.get("requeue_requested_by", ""))
 
 
 def encode_allocation(a: Allocation) -> bytes:
@@ -146,7 +154,7 @@ def encode_allocation(a: Allocation) -> bytes:
         "exits": [_exit(e) for e in a.exits], "stop_reason": a.stop_reason, "infra_failure": a.infra_failure,
         "team": a.team, "priority": list(a.priority), "borrowed": a.borrowed, "preemptible": a.preemptible,
         "preempted_by": a.preempted_by, "stop_signal": a.stop_signal, "stop_grace_s": a.stop_grace_s,
-        "expected_end": a.expected_end,
+        "expected_end": a.expected_end, **_set(requeued_by=a.requeued_by),
     })
 
 
@@ -163,7 +171,7 @@ def decode_allocation(raw: bytes) -> Allocation:
                       priority=_standing(d.get("priority", (0, 0, 0))), borrowed=d.get("borrowed", False),
                       preemptible=d.get("preemptible", True), preempted_by=d.get("preempted_by", ""),
                       stop_signal=d.get("stop_signal", ""), stop_grace_s=d.get("stop_grace_s", 0.0),
-                      expected_end=d.get("expected_end"))
+                      expected_end=d.get("expected_end"), requeued_by=d.get("requeued_by", ""))
 
 
 def _standing(v: Any) -> tuple[int, int, int]:
