@@ -24,6 +24,11 @@ class IdempotencyKeyReused(InvalidArgument):
     would silently answer with a job that is not the one asked for. Use a new key."""
 
 
+class InvalidPageToken(InvalidArgument):
+    """A page token that is well formed but not one this listing handed out, or one handed out for other
+    filters: start again from the first page."""
+
+
 class NotFound(TrainyardError):
     pass
 

@@ -152,12 +152,15 @@ async def test_list_filters_reach_the_scheduler_and_tokens_keep_their_filters(li
                                                "page_token": page["next_page_token"]})
         assert [j["id"] for j in rest.json()["jobs"]] == [first["id"]]
         moved = await a.get("/v1/jobs", params={"page_size": 1, "page_token": page["next_page_token"]})
-        assert moved.status_code == 400 and "other filters" in moved.json()["error"]["message"]
+        assert moved.status_code == 422 and "other filters" in moved.json()["error"]["message"]
+        assert moved.json()["error"]["code"] == "invalid_page_token"
+        forged = await a.get("/v1/jobs", params={"page_token": "bm90LW91cnM"})  # well formed, not ours
+        assert (forged.status_code, forged.json()["error"]["code"]) == (422, "invalid_page_token")
         # Filters nothing can match are empty pages, not errors: the schema calls them valid.
         assert await listed(a, {"label": ["project=atlas", "project=zeus"]}) == []
         backwards = {"submitted_after": "2026-02-01T00:00:00Z", "submitted_before": "2026-01-01T00:00:00Z"}
         assert await listed(a, backwards) == []
-        for bad in ({"label": "project"}, {"page_token": "not a token"}, {"page_token": "bm90LW91cnM"},
+        for bad in ({"label": "project"}, {"page_token": "not a token"}, {"submitted_before": "0.5"},
                     {"submitted_after": "2026-01-01T00:00:00"}, {"user": "a b"}, {"name_prefix": "a\x00"},
                     {"label": "k=" + "v" * 254}, {"label": [f"k{i}=v" for i in range(65)]}):
             reply = await a.get("/v1/jobs", params=bad)
@@ -253,10 +256,12 @@ async def test_openapi_document(gateway: RunningGateway) -> None:
     assert paths["/v1/nodes"]["get"]["security"]
     for item in paths.values():
         for operation in item.values():
-            # Exactly the statuses each route answers: no FastAPI 422 (only the submit's own, for a reused
-            # idempotency key, with the ErrorBody), no 4XX/5XX catch-alls.
+            # Exactly the statuses each route answers: no FastAPI 422 (only the submit's and resubmit's own, for a
+            # reused idempotency key, and the listing's, for a page token of other filters, with the ErrorBody),
+            # no 4XX/5XX catch-alls.
             if "422" in operation["responses"]:
-                assert operation["operationId"] == submit["operationId"]
+                assert operation["operationId"] in (submit["operationId"], paths["/v1/jobs"]["get"]["operationId"],
+                                                    paths["/v1/jobs/{job_id}:resubmit"]["post"]["operationId"])
                 assert operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
                     "/ErrorBody")
             assert not {"4XX", "5XX"} & set(operation["responses"])

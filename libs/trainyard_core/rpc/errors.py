@@ -57,10 +57,12 @@ def status_for(exc: errors.TrainyardError) -> grpc.StatusCode:
 
 # Errors one status code cannot tell apart travel with their kind in this trailing metadata key: etcd being out
 # of space and a rate limit are both RESOURCE_EXHAUSTED, but the gateway answers them 507 and 429; a reused
-# idempotency key is an INVALID_ARGUMENT the gateway answers 422.
+# idempotency key and a page token handed out for other filters are INVALID_ARGUMENTs the gateway answers
+# 422 (the request is well formed: only its meaning is wrong).
 ERROR_KIND = "trainyard-error"
 _KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.StoreOutOfSpace,
-                                                  "idempotency-key-reused": errors.IdempotencyKeyReused}
+                                                  "idempotency-key-reused": errors.IdempotencyKeyReused,
+                                                  "invalid-page-token": errors.InvalidPageToken}
 
 
 def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:

@@ -5,6 +5,7 @@
 | domain error (trainyard_core.errors)   | HTTP | code                 |
 |----------------------------------------|------|----------------------|
 | IdempotencyKeyReused (key, other body) | 422  | idempotency_key_reused |
+| InvalidPageToken (not ours, or other filters) | 422 | invalid_page_token |
 | InvalidArgument, request validation    | 400  | invalid_argument     |
 | FailedPrecondition                     | 409  | failed_precondition  |
 | Unauthenticated                        | 401  | unauthenticated      |
@@ -51,6 +52,7 @@ log = logging.getLogger("trainyard_gateway.http")
 
 _STATUS: list[tuple[type[errors.TrainyardError], int, str]] = [
     (errors.IdempotencyKeyReused, 422, "idempotency_key_reused"),
+    (errors.InvalidPageToken, 422, "invalid_page_token"),
     (errors.InvalidArgument, 400, "invalid_argument"),
     (errors.FailedPrecondition, 409, "failed_precondition"),
     (errors.Unauthenticated, 401, "unauthenticated"),

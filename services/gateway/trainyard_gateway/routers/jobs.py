@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import PlainTextResponse
-from pydantic import AwareDatetime, Field
+from pydantic import Field
 
 from trainyard_core import contract as c
 
@@ -16,7 +16,7 @@ from ..auth import Deps, JobCanceller, JobReader, JobSubmitter, team_scope
 from ..joblogs import job_logs
 from ..schemas.common import OneOf, error_responses
 from ..schemas.jobs import CancelRequest, Job, JobList, JobQuery, JobSubmit
-from .params import JobId
+from .params import JobId, Time
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -57,10 +57,11 @@ async def submit_job(
             description="Live jobs and finished ones (from the history store, after they have left etcd) in one "
                         "listing, newest submission first. Every filter given must match. Pages are keyset pages: "
                         "a job submitted while you page shows on a fresh first page and never shifts the later "
-                        "ones. A `page_token` is only valid with the filters of the page that returned it. "
+                        "ones. A `page_token` is only valid with the filters of the page that returned it: another "
+                        "one (or a token this API did not hand out) is 422 `invalid_page_token`. "
                         "Callers other than operators see their own team's jobs only (`team` naming another "
                         "team lists nothing).",
-            responses=error_responses(400, 401, 403, 429, 503))
+            responses=error_responses(400, 401, 403, 422, 429, 503))
 async def list_jobs(
     principal: JobReader,
     deps: Deps,
@@ -76,13 +77,13 @@ async def list_jobs(
         description="only jobs with this label, as key=value (repeatable: every one must match)")] = None,
     name_prefix: Annotated[str, Query(max_length=c.MAX_JOB_NAME_LENGTH, pattern=c.NO_NUL.pattern,
                                       description="only jobs whose name starts with this")] = "",
-    submitted_after: Annotated[AwareDatetime | None, Query(
+    submitted_after: Annotated[Time | None, Query(
         description="only jobs submitted at or after this time (RFC 3339, with a time zone)")] = None,
-    submitted_before: Annotated[AwareDatetime | None, Query(
+    submitted_before: Annotated[Time | None, Query(
         description="only jobs submitted before this time")] = None,
-    finished_after: Annotated[AwareDatetime | None, Query(
+    finished_after: Annotated[Time | None, Query(
         description="only jobs that finished at or after this time (running jobs never match)")] = None,
-    finished_before: Annotated[AwareDatetime | None, Query(
+    finished_before: Annotated[Time | None, Query(
         description="only jobs that finished before this time")] = None,
 ) -> JobList:
     scope = team_scope(principal)

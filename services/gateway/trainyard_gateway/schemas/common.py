@@ -99,7 +99,9 @@ DESCRIBED = {400: "Invalid request: it breaks this schema (the message names the
                   "but the cluster cannot take it as it is: no node that large, no such queue or priority class, "
                   "a queue still in use; change the request or the cluster), `conflict` (a concurrent change won: "
                   "read again and retry) or `already_exists`",
-             422: "`idempotency_key_reused`: the Idempotency-Key was used for another request; use a new key",
+             422: "Well formed, but not usable as meant: `idempotency_key_reused` (the Idempotency-Key was used "
+                  "for another request; use a new key) or `invalid_page_token` (a page token not handed out for "
+                  "these filters; start from the first page)",
              429: "Quota or rate limit reached",
              503: "A dependency (scheduler, agent, etcd) is unavailable; retry",
              507: "etcd is out of space (its NOSPACE alarm): the write was not applied; an operator must free "

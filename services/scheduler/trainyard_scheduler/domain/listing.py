@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from trainyard_core import contract
-from trainyard_core.errors import InvalidArgument
+from trainyard_core.errors import InvalidArgument, InvalidPageToken
 from trainyard_core.ids import is_valid_id
 
 from .models import Job, JobState
@@ -119,11 +119,12 @@ def encode_token(last_job_id: str, flt: JobFilter) -> str:
 
 
 def decode_token(token: str, flt: JobFilter) -> str:
-    """The cursor a token carries (only jobs with ids below it are listed); InvalidArgument for a token that
-    is not one of ours, or one that came with another filter."""
+    """The cursor a token carries (only jobs with ids below it are listed); InvalidPageToken (an
+    InvalidArgument the gateway answers 422) for a token that is not one of ours, or one that came with
+    another filter."""
     if not token:
         return ""
-    bad = InvalidArgument("page_token is not a token this API issued: pass next_page_token of the previous "
+    bad = InvalidPageToken("page_token is not a token this API issued: pass next_page_token of the previous "
                           "page unchanged, or none for the first page")
     if not contract.PAGE_TOKEN.matches(token):
         raise bad
@@ -136,7 +137,7 @@ def decode_token(token: str, flt: JobFilter) -> str:
     if not is_valid_id(body["b"]):
         raise bad
     if body.get("f") != flt.digest():
-        raise InvalidArgument("page_token belongs to a listing with other filters: send the same filters as "
+        raise InvalidPageToken("page_token belongs to a listing with other filters: send the same filters as "
                               "for the first page, or start again without a page_token")
     cursor: str = body["b"]
     return cursor
