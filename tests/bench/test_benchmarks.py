@@ -66,6 +66,16 @@ FIGURES: dict[str, set[str]] = {
     "history": {
         "jobs", "archive_per_s_postgres", "archive_per_s_sqlite", "list_p50_ms_postgres", "list_p50_ms_sqlite",
         "list_p95_ms_postgres", "list_p95_ms_sqlite", "list_p95_vs_target_postgres", "list_p95_vs_target_sqlite",
+        "fleet_nodes", "running_gangs", "pending_jobs", "pushed_jobs", "cycle_ms_none", "cycle_ms_history",
+        "cycle_ms_vs_history", "cycle_ms_p90_vs_history", "cycles_sampled", "cycle_ms_twins_before_push",
+        "leader_rss_mb_none", "leader_rss_mb_history", "leader_rss_mb_vs_history", "leader_rss_twins_before_push",
+        "leader_rss_mb_peak_during_push", "leader_rss_mb_per_100k_jobs_after_first_tenth", "mirror_keys_none",
+        "mirror_keys_history", "leader_archive_per_s", "etcd_db_mb_before_push",
+        "etcd_db_mb_after_100k_jobs_undefragmented", "etcd_db_in_use_mb_after_100k_jobs_undefragmented",
+        "etcd_db_in_use_mb_after_100k_jobs_compacted", "etcd_db_mb_after_100k_jobs",
+        "etcd_db_in_use_mb_after_100k_jobs", "etcd_db_vs_target", "etcd_job_keys_after_push",
+        "etcd_audit_entries_after_push", "etcd_audit_mb_after_push", "etcd_db_mb_after_100k_jobs_without_audit",
+        "completion_per_s", "archive_vs_completion",
     },
     "recovery": {
         "rounds", "detect_s", "detect_s_median", "detect_to_running_s", "detect_to_running_s_median",
@@ -99,7 +109,8 @@ COUNTS: dict[str, dict[str, float]] = {
     "fleet": {"nodes": fleet.TINY.nodes, "stops": 2 * fleet.TINY.stop_rounds * fleet.TINY.stop_per_round},
     "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
                   "windows": heartbeat.TINY.rounds},
-    "history": {"jobs": history.TINY.jobs},
+    "history": {"jobs": history.TINY.jobs, "pushed_jobs": history.TINY.push, "fleet_nodes": history.TINY.nodes,
+                "pending_jobs": history.TINY.pending},
     "recovery": {"rounds": recovery.TINY.rounds},
     "scheduler": {
         "fleet_nodes": scheduler.TINY.nodes, "fleet_gpus": scheduler.TINY.nodes * scheduler.GPUS_PER_NODE,
@@ -135,6 +146,29 @@ def test_tiny_benchmark_writes_its_figures(name: str, tmp_path: Path) -> None:
     assert not not_finite, f"{name}: figures that are not finite numbers: {not_finite}"
     for key, want in COUNTS[name].items():
         assert figures[key] == pytest.approx(want), f"{name}.{key}: {figures[key]} != {want}"
+    if name in SANE:
+        SANE[name](figures)
+
+
+def _history_is_sane(f: dict[str, Any]) -> None:
+    """What the tiny history run's figures must say whatever the machine's speed: every pushed job went through
+    and left etcd (the leader's etcd and mirror hold what its twin's do), the audit log kept a submit and a
+    cancel of each, and every time, size, rate and ratio is a positive number."""
+    assert f["etcd_job_keys_after_push"] == f["running_gangs"] + f["pending_jobs"], "pushed jobs left in etcd"
+    assert f["mirror_keys_history"] == f["mirror_keys_none"], "the leader's mirror holds more than its twin's"
+    assert f["etcd_audit_entries_after_push"] >= 2 * f["pushed_jobs"]
+    assert f["cycles_sampled"] > 0 and f["running_gangs"] > 0
+    assert f["etcd_db_mb_after_100k_jobs"] <= f["etcd_db_mb_after_100k_jobs_undefragmented"]
+    assert f["etcd_db_mb_after_100k_jobs_without_audit"] <= f["etcd_db_mb_after_100k_jobs"]
+    for key in ("leader_rss_mb_none", "leader_rss_mb_history"):
+        assert 10 < f[key] < 10_000, f"{key}: {f[key]} MB"
+    positive = [k for k in FIGURES["history"] if k.startswith(("cycle_ms", "leader_rss_mb_vs", "leader_rss_twins",
+                                                                 "archive_", "list_p", "etcd_db", "completion"))]
+    assert not [k for k in positive if not f[k] > 0], {k: f[k] for k in positive if not f[k] > 0}
+
+
+# Behaviour a benchmark's tiny figures must show beyond being there (not targets: sizes that say nothing of them).
+SANE = {"history": _history_is_sane}
 
 
 # --- the entry point's own rules (in process, no benchmark runs) ---------------------------------------------
