@@ -129,8 +129,9 @@ def compact_and_defrag(etcd: SecureEtcd) -> tuple[dict[str, float], dict[str, fl
 
 def _etcdctl(etcd: SecureEtcd, *args: str) -> str:
     member = etcd.member
-    done = subprocess.run(["etcdctl", f"--endpoints={member.client_url}", *member.etcdctl_tls(), *args],
-                          capture_output=True, text=True, timeout=300)
+    # A physical compaction after 200,000 deletes, or a defragmentation, outlasts etcdctl's default 5 s.
+    done = subprocess.run(["etcdctl", f"--endpoints={member.client_url}", "--command-timeout=300s",
+                           *member.etcdctl_tls(), *args], capture_output=True, text=True, timeout=330)
     if done.returncode != 0:
         raise RuntimeError(f"etcdctl {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return done.stdout

@@ -30,7 +30,7 @@ fleet (`nodes` 8-GPU nodes of the simulator's mixed fleet, registered in etcd) a
 submitted through JobService: running gangs of 1, 1, 2 and 4 nodes until the fleet is full, and `pending`
 one-node jobs waiting behind them; `reconcile_interval_s` 0.1. The fleet is small on purpose: a cycle's cost
 grows with nodes and active jobs (about 17 ms at 512 nodes here), the loop runs one after every change, and
-during the push that leaves the leader 25 jobs/s (100,000 in over an hour) against about 75 at 64 nodes;
+during the push that leaves the leader 25 jobs/s (100,000 in over an hour) against 60-75 at 64 nodes;
 and the smaller a cycle, the larger a share of it any cost that grew with history would be.
 
 Leader "none" archives into an empty PostgreSQL database and never finishes a job. Leader "history" archives
