@@ -16,8 +16,9 @@ Sinks:
   page read, so a page's successor is the same whatever was appended meanwhile (new entries sort before
   it). Retention: each entry is put under one etcd lease per time bucket (an hour) with a TTL of
   `retention_s` + one bucket, granted by the first append of the bucket, so an entry lives at least
-  `retention_s` and etcd drops a whole hour at once. The SQL history store (issue 14) is to take the audit
-  log over; until then, etcd holds it.
+  `retention_s` and etcd drops a whole hour at once. With a history store, the scheduler's leader moves the
+  entries out of etcd within seconds (trainyard_scheduler.audit_archive), and reads merge both parts; the
+  lease is then what bounds the entries an outage of the history store leaves in etcd.
 - `AuditFile` (node agent, which has no etcd access): JSON lines under its state directory, fsynced per
   entry, rotated by size.
 
@@ -118,6 +119,20 @@ def entry_id_time(entry_id: str) -> float:
 
 def _is_entry_id(value: str) -> bool:
     return len(value) == _ID_LENGTH and all(ch in _ALPHABET for ch in value)
+
+
+def ids_between(since: float | None, until: float | None) -> tuple[str | None, str | None]:
+    """(after, through): the ids of entries stamped in [since, until], to the microsecond, are those above
+    `after` and at most `through` (None: no bound on that side). Newest first, so `until` gives the lower id."""
+    after = _time_part(_us(until) + 1) + _ALPHABET[-1] * 8 if until is not None else None
+    through = _time_part(_us(since)) + _ALPHABET[-1] * 8 if since is not None else None
+    return after, through
+
+
+def action_name(action: str) -> str:
+    """The last part of an action, after its last '/' or ' ' (`CancelJob` of the gRPC method, `cancel` of
+    `POST /v1/jobs/{job_id}/cancel`): what a filter's short form names."""
+    return action[max(action.rfind("/"), action.rfind(" ")) + 1:]
 
 
 def new_request_id() -> str:
@@ -364,9 +379,9 @@ class AuditLog:
         if not 1 <= page_size <= contract.MAX_PAGE_SIZE:
             raise InvalidArgument(f"page_size must be 1-{contract.MAX_PAGE_SIZE} (got {page_size})")
         start = self.key(decode_page_token(page_token)) if page_token else None
-        if flt.until is not None:
-            # Every id of a time after `until` sorts before this one (its random part at the maximum).
-            bound = self.key(_time_part(_us(flt.until) + 1) + _ALPHABET[-1] * 8)
+        newest, _ = ids_between(None, flt.until)
+        if newest is not None:  # every id of a time after `until` sorts at or before this one
+            bound = self.key(newest)
             start = max(start, bound) if start is not None else bound
         out: list[AuditEntry] = []
         scanned = 0

@@ -131,8 +131,10 @@ class EtcdSettings(BaseSettings):
         return EtcdOptions(endpoints=self.etcd_endpoints, ca_file=path(self.etcd_ca_file),
                            cert_file=path(self.etcd_cert_file), key_file=path(self.etcd_key_file),
                            user=self.etcd_user, password=self.etcd_password if self.etcd_user else None)
-    audit_retention_days: int = Field(30, ge=1, le=3650, description="how long audit entries stay in etcd "
-                                      "(<etcd_prefix>/audit/); each expires between this and one hour more")
+    audit_retention_days: int = Field(30, ge=1, le=3650, description="how long audit entries are kept: in the "
+                                      "history store (the scheduler's leader moves them there from etcd and prunes "
+                                      "older ones), and while in etcd (<etcd_prefix>/audit/), each expires between "
+                                      "this and one hour more")
 
     def audit_retention_s(self) -> float:
         return float(self.audit_retention_days * 86_400)

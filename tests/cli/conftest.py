@@ -62,7 +62,8 @@ async def scheduler(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Pa
 async def gateway(etcd_settings: dict[str, str], key_prefix: str, scheduler: Cluster,
                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
     """A gateway the CLI finds through TRAINYARD_URL / TRAINYARD_TOKEN (the bootstrap operator token)."""
-    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
+    # One deployment, one prefix: the gateway's audit entries are where the scheduler's AuditService reads.
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=scheduler.settings.etcd_prefix,
                                scheduler_address=scheduler.address) as gw:
         monkeypatch.setenv("TRAINYARD_URL", gw.url)
         monkeypatch.setenv("TRAINYARD_TOKEN", gw.admin_token)

@@ -31,12 +31,16 @@ async def test_audit_shows_who_did_what(cli: Any, gateway: RunningGateway) -> No
     assert [e["target"] for e in entries] == [f"job/{job_ids[2]}", f"job/{job_ids[1]}"]
 
     r = await cli("audit", "--target", f"job/{job_ids[0]}", "--json")
-    assert {e["action"] for e in json.loads(r.out)["entries"]} == {"POST /v1/jobs", "POST /v1/jobs/{job_id}:cancel"}
+    # Both services' entries of the job: the gateway's HTTP routes and the scheduler's RPCs they called.
+    assert {e["action"] for e in json.loads(r.out)["entries"]} == {
+        "POST /v1/jobs", "POST /v1/jobs/{job_id}:cancel", "/trainyard.scheduler.v1.JobService/SubmitJob",
+        "/trainyard.scheduler.v1.JobService/CancelJob"}
 
     async with gateway.client(alice) as http:
         reply = await http.post("/v1/jobs", json=JOB, headers={"X-Request-Id": "req-cli-1"})
     r = await cli("audit", "--request-id", "req-cli-1", "--json")
-    assert [(e["service"], e["request_id"]) for e in json.loads(r.out)["entries"]] == [("gateway", "req-cli-1")]
+    assert sorted((e["service"], e["request_id"]) for e in json.loads(r.out)["entries"]) == [
+        ("gateway", "req-cli-1"), ("scheduler", "req-cli-1")], "every service the request reached"
     assert reply.status_code == 201
 
     r = await cli("audit", "--user", "nobody")

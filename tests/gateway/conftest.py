@@ -34,7 +34,8 @@ async def scheduler(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Pa
 @pytest.fixture
 async def live_gateway(etcd_settings: dict[str, str], key_prefix: str,
                        scheduler: Cluster) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
+    # One deployment, one prefix: the gateway's audit entries are where the scheduler's AuditService reads.
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=scheduler.settings.etcd_prefix,
                                scheduler_address=scheduler.address) as gw:
         yield gw
 
@@ -50,6 +51,7 @@ async def cluster(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Path
 @pytest.fixture
 async def cluster_gateway(etcd_settings: dict[str, str], key_prefix: str,
                           cluster: Cluster) -> AsyncIterator[RunningGateway]:
-    async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
+    # One deployment, one prefix: the gateway's audit entries are where the scheduler's AuditService reads.
+    async with running_gateway(etcd=etcd_settings, etcd_prefix=cluster.settings.etcd_prefix,
                                scheduler_address=cluster.address) as gw:
         yield gw

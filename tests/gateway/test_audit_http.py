@@ -8,12 +8,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from trainyard_core.audit import AuditFilter, AuditLog
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.wait import eventually
 
 from .support import Cluster, RunningGateway
 
@@ -135,7 +137,9 @@ async def test_the_scheduler_records_the_same_request(live_gateway: RunningGatew
     assert reply.status_code == 201
     job_id = reply.json()["id"]
     scheduler_log = AuditLog(etcd_store, scheduler.settings.etcd_prefix)
-    [seen] = (await scheduler_log.query(AuditFilter(request_id="req-shared-1"))).entries
+    both = (await scheduler_log.query(AuditFilter(request_id="req-shared-1"))).entries
+    assert sorted(e.service for e in both) == ["gateway", "scheduler"], "one request, one entry per service"
+    [seen] = [e for e in both if e.service == "scheduler"]
     assert (seen.service, seen.action, seen.target, seen.team) == \
         ("scheduler", "/trainyard.scheduler.v1.JobService/SubmitJob", f"job/{job_id}", "vision")
     assert seen.detail["user"] == "alice"
@@ -228,3 +232,40 @@ async def test_a_refused_submit_keeps_no_env_value(live_gateway: RunningGateway)
     [e] = (await log.query(AuditFilter(request_id=reply.headers["x-request-id"]))).entries
     assert e.result == "invalid_argument" and "env.API_KEY" in e.message
     assert "hunter2" not in e.to_json().decode()
+
+
+async def test_the_audit_log_leaves_etcd_and_reads_the_same(etcd_settings: dict[str, str], key_prefix: str,
+                                                            tmp_path: Path, etcd_store: EtcdStore) -> None:
+    """With a history store, the leader moves every entry out of etcd; GET /v1/audit answers as before, across
+    the entries moved and those not moved yet."""
+    from .support import running_cluster, running_gateway
+
+    async with running_cluster(etcd=etcd_settings, prefix=key_prefix + "moved", state_root=tmp_path / "nodes",
+                               history_url=f"sqlite+aiosqlite:///{tmp_path / 'history.db'}") as cluster, \
+            running_gateway(etcd=etcd_settings, etcd_prefix=cluster.settings.etcd_prefix,
+                            scheduler_address=cluster.address) as gw:
+        log = AuditLog(etcd_store, cluster.settings.etcd_prefix)
+        member = await gw.create_token("vision", "alice", role="member")
+        async with gw.client(member) as alice:
+            ids = [(await alice.post("/v1/jobs", json=JOB)).json()["id"] for _ in range(4)]
+
+        async def moved() -> bool:
+            return not (await etcd_store.range(log.prefix)).kvs
+        await eventually(moved, timeout=20, what="the leader moves the audit log out of etcd")
+        async with gw.client(member) as alice:  # and one more, which may still be in etcd when read
+            ids.append((await alice.post("/v1/jobs", json=JOB)).json()["id"])
+        async with gw.client(gw.admin_token) as op:
+            seen: list[dict[str, Any]] = []
+            token = ""
+            while True:
+                page = (await op.get("/v1/audit", params={"team": "vision", "page_size": 2,
+                                                          **({"page_token": token} if token else {})})).json()
+                seen += page["entries"]
+                token = page["next_page_token"]
+                if not token:
+                    break
+        gateway_side = [e["target"] for e in seen if e["service"] == "gateway" and e["action"] == "POST /v1/jobs"]
+        assert gateway_side == [f"job/{i}" for i in reversed(ids)], "each submit once, newest first"
+        scheduler_side = [e["target"] for e in seen if e["service"] == "scheduler"]
+        assert scheduler_side == [f"job/{i}" for i in reversed(ids)]
+        assert len({e["id"] for e in seen}) == len(seen)

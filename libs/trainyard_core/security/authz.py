@@ -76,6 +76,7 @@ JOBS = "trainyard.scheduler.v1.JobService"
 NODES = "trainyard.scheduler.v1.NodeService"
 POLICY = "trainyard.scheduler.v1.PolicyService"
 USAGE = "trainyard.scheduler.v1.UsageService"
+AUDIT = "trainyard.scheduler.v1.AuditService"
 CHECKPOINTS = "trainyard.checkpoint.v1.CheckpointService"
 TOKENS = "trainyard.gateway.v1.TokenService"
 HEALTH = "grpc.health.v1.Health"
@@ -118,6 +119,8 @@ RULES: Mapping[str, Rule] = {
                         "DeleteQuota"), rule("gateway", "tool")),
     # Usage and cost: the gateway (its users' team, or every team for operators) and tools (their teams).
     f"/{USAGE}/GetUsage": rule("gateway", "tool"),
+    # The audit log spans every team: only the gateway, for its operators (GET /v1/audit checks the role).
+    f"/{AUDIT}/ListAuditEntries": rule("gateway"),
     # Checkpoints: a job's workers (its credential, for its own job and attempt only) call what the checkpoint
     # client uses; the gateway (users) and tools act on their team's jobs (x-trainyard-team); the scheduler on
     # any job. Bound by the checkpoint-store's JobBinding (trainyard_checkpoint/access.py).

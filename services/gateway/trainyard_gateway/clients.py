@@ -20,7 +20,15 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
-from trainyard.scheduler.v1 import policy_pb2, policy_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, usage_pb2_grpc
+from trainyard.scheduler.v1 import (
+    audit_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    usage_pb2_grpc,
+)
+from trainyard_core.audit import AuditFilter, AuditPage
 from trainyard_core.errors import FailedPrecondition, Unavailable
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
@@ -70,6 +78,7 @@ class _SchedulerStubs:
         self.nodes = scheduler_pb2_grpc.NodeServiceStub(channel)
         self.policy = policy_pb2_grpc.PolicyServiceStub(channel)
         self.usage = usage_pb2_grpc.UsageServiceStub(channel)
+        self.audit = audit_pb2_grpc.AuditServiceStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
 
 
@@ -107,6 +116,10 @@ class SchedulerClient:
     @property
     def _usage(self) -> usage_pb2_grpc.UsageServiceStub:
         return self._main.on(self._channel()).usage
+
+    @property
+    def _audit(self) -> audit_pb2_grpc.AuditServiceStub:
+        return self._main.on(self._channel()).audit
 
     @property
     def _health(self) -> health_pb2_grpc.HealthStub:
@@ -268,6 +281,12 @@ class SchedulerClient:
         request = convert.usage_request_to_pb(since=since, until=until, group_by=group_by, team=team, limit=limit)
         reply = await _call("scheduler", self._usage.GetUsage(request, timeout=self._timeout))
         return convert.usage_from_pb(reply, since=since, until=until, team=team)
+
+    async def list_audit(self, flt: AuditFilter, *, page_size: int, page_token: str) -> AuditPage:
+        """Any replica answers (etcd's entries not moved yet, merged with the history store's)."""
+        request = convert.audit_request_to_pb(flt, page_size=page_size, page_token=page_token)
+        return convert.audit_page_from_pb(await _call("scheduler", self._audit.ListAuditEntries(
+            request, timeout=self._timeout)))
 
     async def check_health(self, timeout_s: float) -> str:
         """'' when the scheduler answers SERVING, else why not."""

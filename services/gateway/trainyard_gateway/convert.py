@@ -11,7 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from trainyard.agent.v1 import agent_pb2
 from trainyard.common.v1 import types_pb2
 from trainyard.gateway.v1 import gateway_pb2
-from trainyard.scheduler.v1 import scheduler_pb2, usage_pb2
+from trainyard.scheduler.v1 import audit_pb2, scheduler_pb2, usage_pb2
+from trainyard_core import audit
 from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState, Role
 
 from .schemas import jobs as js
@@ -240,3 +241,27 @@ def usage_from_pb(pb: usage_pb2.GetUsageResponse, *, since: datetime, until: dat
         "prices": dict(pb.prices), "rows": [UsageRow(group=r.group, **_amount(r)) for r in pb.rows],
         "groups": pb.groups, "total": UsageAmount(**_amount(pb.total)), "unpriced_models": list(pb.unpriced_models),
         "computed_at": pb.computed_at.ToDatetime(tzinfo=UTC)})
+
+
+def _pb_seconds(t: float) -> Timestamp:
+    whole = int(t // 1)
+    return Timestamp(seconds=whole, nanos=min(999_999_999, round((t - whole) * 1e9)))
+
+
+def audit_request_to_pb(flt: audit.AuditFilter, *, page_size: int,
+                        page_token: str) -> audit_pb2.ListAuditEntriesRequest:
+    pb = audit_pb2.ListAuditEntriesRequest(
+        principal=flt.principal, user=flt.user, team=flt.team, action=flt.action, target=flt.target,
+        result=flt.result, request_id=flt.request_id, page_size=page_size, page_token=page_token)
+    if flt.since is not None:
+        pb.since.CopyFrom(_pb_seconds(flt.since))
+    if flt.until is not None:
+        pb.until.CopyFrom(_pb_seconds(flt.until))
+    return pb
+
+
+def audit_page_from_pb(pb: audit_pb2.ListAuditEntriesResponse) -> audit.AuditPage:
+    return audit.AuditPage(entries=[audit.AuditEntry(
+        id=e.id, time=e.time.seconds + e.time.nanos / 1e9, principal=e.principal, role=e.role, service=e.service,
+        action=e.action, target=e.target, team=e.team, result=e.result, message=e.message, request_id=e.request_id,
+        detail=dict(e.detail)) for e in pb.entries], next_page_token=pb.next_page_token)

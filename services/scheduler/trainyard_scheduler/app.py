@@ -8,6 +8,8 @@ import logging
 import socket
 
 from trainyard.scheduler.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
     policy_pb2,
     policy_pb2_grpc,
     scheduler_pb2,
@@ -29,7 +31,9 @@ from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics, pulses
 from .archive import Archiver, ArchiveSettings
+from .audit_archive import AuditMover, AuditReader, MoveSettings
 from .grpc.agent_client import GrpcAgents
+from .grpc.audit_servicer import AuditServicer
 from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
 from .grpc.usage_servicer import UsageServicer
@@ -80,6 +84,7 @@ class SchedulerApp:
         self._leader_task: asyncio.Task[None] | None = None
         self.reconciler: Reconciler | None = None
         self.archiver: Archiver | None = None
+        self.audit_mover: AuditMover | None = None
         self.history = History(settings.history()) if settings.history() else None
 
     async def start(self) -> None:
@@ -112,16 +117,19 @@ class SchedulerApp:
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),
                                                    clock=self.clock), tool_teams=s.tool_team_map())
+        audit_servicer = AuditServicer(AuditReader(self.audit, self.history))
 
         def register(server: object) -> None:
             scheduler_pb2_grpc.add_JobServiceServicer_to_server(job_servicer, server)
             scheduler_pb2_grpc.add_NodeServiceServicer_to_server(node_servicer, server)
             policy_pb2_grpc.add_PolicyServiceServicer_to_server(policy_servicer, server)
             usage_pb2_grpc.add_UsageServiceServicer_to_server(usage_servicer, server)
+            audit_pb2_grpc.add_AuditServiceServicer_to_server(audit_servicer, server)
 
         names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         names.append(usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name)
+        names.append(audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name)
         self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                                service_names=names, tls=s.tls, audit=self.audit,
                                                audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
@@ -135,6 +143,7 @@ class SchedulerApp:
         election_holder.append(election)
         self._election = election
         self._repo = repo
+        self._txn_ops = txn_ops
         self._node_servicer = node_servicer
         self._leader_task = asyncio.create_task(self._lead(election, repo), name="leadership")
         log.info("scheduler serving", extra={"grpc_port": self.grpc_port, "identity": identity})
@@ -175,7 +184,7 @@ class SchedulerApp:
 
             watcher = asyncio.create_task(watch_loss())
             ticker = asyncio.create_task(self.liveness.run_ticker(stop_term), name="liveness ticker")
-            archiving: asyncio.Task[None] | None = None
+            archiving: list[asyncio.Task[None]] = []
             if self.history is not None:
                 self.archiver = Archiver(repo=repo, mirror=self._mirror, history=self.history, clock=self.clock,
                                          settings=ArchiveSettings(
@@ -183,11 +192,16 @@ class SchedulerApp:
                                              job_retention_s=s.history_job_retention_days * 86400.0,
                                              usage_retention_s=s.history_usage_retention_days * 86400.0),
                                          leading=functools.partial(_not_set, stop_term))
-                archiving = asyncio.create_task(self.archiver.run(stop_term), name="archiver")
+                archiving.append(asyncio.create_task(self.archiver.run(stop_term), name="archiver"))
+                self.audit_mover = AuditMover(store=self.store, log_=self.audit, history=self.history,
+                                              clock=self.clock, settings=MoveSettings(
+                                                  retention_s=s.audit_retention_s(), txn_ops=self._txn_ops),
+                                              leading=functools.partial(_not_set, stop_term))
+                archiving.append(asyncio.create_task(self.audit_mover.run(stop_term), name="audit mover"))
             await self.reconciler.run(stop_term)
             stop_term.set()
-            if archiving is not None:
-                await archiving
+            for task in archiving:
+                await task
             watcher.cancel()
             ticker.cancel()
             self.leadership.step_down()

@@ -35,5 +35,10 @@ HISTORY_ERRORS = Counter("trainyard_scheduler_history_errors_total",
 HISTORY_PRUNED = Counter("trainyard_scheduler_history_pruned_total",
                          "Rows the leader deleted from the history store past their retention, by kind (job: a job's "
                          "row with its labels; usage: a usage record)", ["kind"])
+AUDIT_MOVED = Counter("trainyard_scheduler_audit_moved_total",
+                      "Audit entries the leader moved from etcd into the history store")
+AUDIT_BACKLOG = Gauge("trainyard_scheduler_audit_backlog_entries",
+                      "Audit entries in etcd at the leader's last pass, not yet moved to the history store (they "
+                      "stay there, under their retention lease, until they are)")
 JOBS_EXPIRED = Counter("trainyard_scheduler_jobs_expired_total",
                        "Archived jobs removed from etcd once job_ttl_s had passed since they ended")

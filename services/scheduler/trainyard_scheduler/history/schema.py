@@ -4,7 +4,7 @@ This is the schema at the head revision. The migrations under `migrations/versio
 and never import this module (a migration must keep producing what it produced when it was written); a test
 compares the migrated database with these tables, so the two cannot drift apart unnoticed.
 
-Three tables:
+Four tables:
 
 - `jobs`: one row per finished job. The columns the API filters on, and `record`, the scheduler's own
   encoding of the whole job, kept as opaque bytes so that the archive never loses a field this schema does not
@@ -14,6 +14,10 @@ Three tables:
   project copied in, so that usage reports never join `jobs`. No foreign key to `jobs` (since revision 0002):
   job rows and usage records are pruned on their own schedules (`HistoryStore.prune`), and accounting usually
   outlives the jobs' details, as slurmdbd's PurgeUsageAfter does its PurgeJobAfter.
+
+- `audit_entries`: the audit log of every service (trainyard_core.audit), moved here from etcd by the leader
+  (`AuditMover`), one row per entry under the entry's own id. Ids sort newest first (their byte order is
+  time order, reversed), so "newest first" is ascending id order and a time window is an id range.
 
 Times are unix seconds as double precision, the job's own timestamps (no server clock): exact round trips of
 the floats the scheduler uses, and the same on both backends.
@@ -84,6 +88,10 @@ jobs = sa.Table(
     sa.Index("ix_jobs_finished_at_job_id", "finished_at", "job_id"),  # also what pruning walks, oldest first
     sa.Index("ix_jobs_team_finished_at_job_id", "team", "finished_at", "job_id"),
 )
+# On PostgreSQL, jobs and job_labels are also vacuumed every 10,000 inserted rows (storage parameters that
+# SQLAlchemy does not model, set by migration 0004): an index-only read skips the table only for rows the last
+# VACUUM marked all-visible, and the default (every 20% of the table) would leave the newest rows, the ones
+# newest-first pages read, costing a table read each.
 
 job_labels = sa.Table(
     "job_labels", metadata,
@@ -122,3 +130,31 @@ usage_records = sa.Table(
 # max(duration) one lookup), such a record also started after since - D, so the started_at index reads just
 # [since - D, until), in the order the report wants.
 sa.Index("ix_usage_records_duration", usage_records.c.ended_at - usage_records.c.started_at)
+
+# Every query is "these fields equal, newest first, LIMIT n" (ORDER BY id): each index is led by one filtered
+# field and ends in id. `action_name` is the action's last part (after its last '/' or ' '), the form a filter
+# names most (`CancelJob`); `user_name` is the user of a gateway user's principal ('' for certificates).
+audit_entries = sa.Table(
+    "audit_entries", metadata,
+    sa.Column("id", ordered_text(), primary_key=True),
+    sa.Column("time", unix_time(), nullable=False),
+    sa.Column("principal", sa.Text(), nullable=False),
+    sa.Column("user_name", sa.Text(), nullable=False),
+    sa.Column("role", sa.Text(), nullable=False),
+    sa.Column("service", sa.Text(), nullable=False),
+    sa.Column("action", sa.Text(), nullable=False),
+    sa.Column("action_name", sa.Text(), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("team", sa.Text(), nullable=False),
+    sa.Column("result", sa.Text(), nullable=False),
+    sa.Column("message", sa.Text(), nullable=False),
+    sa.Column("request_id", sa.Text(), nullable=False),
+    sa.Column("detail", sa.Text(), nullable=False),  # a JSON object of strings
+    sa.Index("ix_audit_entries_principal_id", "principal", "id"),
+    sa.Index("ix_audit_entries_user_name_id", "user_name", "id"),
+    sa.Index("ix_audit_entries_team_id", "team", "id"),
+    sa.Index("ix_audit_entries_action_name_id", "action_name", "id"),
+    sa.Index("ix_audit_entries_target_id", "target", "id"),
+    sa.Index("ix_audit_entries_result_id", "result", "id"),
+    sa.Index("ix_audit_entries_request_id_id", "request_id", "id"),
+)
