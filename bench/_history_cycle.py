@@ -351,8 +351,9 @@ async def compare(load: LeaderLoad, workdir: Path, history_urls: dict[str, str])
         after = await _windows(load, leaders)
         status = {n: await ld.ask("status") for n, ld in leaders.items()}
 
-        # What etcd would hold with the audit log elsewhere (it is to move to the history store): the same
-        # member with the audit entries deleted, compacted and defragmented again.
+        # The leader moves the audit log into the history store (audit_archive.py); what is left of it in etcd is
+        # the mover's backlog at the push's end. The same member with that deleted too, compacted and defragmented
+        # again: what etcd holds for everything but the audit log.
         _etcdctl(etcds["history"], "del", "--prefix", f"{PREFIX}/audit/")
         _, without_audit = await asyncio.to_thread(compact_and_defrag, etcds["history"])
     finally:

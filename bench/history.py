@@ -22,6 +22,9 @@ page of one of these), timed one at a time:
 
 - `list_p95_ms_postgres`, `list_p95_ms_sqlite` (target <= 50 ms at 1,000,000 jobs), `list_p50_ms_*`,
   `list_p95_vs_target_*` (p95 / 50 ms).
+- `list_p95_ms_<store>_<kind>`: the same p95 over the pages of one kind of filter (`KINDS`: team, team_state,
+  user, label, name_prefix, finished_window, queue_state, next_page; about an eighth of `queries` each, so a
+  rougher figure), to say which kind a slow overall p95 comes from. A kind the draw did not pick has none.
 
 **The leaders** (bench/_history_cycle.py, each `bench/_history_leader.py`: a `SchedulerApp` in a process of
 its own, mTLS, the scheduler's gc tuning and INFO JSON logs, agents that accept every launch; each its own
@@ -127,12 +130,17 @@ class Config:
 TINY = Config(jobs=2_000, slice=1_000, batch=200, queries=20, nodes=16, pending=8, push=300, rounds=2, window_s=1.0)
 
 
-def _filters(config: Config, rng: random.Random) -> list[Callable[[HistoryStore], Awaitable[object]]]:
+# The filter kinds `_filters` draws, in the order it numbers them; each names its `list_p95_ms_<store>_<kind>`.
+KINDS = ("team", "team_state", "user", "label", "name_prefix", "finished_window", "queue_state", "next_page")
+
+
+def _filters(config: Config, rng: random.Random) -> list[tuple[str, Callable[[HistoryStore], Awaitable[object]]]]:
+    """`config.queries` pages to ask for, each with the name of its kind (one of KINDS)."""
     span = config.jobs * 0.5
-    out: list[Callable[[HistoryStore], Awaitable[object]]] = []
+    out: list[tuple[str, Callable[[HistoryStore], Awaitable[object]]]] = []
     for _ in range(config.queries):
         team = TEAMS[rng.randrange(len(TEAMS))]
-        kind = rng.randrange(8)
+        kind = rng.randrange(len(KINDS))
         start = T0 + rng.uniform(0, span)
         flt = [JobFilter(team=team),
                JobFilter(team=team, states=frozenset({"failed"})),
@@ -143,7 +151,7 @@ def _filters(config: Config, rng: random.Random) -> list[Callable[[HistoryStore]
                JobFilter(queue=rng.choice(QUEUES), states=frozenset({"cancelled"})),
                JobFilter(team=team)][kind]
         before = f"job-{rng.randrange(config.jobs):012d}" if kind == 7 else ""
-        out.append(functools.partial(_page, flt=flt, limit=config.page, before=before))
+        out.append((KINDS[kind], functools.partial(_page, flt=flt, limit=config.page, before=before)))
     return out
 
 
@@ -162,7 +170,8 @@ async def _fill(url: str, bulk: int, config: Config) -> float:
         await store.close()
 
 
-async def _query(url: str, config: Config) -> list[float]:
+async def _query(url: str, config: Config) -> list[tuple[str, float]]:
+    """Each of `_filters`' pages timed once, in milliseconds, with its kind."""
     store = await HistoryStore.open(url)
     try:
         rows = await store.count()
@@ -172,10 +181,10 @@ async def _query(url: str, config: Config) -> list[float]:
         async with store.engine.begin() as conn:
             await conn.execute(sa.text("ANALYZE"))
         times = []
-        for query in _filters(config, random.Random(config.seed + 1)):
+        for kind, query in _filters(config, random.Random(config.seed + 1)):
             t = time.perf_counter()
             await query(store)
-            times.append((time.perf_counter() - t) * 1e3)
+            times.append((kind, (time.perf_counter() - t) * 1e3))
         return times
     finally:
         await store.close()
@@ -210,11 +219,15 @@ def run(config: Config = Config()) -> dict[str, float]:
             leaders = asyncio.run(compare(config.leader_load(), base, {
                 "none": server.create_database("history_none"), "history": urls["postgres"]}))
             for name, url in urls.items():
-                times = asyncio.run(_query(url, config))
+                timed = asyncio.run(_query(url, config))
+                times = [ms for _, ms in timed]
                 figures[f"archive_per_s_{name}"] = rates[name]
                 figures[f"list_p50_ms_{name}"] = statistics.median(times)
                 figures[f"list_p95_ms_{name}"] = _p95(times)
                 figures[f"list_p95_vs_target_{name}"] = _p95(times) / 50.0
+                for kind in KINDS:  # a kind the draw never picked (a small run) has no figure
+                    if of_kind := [ms for k, ms in timed if k == kind]:
+                        figures[f"list_p95_ms_{name}_{kind}"] = _p95(of_kind)
         finally:
             postgres.stop_and_clean(server)
     figures.update(leaders)

@@ -330,7 +330,7 @@ async def test_the_migrations_create_exactly_the_schema_the_store_queries(histor
                     "SELECT table_name, column_name FROM information_schema.columns "
                     "WHERE table_schema = current_schema() AND collation_name = 'C'"))}
             assert collated == {("jobs", "job_id"), ("jobs", "name"), ("job_labels", "job_id"),
-                                ("usage_records", "job_id")}
+                                ("usage_records", "job_id"), ("audit_entries", "id")}
     finally:
         await engine.dispose()
 

@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from ..domain.listing import JobFilter as JobFilter
 from . import migrate as migrations
+from .audit_store import AuditTable
 from .schema import job_labels, jobs, usage_records
 
 # The drivers the store runs on, and what a URL without a driver means.
@@ -253,7 +254,8 @@ def _prefix_upper_bound(prefix: str) -> str | None:
 # which left the newest rows, the ones these pages read most, out of the visibility map. Other shapes were
 # measured and dropped: a label walked newest first with a lookup per job id wins only where the rows are not
 # all-visible, and loses to the merge join the planner picks where they are. What stays slow: an upper time
-# bound far in the past with more than the cap of jobs before it and many after it (everything newer is walked past); page by `before` (ids sort by submission time) for that.
+# bound far in the past with more than the cap of jobs before it and many after it (everything newer is walked
+# past); page by `before` (ids sort by submission time) for that.
 _LABEL_DRIVER_CAP = 10_000
 _RANGE_DRIVER_CAP = 50_000
 
@@ -372,6 +374,8 @@ class HistoryStore:
         self._url = engine.url
         self._postgres = engine.dialect.name == "postgresql"
         self._clock = clock
+        # The audit log's table (audit_store.py), in the same database and transactions.
+        self.audit = AuditTable(self._read, self._write, postgres=self._postgres)
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True, connect_timeout: float = 5.0,
