@@ -33,6 +33,7 @@ from trainyard_core.security.tls import ClientTls
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing import etcd_secure
 from trainyard_core.testing.etcd_secure import SecureEtcd
+from trainyard_scheduler.history import HistoryStore
 from trainyard_scheduler.sim import make_fleet
 from trainyard_scheduler.state.codec import encode_node
 from trainyard_scheduler.state.keys import Keys
@@ -347,6 +348,11 @@ async def compare(load: LeaderLoad, workdir: Path, history_urls: dict[str, str])
             job_keys, _ = await _prefix_size(store, keys.jobs)
         finally:
             await store.close()
+        history = await HistoryStore.open(history_urls["history"], migrate=False)
+        try:
+            audit_moved = await history.audit.count()  # the entries the leader moved out of etcd
+        finally:
+            await history.close()
 
         after = await _windows(load, leaders)
         status = {n: await ld.ask("status") for n, ld in leaders.items()}
@@ -395,6 +401,7 @@ async def compare(load: LeaderLoad, workdir: Path, history_urls: dict[str, str])
         "etcd_job_keys_after_push": float(job_keys),
         "etcd_audit_entries_after_push": float(audit_keys),
         "etcd_audit_mb_after_push": audit_bytes / MB,
+        "history_audit_entries_after_push": float(audit_moved),
         "etcd_db_mb_after_100k_jobs_without_audit": without_audit["db_mb"],
     }
 

@@ -71,10 +71,10 @@ etcd of the "history" leader after the push (its maintenance Status RPC, `etcdct
   push`: the fleet and the active load alone. The figures are named for 100,000 jobs; `pushed_jobs` says how
   many went through (TINY: a few hundred).
 - `etcd_job_keys_after_push` (the active load's jobs only), `etcd_audit_entries_after_push`,
-  `etcd_audit_mb_after_push` (keys and values): the audit log (one entry per submit and per cancel, kept
-  `audit_retention_days`, 30) stays in etcd; `etcd_db_mb_after_100k_jobs_without_audit`: the same member
-  with the audit entries deleted, compacted and defragmented again (what it would hold once the audit log
-  moves to the history store, as trainyard_core/audit.py plans).
+  `etcd_audit_mb_after_push` (keys and values): the audit entries (one per submit and per cancel) still in
+  etcd, which is the leader's mover's backlog (audit_archive.py moves them to the history store within
+  seconds); `history_audit_entries_after_push`: those it moved; `etcd_db_mb_after_100k_jobs_without_audit`:
+  the same member with that backlog deleted too, compacted and defragmented again.
 
 **Against the scheduler's completion rate.** `completion_per_s`: the rate jobs arrive, and so finish, in
 bench/scheduler.py's full-size main run (its trace for 10,000 nodes at LOAD 0.5, which its simulation keeps
