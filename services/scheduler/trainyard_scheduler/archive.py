@@ -269,10 +269,10 @@ class Archiver:
                 wait = self._s.retry_s
             if not self._failing:  # while archiving cannot reach the store, neither could a prune
                 await self.prune()
-            await _sleep_or(stop, wait)
+            await sleep_or(stop, wait)
 
 
-async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), seconds)
     except TimeoutError:

@@ -30,6 +30,7 @@ from trainyard_core.errors import Unavailable
 from trainyard_core.store.api import Delete, Store
 
 from . import metrics
+from .archive import sleep_or
 from .history.access import History
 from .history.store import HistoryUnavailable
 
@@ -145,10 +146,7 @@ class AuditMover:
             except Exception:  # a bug here must not end the term's other work
                 log.exception("moving the audit log failed; trying again")
                 wait = self._s.retry_s
-            try:
-                await asyncio.wait_for(stop.wait(), wait)
-            except TimeoutError:
-                pass
+            await sleep_or(stop, wait)
 
 
 class AuditReader:

@@ -5,7 +5,6 @@ operators' GET /v1/audit)."""
 from __future__ import annotations
 
 import grpc.aio
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from trainyard.scheduler.v1 import audit_pb2, audit_pb2_grpc
 from trainyard_core import audit
@@ -13,17 +12,9 @@ from trainyard_core import contract as c
 from trainyard_core.errors import InvalidArgument
 
 from ..audit_archive import AuditReader
+from .usage_convert import seconds_of, timestamp_of
 
 _TEXT_FIELDS = ("principal", "user", "team", "action", "target", "result", "request_id")
-
-
-def _seconds(ts: Timestamp) -> float:
-    return ts.seconds + ts.nanos / 1e9
-
-
-def _timestamp(seconds: float) -> Timestamp:
-    whole = int(seconds // 1)
-    return Timestamp(seconds=whole, nanos=min(999_999_999, round((seconds - whole) * 1e9)))
 
 
 def filter_from_pb(request: audit_pb2.ListAuditEntriesRequest) -> audit.AuditFilter:
@@ -32,12 +23,12 @@ def filter_from_pb(request: audit_pb2.ListAuditEntriesRequest) -> audit.AuditFil
             raise InvalidArgument(f"{name} must be at most {audit.MAX_FIELD} characters")
     return audit.AuditFilter(
         **{name: getattr(request, name) for name in _TEXT_FIELDS},
-        since=_seconds(request.since) if request.HasField("since") else None,
-        until=_seconds(request.until) if request.HasField("until") else None)
+        since=seconds_of(request.since) if request.HasField("since") else None,
+        until=seconds_of(request.until) if request.HasField("until") else None)
 
 
 def entry_to_pb(e: audit.AuditEntry) -> audit_pb2.AuditEntry:
-    return audit_pb2.AuditEntry(id=e.id, time=_timestamp(e.time), principal=e.principal, role=e.role,
+    return audit_pb2.AuditEntry(id=e.id, time=timestamp_of(e.time), principal=e.principal, role=e.role,
                                 service=e.service, action=e.action, target=e.target, team=e.team, result=e.result,
                                 message=e.message, request_id=e.request_id, detail=dict(e.detail))
 

@@ -10,12 +10,12 @@ from trainyard_core.errors import InvalidArgument
 from ..domain.usage import Amount, Pricing, UsageReport, Window
 
 
-def _seconds(ts: Timestamp) -> float:
+def seconds_of(ts: Timestamp) -> float:
     # Not ToNanoseconds(): its float division of seconds keeps every nanosecond of a time only near the epoch.
     return ts.seconds + ts.nanos / 1e9
 
 
-def _timestamp(seconds: float) -> Timestamp:
+def timestamp_of(seconds: float) -> Timestamp:
     whole = int(seconds // 1)
     return Timestamp(seconds=whole, nanos=min(999_999_999, round((seconds - whole) * 1e9)))
 
@@ -24,7 +24,7 @@ def window_from_pb(request: usage_pb2.GetUsageRequest) -> Window:
     missing = [name for name in ("since", "until") if not request.HasField(name)]
     if missing:
         raise InvalidArgument(f"{' and '.join(missing)} must be set: a usage window is [since, until)")
-    return Window(_seconds(request.since), _seconds(request.until))
+    return Window(seconds_of(request.since), seconds_of(request.until))
 
 
 def _row(group: str, a: Amount) -> usage_pb2.UsageRow:
@@ -35,8 +35,8 @@ def _row(group: str, a: Amount) -> usage_pb2.UsageRow:
 def report_to_pb(report: UsageReport, *, limit: int, computed_at: float,
                  pricing: Pricing) -> usage_pb2.GetUsageResponse:
     return usage_pb2.GetUsageResponse(
-        since=_timestamp(report.window.start), until=_timestamp(report.window.end), group_by=report.group_by,
+        since=timestamp_of(report.window.start), until=timestamp_of(report.window.end), group_by=report.group_by,
         rows=[_row(r.group, r.amount) for r in report.rows[:limit]], total=_row("", report.total),
         groups=len(report.rows), currency=report.currency,
         prices={model: float(price) for model, price in pricing.per_gpu_hour.items()},
-        unpriced_models=list(report.unpriced_models), computed_at=_timestamp(computed_at))
+        unpriced_models=list(report.unpriced_models), computed_at=timestamp_of(computed_at))
