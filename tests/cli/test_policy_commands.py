@@ -58,7 +58,7 @@ async def test_quotas(cli: Any, policy_gateway: RunningGateway) -> None:
         "vision  2       H100-80GB-HBM3  64       32",
         "vision  2       * (any)         8        unlimited"]
     r = await cli("quotas", "set", "nlp", "--json")
-    assert r.rc == 0 and json.loads(r.out) == {"team": "nlp", "weight": 1.0, "limits": {}}
+    assert r.rc == 0 and json.loads(r.out) == {"team": "nlp", "weight": 1.0, "limits": {}, "use": {}}
     r = await cli("quotas", "--json")
     assert [q["team"] for q in json.loads(r.out)["quotas"]] == ["nlp", "vision"]
 

@@ -140,7 +140,8 @@ def quota_from_pb(quota: types_pb2.TeamQuota) -> quotas.Quota:
         team=quota.team, weight=quota.weight if quota.HasField("weight") else 1.0,
         limits={model: quotas.QuotaLimit(nominal=x.nominal,
                                          borrow_limit=x.borrow_limit if x.HasField("borrow_limit") else None)
-                for model, x in quota.limits.items()})
+                for model, x in quota.limits.items()},
+        use={key: quotas.QuotaUse(in_use=u.in_use, borrowed=u.borrowed) for key, u in sorted(quota.use.items())})
 
 
 def node_from_pb(node: types_pb2.Node) -> ns.Node:

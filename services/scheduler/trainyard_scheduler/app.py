@@ -45,7 +45,7 @@ from .pulses import PulseSessions
 from .reconcile import AgentPort, Reconciler, ReconcileSettings
 from .settings import SchedulerSettings
 from .state.keys import Keys
-from .state.mirrored_nodes import MirroredNodes
+from .state.mirrored_nodes import MirroredAllocations, MirroredNodes
 from .state.policy_repository import PolicyRepository
 from .state.repository import Repository, max_gang_nodes, placement_txn_ops
 from .usage_report import UsageReader
@@ -114,7 +114,8 @@ class SchedulerApp:
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
-        policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed)
+        policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed,
+                                         holdings=MirroredAllocations(self._mirror, self.keys).current)
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),
                                                    clock=self.clock), tool_teams=s.tool_team_map())
         audit_servicer = AuditServicer(AuditReader(self.audit, self.history))

@@ -19,9 +19,6 @@ Any replica answers: the mirror is every replica's, and the history store is sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Unavailable
 from trainyard_core.store.mirror import PrefixMirror
@@ -33,6 +30,7 @@ from .history.access import History
 from .history.store import HistoryUnavailable, UsageKey, UsageRecord
 from .state.codec import decode_allocation, decode_job
 from .state.keys import Keys
+from .state.mirrored_nodes import Decoded
 
 HISTORY_PAGE = 10_000
 
@@ -54,45 +52,29 @@ def live_interval(alloc: Allocation, job: Job | None) -> Interval:
                     ended_at=None)
 
 
+def _job_intervals(value: bytes) -> tuple[Job, tuple[Interval, ...]]:
+    job = decode_job(value)
+    return job, tuple(interval_of(r) for r in usage_of(job))
+
+
 class MirroredUsage:
     """The intervals the mirror holds, each record decoded once per revision (a report walks every live job)."""
 
     def __init__(self, mirror: PrefixMirror, keys: Keys) -> None:
-        self._mirror = mirror
         self._keys = keys
-        # By etcd key: the revision decoded, the job, and its finished attempts as intervals.
-        self._jobs: dict[str, tuple[int, Job, tuple[Interval, ...]]] = {}
-        self._allocs: dict[str, tuple[int, Allocation]] = {}
+        # By etcd key: the job, and its finished attempts as intervals.
+        self._jobs = Decoded(mirror, keys.jobs, _job_intervals)
+        self._allocs = Decoded(mirror, keys.allocations, decode_allocation)
 
     def intervals(self) -> list[Interval]:
         """Every running allocation and every finished attempt recorded in a live job record. Synchronous on
         purpose: what it returns is the mirror at one revision."""
-        out: list[Interval] = []
-        jobs = self._mirror.under(self._keys.jobs)
-        for key, kv in jobs.items():
-            hit = self._jobs.get(key)
-            if hit is None or hit[0] != kv.mod_revision:
-                job = decode_job(kv.value)
-                hit = (kv.mod_revision, job, tuple(interval_of(r) for r in usage_of(job)))
-                self._jobs[key] = hit
-            out += hit[2]
-        allocs = self._mirror.under(self._keys.allocations)
-        for key, kv in allocs.items():
-            held = self._allocs.get(key)
-            if held is None or held[0] != kv.mod_revision:
-                held = (kv.mod_revision, decode_allocation(kv.value))
-                self._allocs[key] = held
-            owner = self._jobs.get(self._keys.job(held[1].job_id))
-            out.append(live_interval(held[1], owner[1] if owner else None))
-        _forget(self._jobs, jobs)
-        _forget(self._allocs, allocs)
+        jobs = self._jobs.current()
+        out: list[Interval] = [i for _, done in jobs.values() for i in done]
+        for alloc in self._allocs.current().values():
+            owner = jobs.get(self._keys.job(alloc.job_id))
+            out.append(live_interval(alloc, owner[0] if owner else None))
         return out
-
-
-def _forget(cache: dict[str, Any], live: Mapping[str, Any]) -> None:
-    if len(cache) > len(live):
-        for gone in [k for k in cache if k not in live]:
-            del cache[gone]
 
 
 class UsageReader:

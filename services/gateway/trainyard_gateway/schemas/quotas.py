@@ -3,7 +3,8 @@
 Per accelerator model (or "*" for every model without its own entry): `nominal` GPUs are guaranteed to
 the team; above that it may borrow idle GPUs, up to `borrow_limit` more (null: no limit), and gangs
 running on borrowed GPUs are the first reclaimed when another team needs its nominal share. `weight`
-scales the team's fair share among jobs of equal standing.
+scales the team's fair share among jobs of equal standing. A quota as read also shows `use`: what the team's
+gangs hold now under each key, and how much of that is borrowed.
 """
 
 from __future__ import annotations
@@ -39,10 +40,21 @@ class QuotaLimit(ApiModel):
     borrow_limit: int | None = Field(description="null: no limit")
 
 
+class QuotaUse(ApiModel):
+    in_use: int = Field(description="GPUs the team's running gangs hold under this key now")
+    borrowed: int = Field(description=(
+        "of those, GPUs in gangs placed on borrowed quota: the first reclaimed when the owners of the idle "
+        "capacity they use need it"))
+
+
 class Quota(ApiModel):
     team: str
     weight: float
     limits: dict[str, QuotaLimit]
+    use: dict[str, QuotaUse] = Field(default_factory=dict, description=(
+        "what the team holds now, by the key its GPUs are accounted under: a model with its own entry, "
+        f'"{c.ANY_MODEL}" for the models that entry governs, or a model no entry covers (all of it borrowed). '
+        "Keys with nothing held are left out"))
 
 
 class QuotaList(ApiModel):
