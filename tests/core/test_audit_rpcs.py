@@ -216,6 +216,11 @@ ROWS: list[Row] = [
         caller=OPS, target=_fixed("job/job-x")),  # refused: tools may not launch
     Row(A, _m(authz.AGENT, "StopWorkers"), AGENT, lambda s: ag.StopWorkersRequest(job_id="job-x", attempt=1),
         caller=S, target=_fixed("job/job-x")),
+    # Fails (no credential in it), and refused for a tool.
+    Row(A, _m(authz.AGENT, "RenewJobCredential"), AGENT, lambda s: ag.RenewJobCredentialRequest(
+        job_id="job-x", attempt=1), caller=S, target=_fixed("job/job-x")),
+    Row(A, _m(authz.AGENT, "RenewJobCredential"), AGENT, lambda s: ag.RenewJobCredentialRequest(
+        job_id="job-x", attempt=1), caller=OPS, target=_fixed("job/job-x")),
     Row(A, _m(authz.AGENT, "SetGpuHealth"), AGENT, lambda s: ag.SetGpuHealthRequest(
         gpu_index=0, healthy=False, operator="ops", reason="audit test"), target=_fixed("gpu/0")),
     Row(A, _m(authz.AGENT, "InjectFault"), AGENT, lambda s: ag.InjectFaultRequest(gpu_index=1, kind="xid", xid=79),

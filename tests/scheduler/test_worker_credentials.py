@@ -1,6 +1,7 @@
 """The scheduler mints each attempt's checkpoint-store credential and hands it to the workers through the
 launch, with a real agent over mTLS: every rank of the attempt gets the same certificate for its job,
-attempt and team; the key is in no etcd value and in no log record."""
+attempt and team, in files the agent wrote (their paths in the environment, the key in none); the key is in
+no etcd value and in no log record."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ from trainyard_scheduler.worker_credentials import WorkerCredentials
 
 ENV_NAMES = (job_credentials.CERT_ENV, job_credentials.KEY_ENV, job_credentials.CA_ENV,
              job_credentials.PLAINTEXT_ENV, "TRAINYARD_CHECKPOINT_STORE", "TRAINYARD_JOB_ID", "TRAINYARD_ATTEMPT")
-# Each rank writes the credential variables it was started with.
-DUMP = ("import json, os, sys; json.dump({k: os.environ.get(k, '') for k in sys.argv[2:]}, "
+# Each rank writes the credential variables it was started with, and what the files they name hold.
+DUMP = ("import json, os, sys; env = {k: os.environ.get(k, '') for k in sys.argv[2:]}; "
+        "files = {k: open(env[k]).read() for k in sys.argv[2:5] if env[k]}; "
+        "json.dump({'env': env, 'files': files, 'environ': ''.join(os.environ.values())}, "
         "open(sys.argv[1] + '/rank' + os.environ['RANK'] + '.json', 'w'))")
 
 
@@ -97,8 +100,12 @@ async def test_every_rank_of_an_attempt_gets_its_credential_which_is_never_store
         await agent.stop(kill_workers=True)
 
     seen = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert seen[0] == seen[1], "one credential per attempt, the same for every rank"
-    env = seen[0]
+    assert seen[0]["files"] == seen[1]["files"], "one credential per attempt, the same for every rank"
+    # The environment names the files; the key is in no worker's environment.
+    paths = {name: Path(seen[0]["env"][name]) for name in job_credentials.CREDENTIAL_ENVS}
+    assert {p.parent for p in paths.values()} == {Path(agent.settings.workdir_root) / job.id / ".trainyard"}
+    assert all("PRIVATE KEY" not in s["environ"] for s in seen)
+    env = {**seen[0]["env"], **seen[0]["files"]}
     assert env[job_credentials.PLAINTEXT_ENV] == ""
     leaf, issuer = x509.load_pem_x509_certificates(env[job_credentials.CERT_ENV].encode())
     principal = pki.principal_of(leaf)

@@ -99,7 +99,7 @@ def _checkpoint_ref(request: Any) -> JobRef:
 # The table. Read it as: method ← the principals that may call it.
 RULES: Mapping[str, Rule] = {
     # Agents run what the scheduler says, and nothing else: launch, stop, fence (an epoch travels only here).
-    **_methods(AGENT, ("LaunchWorkers", "StopWorkers"), rule("scheduler")),
+    **_methods(AGENT, ("LaunchWorkers", "StopWorkers", "RenewJobCredential"), rule("scheduler")),
     **_methods(AGENT, ("ListWorkers",), rule("scheduler", "tool")),
     # Logs go to users through the gateway (which checks the user's team); operators' tools read them too.
     **_methods(AGENT, ("GetWorkerLogs", "StreamWorkerLogs"), rule("gateway", "scheduler", "tool")),
@@ -204,6 +204,8 @@ AUDITED: Mapping[str, Audited] = {
         "attempt": r.attempt, "workers": len(r.workers), "leader_epoch": r.leader_epoch}),
     f"/{AGENT}/StopWorkers": Audited(_on("job", lambda r: r.job_id), detail=lambda r: {
         "attempt": r.attempt, "reason": r.reason, "leader_epoch": r.leader_epoch}),
+    f"/{AGENT}/RenewJobCredential": Audited(_on("job", lambda r: r.job_id), detail=lambda r: {
+        "attempt": r.attempt, "leader_epoch": r.leader_epoch}),
     f"/{AGENT}/SetGpuHealth": Audited(_GPU, detail=lambda r: {"healthy": r.healthy, "operator": r.operator,
                                                               "reason": r.reason}),
     f"/{AGENT}/InjectFault": Audited(_GPU, detail=lambda r: {"kind": r.kind, "xid": r.xid}),

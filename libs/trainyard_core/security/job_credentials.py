@@ -10,9 +10,12 @@ A job certificate has
   never past the issuer's own notAfter;
 - client authentication only and no DNS SAN: a job never serves.
 
-The chain (leaf, then the job issuer) and the key reach the workers in the launch request's environment as
-PEM (`CERT_ENV`, `KEY_ENV`, with the CA bundle in `CA_ENV`). It is built at launch and never stored: the job
-record in etcd holds the job's own env only, and no log line carries a launch's env.
+The chain (leaf, then the job issuer) and the key travel to the agents as PEM: in the launch request's
+environment (`CERT_ENV`, `KEY_ENV`, with the CA bundle in `CA_ENV`), and in `RenewJobCredential` while the
+attempt runs (the scheduler's credential_renewal.py renews it past half its lifetime). The agent checks it
+(`check_credential`), writes it to files only the workers' identity may read and gives the workers the
+paths; the checkpoint client re-reads them when they change. It is never stored: the job record in etcd
+holds the job's own env only, and no log line carries a launch's env or a renewal's credential.
 
 The issuer's key can sign job certificates only: a server refuses any other principal whose certificate the
 job issuer signed, and any job principal whose certificate it did not (`tls.peer_identity`). Its own path
@@ -34,7 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..contract import TEAM
 from .identity import InvalidPrincipal, Principal, job
-from .pki import is_job_issuer_name, read_key_pair
+from .pki import is_job_issuer_name, principal_of, read_key_pair
 
 ATTEMPT_URN = "urn:trainyard:attempt:"
 TEAM_URN = "urn:trainyard:team:"
@@ -46,12 +49,17 @@ CA_ENV = "TRAINYARD_CHECKPOINT_CA"
 # Not ..._INSECURE_PLAINTEXT: under the checkpoint-store's old settings prefix that is the store's own
 # insecure_plaintext setting, which a store started from a worker's environment would take.
 PLAINTEXT_ENV = "TRAINYARD_CHECKPOINT_PLAINTEXT"
+CREDENTIAL_ENVS = (CERT_ENV, KEY_ENV, CA_ENV)
 NOT_BEFORE_SKEW = dt.timedelta(minutes=1)
 MAX_ATTEMPT = 2**31 - 1
 
 
 class JobIssuerError(ValueError):
     """The job issuer's files cannot be used; the message names the file and what is wrong."""
+
+
+class InvalidCredential(ValueError):
+    """Not a usable credential of the job and attempt it is given for; the message says why, never a value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,57 @@ class JobCredential:
 
     def env(self) -> dict[str, str]:
         return {CERT_ENV: self.cert_chain.decode(), KEY_ENV: self.key.decode(), CA_ENV: self.ca.decode()}
+
+
+def is_pem(value: str | bytes) -> bool:
+    """Whether `value` is PEM text (else, in a worker's environment, the path of a file)."""
+    head = value.lstrip()[:10]
+    return (head.decode(errors="replace") if isinstance(head, bytes) else head).startswith("-----BEGIN")
+
+
+def key_matches(cert: x509.Certificate, key: object) -> bool:
+    """Whether `key` (a loaded private key) is the key of `cert`."""
+    public = getattr(key, "public_key", None)
+    if public is None:
+        return False
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    return bool(public().public_bytes(der, spki) == cert.public_key().public_bytes(der, spki))
+
+
+def check_credential(cert_chain: bytes, key: bytes, ca: bytes, *, job_id: str, attempt: int,
+                     now: dt.datetime) -> JobGrant:
+    """The grant of a credential an agent is given for the workers of (job_id, attempt): PEM that parses, the
+    first certificate's own key, a job certificate of that job and attempt, not expired, and a CA bundle.
+    InvalidCredential saying what is wrong (never a value: the key is a secret)."""
+    try:
+        chain = x509.load_pem_x509_certificates(cert_chain)
+    except ValueError:
+        raise InvalidCredential("the credential's cert_chain is not PEM certificates") from None
+    leaf = chain[0]
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):
+        raise InvalidCredential("the credential's key is not an unencrypted PEM private key") from None
+    if not key_matches(leaf, private):
+        raise InvalidCredential("the credential's key is not the key of its certificate")
+    try:
+        principal = principal_of(leaf)
+        grant = grant_of(leaf, principal) if principal.kind == "job" else None
+    except InvalidPrincipal as exc:
+        raise InvalidCredential(f"the credential's certificate is not a job certificate: {exc}") from None
+    if grant is None:
+        raise InvalidCredential(f"the credential's certificate names {principal}, not a job")
+    if (grant.job_id, grant.attempt) != (job_id, attempt):
+        raise InvalidCredential(f"the credential is for job {grant.job_id} attempt {grant.attempt}, not for job "
+                                f"{job_id} attempt {attempt}")
+    if leaf.not_valid_after_utc <= now:
+        raise InvalidCredential(f"the credential expired at {leaf.not_valid_after_utc.isoformat()}")
+    try:
+        x509.load_pem_x509_certificates(ca)
+    except ValueError:
+        raise InvalidCredential("the credential's ca is not PEM certificates") from None
+    return grant
 
 
 def _signature(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -166,9 +225,10 @@ def mint(issuer_cert: x509.Certificate, issuer_key: ec.EllipticCurvePrivateKey, 
 
 class JobIssuer:
     """The scheduler's job issuer: mints one credential per (job, attempt), kept for the attempt's launches
-    on every node (bounded: the oldest are forgotten first). Files rotated on disk are taken at the next
-    mint. Thread-safe. A fresh credential costs under 1 ms (0.96 ms measured on the shared development
-    machine: a P-256 key, one signature, three stats), a cached one 0.06 ms, so it runs on the event loop."""
+    on every node and its renewals (bounded: the oldest are forgotten first). Files rotated on disk are taken
+    at the next mint. Thread-safe. A fresh credential costs under 1 ms (0.96 ms measured on the shared
+    development machine: a P-256 key, one signature, three stats), a cached one 0.06 ms, so it runs on the
+    event loop."""
 
     CACHE_MAX = 4096
 

@@ -387,10 +387,11 @@ class CheckpointRepository:
           attempt older than the deleted fence beginning again; for that, a stale worker would have to outlive
           the job's whole checkpoint history: the last record is purged no sooner than gc_tombstone_retention_s
           (7 days by default) after the job's last Begin (every record waits that long after it was deleted,
-          which is after it was begun). Such a worker's credential names its attempt and was issued before the
-          newer attempt began, so it expires within the scheduler's job_credential_ttl_s (7 days by default) of
-          that; and the agents kill a cut-off node's workers within worker_fence_s. Keep
-          gc_tombstone_retention_s at least job_credential_ttl_s.
+          which is after it was begun). Such a worker's credential names its attempt, and the scheduler renews
+          an attempt's credential only while its allocation runs, which ends before the newer attempt is placed;
+          so it expires within the scheduler's job_credential_ttl_s (1 hour by default, at most 7 days) of that
+          (plus one renewal call in flight); and the agents kill a cut-off node's workers within
+          worker_fence_s. Keep gc_tombstone_retention_s at least job_credential_ttl_s.
 
         Two GC passes that overlap (a lock that expired) and purge a job's last two records at once both see
         the other record and leave the fence: one key left behind, as before fences expired."""

@@ -32,6 +32,7 @@ from trainyard_core.store.mirror import PrefixMirror
 from . import metrics, pulses
 from .archive import Archiver, ArchiveSettings
 from .audit_archive import AuditMover, AuditReader, MoveSettings
+from .credential_renewal import CredentialRenewer, RenewalSettings, RenewPort
 from .grpc.agent_client import GrpcAgents
 from .grpc.audit_servicer import AuditServicer
 from .grpc.policy_servicer import PolicyServicer
@@ -55,8 +56,12 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerApp:
+    """`worker_credentials` and `renewal`: the attempts' checkpoint-store credentials and their renewal, from the
+    settings by default (tests give a shorter lifetime than the settings allow)."""
+
     def __init__(self, settings: SchedulerSettings, *, store: Store | None = None, clock: Clock | None = None,
-                 agents: AgentPort | None = None) -> None:
+                 agents: AgentPort | None = None, worker_credentials: WorkerCredentials | None = None,
+                 renewal: RenewalSettings | None = None) -> None:
         self.settings = settings
         self._own_store = store is None
         self.store: Store = store or EtcdStore.from_options(settings.etcd_options())
@@ -71,7 +76,9 @@ class SchedulerApp:
         self.audit = AuditLog(self.store, settings.etcd_prefix, retention_s=settings.audit_retention_s(),
                               clock=self.clock)
         self._agents = agents or GrpcAgents(settings.tls, settings.agent_call_timeout_s, audit=self.audit)
-        self._worker_credentials = WorkerCredentials.from_settings(settings)
+        self._worker_credentials = worker_credentials or WorkerCredentials.from_settings(settings)
+        self._renewal = renewal
+        self.renewer: CredentialRenewer | None = None
         self.grpc_port = 0
         self._pulse_endpoint: pulses.PulseEndpoint | None = None
         self.leadership = Leadership("")
@@ -199,6 +206,13 @@ class SchedulerApp:
                                                   retention_s=s.audit_retention_s(), txn_ops=self._txn_ops),
                                               leading=functools.partial(_not_set, stop_term))
                 archiving.append(asyncio.create_task(self.audit_mover.run(stop_term), name="audit mover"))
+            if self._worker_credentials.minting and isinstance(self._agents, RenewPort):
+                # A running attempt's credential is renewed past half its lifetime (credential_renewal.py).
+                self.renewer = CredentialRenewer(credentials=self._worker_credentials, mirror=self._mirror,
+                                                 keys=self.keys, agents=self._agents, clock=self.clock,
+                                                 epoch=lambda: election.epoch, settings=self._renewal,
+                                                 leading=functools.partial(_not_set, stop_term))
+                archiving.append(asyncio.create_task(self.renewer.run(stop_term), name="credential renewal"))
             await self.reconciler.run(stop_term)
             stop_term.set()
             for task in archiving:

@@ -42,3 +42,8 @@ AUDIT_BACKLOG = Gauge("trainyard_scheduler_audit_backlog_entries",
                       "stay there, under their retention lease, until they are)")
 JOBS_EXPIRED = Counter("trainyard_scheduler_jobs_expired_total",
                        "Archived jobs removed from etcd once job_ttl_s had passed since they ended")
+CREDENTIAL_RENEWALS = Counter("trainyard_scheduler_credential_renewals_total",
+                              "Deliveries of a renewed checkpoint-store credential to a node of a running attempt, by "
+                              "result (ok; unavailable: the agent could not be reached; refused: the agent said no; "
+                              "error: not minted or the node is not registered). Failures are retried next pass",
+                              ["result"])

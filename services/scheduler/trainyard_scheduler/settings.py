@@ -75,9 +75,12 @@ class SchedulerSettings(EtcdSettings):
                                       "a trainyard://job/<id> credential for the checkpoint-store signed with it; "
                                       "empty: none, and workers cannot reach a checkpoint-store on mTLS")
     job_issuer_key_file: str = Field("", description="the job issuer's private key (PEM, unencrypted; keep it 0600)")
-    job_credential_ttl_s: int = Field(7 * 86400, ge=600, le=365 * 86400,
-                                      description="how long a job attempt's credential is valid; an attempt that "
-                                      "runs longer can no longer reach the checkpoint-store")
+    job_credential_ttl_s: int = Field(3600, ge=600, le=7 * 86400,
+                                      description="how long a job attempt's checkpoint-store credential is valid "
+                                      "(600 s to 7 days, the checkpoint-store's default gc_tombstone_retention_s, "
+                                      "which must not be shorter); the leader renews a running attempt's past half "
+                                      "of that, so it bounds how long a leaked one is good for, not how long an "
+                                      "attempt may run")
     # --- history (docs/operations.md, "Job history"): finished jobs leave etcd for a SQL database ---
     history_url: SecretStr | None = Field(
         None, description="SQLAlchemy URL of the history store: postgresql+asyncpg://user:password@host/db in "

@@ -4,7 +4,7 @@
 |---|---|
 | `TRAINYARD_CHECKPOINT_STORE` | host:port of the checkpoint-store (required) |
 | `TRAINYARD_CHECKPOINT_CERT`, `..._KEY` | the job's worker credential: certificate chain and key |
-| `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (each: PEM, or a file's path) |
+| `TRAINYARD_CHECKPOINT_CA` | the CA bundle the store is verified against (each: a file's path, or PEM) |
 | `TRAINYARD_CHECKPOINT_PLAINTEXT` | `1`: a store that serves plaintext, no credential |
 | `TRAINYARD_JOB_ID` | the job the checkpoints belong to (required) |
 | `TRAINYARD_ATTEMPT` | the job's restart count (default 0) |
@@ -16,6 +16,9 @@
 | `TRAINYARD_TEST_KILL_AT`, `TRAINYARD_TEST_KILL_TRACE` | test hooks, see faults.py |
 
 RANK and WORLD_SIZE are not read here: they come from torch.distributed's process group.
+
+The agent gives the credential as three files, which it replaces when the scheduler renews the credential
+(an hour's lifetime, renewed at half): the client re-reads them when they change (credentials.py).
 """
 
 from __future__ import annotations
@@ -23,59 +26,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from trainyard_core.security.job_credentials import CA_ENV, CERT_ENV, KEY_ENV, PLAINTEXT_ENV
 
 from ..checksum import CHUNK_BYTES
+from .credentials import WorkerTls
 from .errors import ConfigError
 from .faults import KillSpec, parse_kill_at
 
 _TRUE = ("1", "true", "yes")
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerTls:
-    """The job's credential for mTLS to the checkpoint-store (PEM). Never logged: repr shows none of it."""
-
-    cert_chain: bytes = field(repr=False)
-    key: bytes = field(repr=False)
-    ca: bytes = field(repr=False)
-
-    @classmethod
-    def parse(cls, cert: str, key: str, ca: str) -> WorkerTls:
-        """Check the three values (ConfigError naming the variable, never its value). Each is PEM or the path
-        of a PEM file (the scheduler gives PEM; `trainyard local credential` writes files)."""
-        cert, key, ca = _pem(CERT_ENV, cert), _pem(KEY_ENV, key), _pem(CA_ENV, ca)
-        try:
-            leaf = x509.load_pem_x509_certificates(cert.encode())[0]
-        except ValueError:
-            raise ConfigError(f"{CERT_ENV} does not hold a PEM certificate") from None
-        try:
-            private = serialization.load_pem_private_key(key.encode(), password=None)
-        except (ValueError, TypeError):
-            raise ConfigError(f"{KEY_ENV} does not hold an unencrypted PEM private key") from None
-        spki = serialization.PublicFormat.SubjectPublicKeyInfo
-        if private.public_key().public_bytes(serialization.Encoding.DER, spki) != \
-                leaf.public_key().public_bytes(serialization.Encoding.DER, spki):
-            raise ConfigError(f"{KEY_ENV} is not the key of the certificate in {CERT_ENV}")
-        try:
-            x509.load_pem_x509_certificates(ca.encode())
-        except ValueError:
-            raise ConfigError(f"{CA_ENV} does not hold a PEM certificate") from None
-        return cls(cert.encode(), key.encode(), ca.encode())
-
-
-def _pem(name: str, value: str) -> str:
-    if value.lstrip().startswith("-----BEGIN"):
-        return value
-    try:
-        return Path(value).read_text()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{name} is neither PEM nor a readable file: {exc}") from None
 
 
 def transport_from_env(env: Mapping[str, str]) -> tuple[WorkerTls | None, bool]:

@@ -4,11 +4,17 @@ Only the coordinator rank talks to the service: one Begin and one Commit per che
 world size. Calls that are safe to repeat (Commit, Abort and the reads are idempotent on the service)
 are retried while the service is unavailable; Begin is retried only when the service was unreachable,
 where at worst it leaves an unused WRITING reservation that GC aborts.
+
+The credential may be renewed under a running client (credentials.py): each call first asks its
+`CredentialSource` whether the files changed (once a second at most, and at once after UNAVAILABLE), and a
+new credential gets a new channel. The channel it replaces is closed at the next renewal (or by `close()`),
+not at once, so a call still running on it (another thread's) ends normally.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,7 +28,8 @@ from trainyard_core.rpc.server import CHANNEL_OPTIONS
 from trainyard_core.security import identity
 from trainyard_core.security.tls import target_name_option
 
-from .env import ClientSettings, Retention, WorkerTls
+from .credentials import CredentialSource, WorkerTls
+from .env import ClientSettings, Retention
 from .errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -91,16 +98,21 @@ def open_channel(address: str, tls: WorkerTls | None, insecure_plaintext: bool) 
 
 
 class ServiceClient:
-    """Thread-safe (a gRPC channel is). `close()` releases the channel. `tls`: the job's credential; without
+    """Thread-safe (a gRPC channel is). `close()` releases the channels. `tls`: the job's credential; without
     one, `insecure_plaintext=True` must say so."""
 
     def __init__(self, address: str, *, tls: WorkerTls | None = None, insecure_plaintext: bool = False,
-                 timeout_s: float = 60.0, retry_for_s: float = 30.0) -> None:
+                 timeout_s: float = 60.0, retry_for_s: float = 30.0,
+                 check_every_s: float = CredentialSource.CHECK_EVERY_S) -> None:
         self.address = address
         self._timeout_s = timeout_s
         self._retry_for_s = retry_for_s
+        self._source = CredentialSource(tls, check_every_s=check_every_s) if tls is not None else None
+        self._lock = threading.Lock()
         self._channel = open_channel(address, tls, insecure_plaintext)
-        self._stub = pb_grpc.CheckpointServiceStub(self._channel)
+        self._retired: grpc.Channel | None = None
+        self._current_stub = pb_grpc.CheckpointServiceStub(self._channel)
+        self.channels_built = 1  # one more for each renewed credential taken
 
     @classmethod
     def for_settings(cls, settings: ClientSettings) -> ServiceClient:
@@ -108,7 +120,30 @@ class ServiceClient:
                    timeout_s=settings.rpc_timeout_s)
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            for channel in (self._channel, self._retired):
+                if channel is not None:
+                    channel.close()
+            self._retired = None
+
+    @property
+    def _stub(self) -> pb_grpc.CheckpointServiceStub:
+        """The stub of the channel built with the credential as its files hold it now."""
+        self._follow_credential(now=False)
+        return self._current_stub
+
+    def _follow_credential(self, *, now: bool) -> bool:
+        source = self._source
+        if source is None or not source.refresh(now=now):
+            return False
+        with self._lock:
+            if self._retired is not None:
+                self._retired.close()
+            self._retired = self._channel
+            self._channel = open_channel(self.address, source.current, False)
+            self._current_stub = pb_grpc.CheckpointServiceStub(self._channel)
+            self.channels_built += 1
+        return True
 
     def _call(self, what: str, call: Callable[[], T], *, idempotent: bool) -> T:
         retry = _RETRY_IDEMPOTENT_CODES if idempotent else _RETRY_CODES
@@ -119,6 +154,12 @@ class ServiceClient:
                 return call()
             except grpc.RpcError as e:
                 code = e.code()
+                if code == grpc.StatusCode.UNAVAILABLE and self._follow_credential(now=True):
+                    # Refused at the handshake (an expired certificate looks like this), with a renewed one on
+                    # disk: the new channel gets the call at once.
+                    log.warning("checkpoint-store call %s failed (%s); retrying with the renewed credential",
+                                what, code.name)
+                    continue
                 if code in retry and time.monotonic() + pause < deadline:
                     log.warning("checkpoint-store call %s failed (%s); retrying", what, code.name)
                     time.sleep(pause)

@@ -13,6 +13,7 @@ from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.errors import InvalidArgument
 
 from ..model import Accelerator, GpuLink, Health, NodeInfo, RunningAllocation
+from ..workers.credentials import Credential
 from ..workers.model import LaunchRequest, LaunchResult, LogLine, LogQuery, WorkerExit, WorkerSpec, WorkerStatus
 
 _HEALTH = {
@@ -85,6 +86,13 @@ def launch_from_pb(req: agent_pb2.LaunchWorkersRequest) -> LaunchRequest:
         working_dir=req.working_dir, leader_epoch=req.leader_epoch, team=req.team,
         workers=tuple(WorkerSpec(rank=w.rank, local_rank=w.local_rank, gpu_indices=tuple(w.gpu_indices))
                       for w in req.workers))
+
+
+def credential_from_pb(req: agent_pb2.RenewJobCredentialRequest) -> Credential:
+    if not req.HasField("credential"):
+        raise InvalidArgument("credential is required: the attempt's renewed cert_chain, key and ca (PEM)")
+    c = req.credential
+    return Credential(cert_chain=c.cert_chain, key=c.key, ca=c.ca)
 
 
 def launch_result_to_pb(result: LaunchResult) -> agent_pb2.LaunchWorkersResponse:

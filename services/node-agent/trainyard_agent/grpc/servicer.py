@@ -44,6 +44,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                                   convert.stop_signal_from_pb(request.signal))
         return agent_pb2.StopWorkersResponse(stopped=stopped)
 
+    async def RenewJobCredential(self, request: agent_pb2.RenewJobCredentialRequest,
+                                 context: grpc.aio.ServicerContext) -> agent_pb2.RenewJobCredentialResponse:
+        with log_context(job_id=request.job_id, attempt=request.attempt):
+            workers = await self._supervisor.renew_credential(request.job_id, request.attempt, request.leader_epoch,
+                                                              convert.credential_from_pb(request))
+        return agent_pb2.RenewJobCredentialResponse(workers=workers)
+
     async def ListWorkers(self, request: agent_pb2.ListWorkersRequest,
                           context: grpc.aio.ServicerContext) -> agent_pb2.ListWorkersResponse:
         return agent_pb2.ListWorkersResponse(

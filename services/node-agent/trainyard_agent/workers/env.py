@@ -9,8 +9,10 @@
 3. `worker_env` from the agent's settings (site defaults, e.g. GLOO_SOCKET_IFNAME=lo);
 4. the launch request's env: the job's env plus what the scheduler sets (MASTER_ADDR, MASTER_PORT,
    WORLD_SIZE, NODE_RANK, LOCAL_WORLD_SIZE, TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, and the attempt's
-   checkpoint-store credential TRAINYARD_CHECKPOINT_CERT/_KEY/_CA). The credential is a secret: the env
-   reaches a shim on its stdin, never its command line, and is neither logged nor written to the records;
+   checkpoint-store credential TRAINYARD_CHECKPOINT_CERT/_KEY/_CA). The credential arrives as PEM; by the
+   time the env is built here those three name the files the supervisor wrote it to (`credentials.py`),
+   so the key is in no worker's environment. The env reaches a shim on its stdin, never its command line,
+   and is neither logged nor written to the records;
 5. per worker, set by the agent and never overridden: RANK, LOCAL_RANK, device visibility.
 """
 

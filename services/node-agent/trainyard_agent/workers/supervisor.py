@@ -33,6 +33,10 @@ Tenants: a launch runs as the Unix identity the agent's `Tenancy` gives its team
 FAILED_PRECONDITION when it has none), in `<workdir_root>/<job_id>` owned by that identity unless the job
 names a working_dir; logs, records and status files stay the agent's (`tenancy.py` says why).
 
+The attempt's checkpoint-store credential: a launch's env carries it as PEM; the workers get the paths of
+files under the job's directory instead (`credentials.py`), which `renew_credential` (RenewJobCredential)
+replaces while the attempt runs here and which go when its last worker here has ended.
+
 Writers: only the event loop touches this state. Record files: `records.py`. Logs: the shims write them,
 `logs.py` reads them.
 
@@ -56,19 +60,19 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from trainyard_core.clock import Clock, SystemClock
-from trainyard_core.errors import FailedPrecondition, InvalidArgument
+from trainyard_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from trainyard_core.logs import log_context
 
 from .. import metrics
 from ..model import Health, RunningAllocation, Vendor
 from ..notify import Notifier
 from ..tenancy import Identity, Tenancy, job_workdir, prepare_workdir_root
-from . import affinity, lease, logs, logwriter, process, records, shim, spawn
+from . import affinity, credentials, lease, logs, logwriter, process, records, shim, spawn
 from .env import worker_env
 from .fence import LeaderFence
 from .model import (
@@ -216,6 +220,8 @@ class Supervisor:
         self._clock = clock or SystemClock()
         self._allocs: dict[tuple[str, int], _Allocation] = {}
         self._lock = asyncio.Lock()
+        # Credential files are written one at a time: an older credential never lands after a newer one.
+        self._credential_lock = asyncio.Lock()
         # Reasons workers were not bound to CPUs, each logged once (every launch would repeat them).
         self._binding_warned: set[str] = set()
         # Wakes log followers and anyone waiting for workers to start or end.
@@ -242,9 +248,16 @@ class Supervisor:
         with log_context(job_id=req.job_id, attempt=req.attempt):
             async with self._lock:
                 self.fence.check(req.leader_epoch)
+                cred = credentials.from_env(req.env)
+                if cred is not None:
+                    cred.check(req.job_id, req.attempt, self._clock.now())
                 existing = self._existing(req.job_id, req.attempt)
                 if existing is not None:
                     log.info("launch retried; workers already started")
+                    running = self._allocs.get((req.job_id, req.attempt))
+                    if cred is not None and running is not None and running.running:
+                        # A new leader's launch may carry a newer credential than the workers have.
+                        await self._replace_credential(running, cred)
                     return LaunchResult(pids=existing, already_running=True)
                 ident = self._tenancy.identity_for(req.team)
                 self._check_gpus(req)
@@ -254,7 +267,17 @@ class Supervisor:
                     adir.mkdir(parents=True, exist_ok=True, mode=0o700)
                 except OSError as exc:
                     raise FailedPrecondition(f"node {self._node_id} cannot create {adir}: {exc.strerror}") from exc
-                alloc = await self._spawn(req, adir, cwd, ident)
+                if cred is not None:
+                    # In the job's own directory, made for its identity even when it names a working_dir.
+                    job_directory = job_workdir(self.workdir_root, req.job_id, ident)
+                    await self._write_credential(req.job_id, req.attempt, cred)
+                    req = replace(req, env={**req.env, **credentials.paths(job_directory, req.attempt)})
+                try:
+                    alloc = await self._spawn(req, adir, cwd, ident)
+                except BaseException:
+                    if cred is not None:
+                        credentials.remove(credentials.job_dir(self.workdir_root, req.job_id), req.attempt)
+                    raise
                 self._allocs[alloc.key] = alloc
                 self._prune()
             for w in alloc.workers:
@@ -264,6 +287,42 @@ class Supervisor:
                                                "ranks": [w.spec.rank for w in alloc.workers], "cwd": cwd,
                                                "team": req.team, "run_as": str(ident) if ident else "agent"})
             return LaunchResult(pids=tuple(w.record.pid for w in alloc.workers), already_running=False)
+
+    async def _write_credential(self, job_id: str, attempt: int, cred: credentials.Credential) -> None:
+        async with self._credential_lock:
+            await asyncio.to_thread(credentials.write, credentials.job_dir(self.workdir_root, job_id), attempt, cred)
+
+    async def _replace_credential(self, alloc: _Allocation, cred: credentials.Credential) -> None:
+        await self._write_credential(alloc.job_id, alloc.attempt, cred)
+        if not alloc.running:
+            # The last worker ended while the files were written, and their removal came before the rename.
+            credentials.remove(credentials.job_dir(self.workdir_root, alloc.job_id), alloc.attempt)
+
+    async def renew_credential(self, job_id: str, attempt: int, leader_epoch: int,
+                               cred: credentials.Credential) -> int:
+        """Replace the credential files of the running workers of (job_id, attempt); returns how many run.
+        InvalidArgument for a credential that is not one of that job and attempt, FailedPrecondition for a
+        stale leader, another attempt or workers that have ended, NotFound for a job with no workers here."""
+        check_job_id(job_id)
+        if attempt < 0:
+            raise InvalidArgument(f"attempt must be >= 0, got {attempt}")
+        grant = cred.check(job_id, attempt, self._clock.now())
+        self.fence.check(leader_epoch)
+        alloc = self._allocs.get((job_id, attempt))
+        if alloc is None:
+            here = sorted({a.attempt for a in self._allocs.values() if a.job_id == job_id})
+            if not here:
+                raise NotFound(f"job {job_id} has no workers on node {self._node_id}")
+            raise FailedPrecondition(f"job {job_id} has attempt {', '.join(map(str, here))} on node "
+                                     f"{self._node_id}, not attempt {attempt}")
+        running = sum(1 for w in alloc.workers if w.running)
+        if not running:
+            raise FailedPrecondition(f"the workers of job {job_id} attempt {attempt} on node {self._node_id} have "
+                                     "ended")
+        await self._replace_credential(alloc, cred)
+        log.info("checkpoint-store credential renewed", extra={"job_id": job_id, "attempt": attempt,
+                                                               "team": grant.team, "workers": running})
+        return running
 
     def _existing(self, job_id: str, attempt: int) -> tuple[int, ...] | None:
         alloc = self._allocs.get((job_id, attempt))
@@ -430,6 +489,9 @@ class Supervisor:
                             signal=sig, exited_at=exited_at)
         w.record.exit_code, w.record.signal, w.record.exited_at = code, sig, exited_at
         alloc.save()
+        if not alloc.running:
+            # Nothing here reads the attempt's credential any more (a restarted attempt gets its own).
+            credentials.remove(credentials.job_dir(self.workdir_root, alloc.job_id), alloc.attempt)
         outcome = "signal" if sig else ("success" if code == 0 else "failure")
         metrics.WORKER_EXITS.labels(self._node_id, outcome).inc()
         log.info("worker exited", extra={"job_id": alloc.job_id, "attempt": alloc.attempt, "rank": w.spec.rank,

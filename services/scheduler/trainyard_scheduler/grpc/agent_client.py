@@ -18,6 +18,7 @@ from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
+from trainyard_core.security.job_credentials import JobCredential
 from trainyard_core.security.pki import CertFiles
 
 from ..domain.models import Node
@@ -31,6 +32,7 @@ _UNCHECKED = identity.node("plaintext")
 
 LAUNCH = "/trainyard.agent.v1.AgentService/LaunchWorkers"
 STOP = "/trainyard.agent.v1.AgentService/StopWorkers"
+RENEW = "/trainyard.agent.v1.AgentService/RenewJobCredential"
 
 
 class GrpcAgents:
@@ -83,6 +85,23 @@ class GrpcAgents:
             await self._record(STOP, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
         await self._record(STOP, request, node, None, request_id)
+
+    async def renew_credential(self, node: Node, credential: JobCredential, epoch: int) -> None:
+        """Replace the checkpoint-store credential of the attempt's workers on `node` (credential_renewal.py).
+        The audit records the job and attempt, never the credential."""
+        grant = credential.grant
+        request = agent_pb2.RenewJobCredentialRequest(
+            job_id=grant.job_id, attempt=grant.attempt, leader_epoch=epoch,
+            credential=agent_pb2.JobCredential(cert_chain=credential.cert_chain, key=credential.key,
+                                               ca=credential.ca))
+        request_id = new_request_id()
+        try:
+            await self._stub(node).RenewJobCredential(request, timeout=self._timeout,
+                                                      metadata=((REQUEST_ID_HEADER, request_id),))
+        except grpc.aio.AioRpcError as exc:
+            await self._record(RENEW, request, node, exc, request_id)
+            raise from_rpc_error(exc, f"agent {node.node_id}") from exc
+        await self._record(RENEW, request, node, None, request_id)
 
     async def close(self) -> None:
         await self._channels.close()
