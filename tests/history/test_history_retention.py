@@ -49,7 +49,7 @@ async def test_a_database_at_0001_keeps_its_rows_through_0002_and_usage_then_out
                 await conn.execute(USAGE_0001, [{"job_id": job_id(n), "attempt": a, "started": T0 + n * 60 + a,
                                                  "ended": T0 + n * 60 + 30} for a in (0, 1)])
         await migrations.upgrade(engine)
-        assert await migrations.current(engine) == migrations.head() == "0004"
+        assert await migrations.current(engine) == migrations.head() == "0005"
         async with engine.connect() as conn:
             diff = await conn.run_sync(lambda c: compare_metadata(
                 MigrationContext.configure(c, opts={"compare_type": True}), metadata))
@@ -98,7 +98,7 @@ async def test_downgrading_below_0002_refuses_usage_whose_job_is_gone(history_ur
     try:
         with pytest.raises(CommandError, match="1 usage records belong to jobs no longer in it"):
             await migrations.downgrade(engine, "0001")
-        assert await migrations.current(engine) == "0004", "nothing changed"
+        assert await migrations.current(engine) == "0005", "nothing changed"
         async with engine.begin() as conn:
             await conn.execute(sa.text("DELETE FROM usage_records WHERE job_id NOT IN (SELECT job_id FROM jobs)"))
         await migrations.downgrade(engine, "0001")

@@ -289,7 +289,7 @@ async def test_upgrade_downgrade_upgrade_and_the_version_table_names_the_head(hi
         assert await _tables(engine) >= {"jobs", "job_labels", "usage_records", "alembic_version"}
         async with engine.connect() as conn:
             versions = (await conn.execute(sa.text("SELECT version_num FROM alembic_version"))).scalars().all()
-        assert versions == [migrations.head()] == ["0004"]
+        assert versions == [migrations.head()] == ["0005"]
         await migrations.upgrade(engine)  # already there
         await migrations.downgrade(engine, "base")
         assert await migrations.current(engine) is None

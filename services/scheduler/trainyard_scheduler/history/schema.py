@@ -78,6 +78,8 @@ jobs = sa.Table(
     sa.Index("ix_jobs_user_name_job_id", "user_name", "job_id"),
     sa.Index("ix_jobs_state_job_id", "state", "job_id"),
     sa.Index("ix_jobs_queue_job_id", "queue", "job_id"),
+    # An operator's "this queue's failed jobs": neither of the two above alone narrows it (migration 0005).
+    sa.Index("ix_jobs_queue_state_job_id", "queue", "state", "job_id"),
     # A name prefix or a time range does not follow job_id order: the database reads the range and sorts it
     # (see store._page_query). With job_id in the index that is an index-only read of ids, and only the page's rows
     # are fetched. Every query of a team member is scoped to their team, so each range also has a team-led twin.
