@@ -290,9 +290,10 @@ async def test_a_launch_that_is_never_committed_kills_its_worker(tmp_path: Path)
     assert process.start_time(started.pid) is None
     result = shim.read_status(status)
     assert result is not None and result[0] == -signal.SIGKILL
-    assert log_path.read_text().splitlines() == [
-        "O up", "A [the launch did not complete (another worker could not start, or the agent went away); this "
-                "worker is killed]"]
+    stored = [logs.parse_record(raw) for raw in log_path.read_bytes().splitlines()]
+    assert [(stream, seq, text.decode()) for stream, seq, _, text in stored] == [
+        ("stdout", 1, "up"), ("agent", 2, "[the launch did not complete (another worker could not start, or the agent "
+                                      "went away); this worker is killed]")]
 
 
 async def test_a_shim_refuses_a_bad_spec(tmp_path: Path) -> None:

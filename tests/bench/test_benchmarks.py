@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent, checkpoint, e2e_latency, fleet, heartbeat, history, recovery, scheduler
+from bench import agent, checkpoint, e2e_latency, fleet, gateway, heartbeat, history, recovery, scheduler
 from trainyard_scheduler.sim.simulator import BUCKETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +56,12 @@ FIGURES: dict[str, set[str]] = {
         "submit_to_admitted_p50_ms_64gpu", "submit_to_admitted_p99_ms_64gpu", "etcd_put_watch_p50_ms",
         "submit_to_admitted_1gpu_vs_floor", "submit_to_admitted_64gpu_vs_floor", "jobs_1gpu_sampled",
         "jobs_64gpu_sampled", "jobs_succeeded", "job_errors", "scheduler_unavailable_reads",
+    },
+    "gateway": {
+        "hello_p95_ms", "hello_throughput_rps", "get_p50_ms", "get_p95_ms", "get_throughput_rps", "list_p50_ms",
+        "list_p95_ms", "list_throughput_rps", "submit_p50_ms", "submit_p99_ms", "submit_throughput_rps", "errors",
+        "get_throughput_vs_hello", "get_p95_vs_hello", "list_throughput_vs_hello", "list_p95_vs_hello", "clients",
+        "jobs", "submits", "job_view",
     },
     "heartbeat": {
         "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
@@ -107,6 +113,7 @@ COUNTS: dict[str, dict[str, float]] = {
     "checkpoint": {"state_gib": checkpoint.TINY.gib, "reshard_state_gib": checkpoint.TINY.reshard_gib},
     "e2e_latency": {"jobs": e2e_latency.TINY.jobs},
     "fleet": {"nodes": fleet.TINY.nodes, "stops": 2 * fleet.TINY.stop_rounds * fleet.TINY.stop_per_round},
+    "gateway": {"clients": gateway.TINY.clients, "jobs": gateway.TINY.jobs, "submits": gateway.TINY.submits},
     "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
                   "windows": heartbeat.TINY.rounds},
     "history": {"jobs": history.TINY.jobs, "pushed_jobs": history.TINY.push, "fleet_nodes": history.TINY.nodes,
@@ -120,7 +127,7 @@ COUNTS: dict[str, dict[str, float]] = {
     },
 }
 
-SLOW_CLUSTER = {"e2e_latency", "fleet", "heartbeat", "recovery"}  # they start the whole local cluster
+SLOW_CLUSTER = {"e2e_latency", "fleet", "gateway", "heartbeat", "recovery"}  # they start the whole local cluster
 
 
 def test_every_benchmark_has_a_tiny_run() -> None:

@@ -5,8 +5,9 @@
   NVML of `--gpu-profile`, the only stand-in the project allows). Agents can be added, stopped and
   replaced while a test runs, and so can the scheduler be stopped: that is how "node unreachable" and
   "scheduler unavailable" are produced.
-- `CallLog`: the unary requests a real scheduler or agent received, recorded by one more server
-  interceptor (the shared bootstrap `start_grpc_server` takes extra ones). Tests read it to check what
+- `CallLog`: the unary requests a real scheduler or agent received, and apart from them its server-streaming
+  ones (and how many of those are open now), recorded by one more server interceptor (the shared bootstrap
+  `start_grpc_server` takes extra ones). Tests read it to check what
   the gateway sent (team scoping, idempotency keys, no call at all for bad input) and to wait for a CLI
   that polls. Left out: the cluster's own helper calls (they carry `HELPER_METADATA`) and the calls
   between the scheduler and its agents.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +103,13 @@ async def running_gateway(*, etcd: Mapping[str, str], etcd_prefix: str, schedule
 @dataclass
 class CallLog:
     """(method, request) of every unary call a service received, in arrival order, but for the methods
-    in `ignore`."""
+    in `ignore`; `streams` the same of its server-streaming calls, and `open_streams` method → how many of
+    them have not ended yet."""
 
     ignore: frozenset[str] = frozenset()
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    streams: list[tuple[str, Any]] = field(default_factory=list)
+    open_streams: Counter[str] = field(default_factory=Counter)
 
     @property
     def methods(self) -> list[str]:
@@ -113,12 +118,16 @@ class CallLog:
     def requests(self, method: str) -> list[Any]:
         return [request for m, request in self.calls if m == method]
 
+    def stream_requests(self, method: str) -> list[Any]:
+        return [request for m, request in self.streams if m == method]
+
     def clear(self) -> None:
         self.calls.clear()
 
 
 class _Recorder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Records each unary request before the servicer sees it; changes nothing about the call."""
+    """Records each unary or server-streaming request before the servicer sees it, and counts the streams
+    until their handler ends (finished, failed or cancelled); changes nothing about the call."""
 
     def __init__(self, log: CallLog) -> None:
         self._log = log
@@ -129,15 +138,33 @@ class _Recorder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None or (handler.unary_unary is None and handler.unary_stream is None):
             return handler
         if any((md.key, md.value) in HELPER_METADATA for md in details.invocation_metadata or ()):
             return handler
         method = details.method.rsplit("/", 1)[-1]
         if method in self._log.ignore:
             return handler
-        behavior = handler.unary_unary
         log = self._log
+        if handler.unary_stream is not None:
+            streaming = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                log.streams.append((method, request))
+                log.open_streams[method] += 1
+                try:
+                    replies = streaming(request, context)
+                    if hasattr(replies, "__aiter__"):
+                        async for reply in replies:
+                            yield reply
+                    else:  # a handler that writes with context.write() instead of yielding
+                        await replies
+                finally:
+                    log.open_streams[method] -= 1
+
+            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        behavior = handler.unary_unary
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             log.calls.append((method, request))

@@ -70,7 +70,8 @@ async def test_quotas_round_trip_and_team_isolation(gw: RunningGateway) -> None:
         created = await admin.put("/v1/quotas/vision", json=VISION_QUOTA)
         assert created.status_code == 201, created.text
         assert created.json() == {"team": "vision", "weight": 1.0, "limits": {
-            "H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8, "borrow_limit": None}}, "use": {}}
+            "H100-80GB-HBM3": {"nominal": 64, "borrow_limit": 32}, "*": {"nominal": 8, "borrow_limit": None}},
+            "use": {}}
         nlp = await admin.put("/v1/quotas/nlp", json={"limits": {"*": {"nominal": 4, "borrow_limit": 0}}})
         assert nlp.status_code == 201 and nlp.json()["weight"] == 1.0
         assert nlp.json()["limits"]["*"]["borrow_limit"] == 0  # 0 (never borrow) is not "no limit"
@@ -89,7 +90,8 @@ async def test_quotas_round_trip_and_team_isolation(gw: RunningGateway) -> None:
         assert missing.status_code == 404 and "team robotics has no quota" in missing.json()["error"]["message"]
 
         replaced = await admin.put("/v1/quotas/vision", json={"weight": 3.5})
-        assert replaced.status_code == 200 and replaced.json() == {"team": "vision", "weight": 3.5, "limits": {}, "use": {}}
+        assert replaced.status_code == 200
+        assert replaced.json() == {"team": "vision", "weight": 3.5, "limits": {}, "use": {}}
         assert (await admin.delete("/v1/quotas/nlp")).status_code == 200
         assert (await admin.get("/v1/quotas/nlp")).status_code == 404
         assert (await admin.delete("/v1/quotas/nlp")).status_code == 404

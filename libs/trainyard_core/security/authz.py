@@ -115,6 +115,8 @@ RULES: Mapping[str, Rule] = {
     # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
     **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "HoldJob", "ReleaseJob",
                       "SetJobPriority", "RequeueJob"), rule("gateway", "tool")),
+    # Every team's live jobs, for the gateway's read view (which scopes them to its users' teams itself).
+    "/trainyard.scheduler.v1.JobWatchService/WatchJobs": rule("gateway"),
     **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",
                         "DeleteQuota"), rule("gateway", "tool")),
     # Usage and cost: the gateway (its users' team, or every team for operators) and tools (their teams).

@@ -2,7 +2,8 @@
 
 `GatewayApp.start()` opens the etcd store, stores the bootstrap operator token (hashed) when one is
 configured (the local cluster's), opens the channel pool to the scheduler, the agents and (with
-checkpoint_store_address) the checkpoint-store, then serves HTTP
+checkpoint_store_address) the checkpoint-store, starts the read view's feed (job_view.py; unless the job_view
+setting is off), then serves HTTP
 with uvicorn inside the running event loop (on a socket bound here, so port 0 works and a busy port fails
 with a clear OSError) and the internal TokenService over grpc.aio. `stop()` undoes it in reverse order.
 Signals are the caller's business (trainyard_core.service.run), so uvicorn's own signal capture is turned off.
@@ -21,8 +22,9 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import grpc.aio
 import uvicorn
 from fastapi import FastAPI
 
@@ -41,8 +43,10 @@ from . import audit_http, http_errors, http_methods, openapi
 from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
 from .deps import GatewayDeps
+from .job_view import JobView
+from .job_view_feed import JobFeed
 from .rate_limit import TokenBuckets
-from .routers import audit, checkpoints, health, job_operations, jobs, nodes, queues, quotas, tokens, usage
+from .routers import audit, checkpoints, health, job_operations, job_streams, jobs, nodes, queues, quotas, tokens, usage
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
 from .tokens import TokenStore
@@ -69,7 +73,8 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
     audit_http.install(app, getattr(deps, "audit", None))  # outermost: the answer waits for its audit entry
-    for module in (health, jobs, job_operations, checkpoints, nodes, queues, quotas, usage, tokens, audit):
+    for module in (health, jobs, job_streams, job_operations, checkpoints, nodes, queues, quotas, usage, tokens,
+                   audit):
         app.include_router(module.router)
     openapi.install(app)
     return app
@@ -119,6 +124,7 @@ class GatewayApp:
         self._channels: Channels | None = None
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
+        self._job_feed: JobFeed | None = None
         self._http: _EmbeddedServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self.app: FastAPI | None = None
@@ -148,7 +154,8 @@ class GatewayApp:
         scheduler = SchedulerClient(lambda: channels.get(target, identity.SCHEDULER), timeout_s=s.request_timeout_s,
                                     leader_channel=lambda address: channels.get(address, identity.SCHEDULER),
                                     replicas=s.scheduler_address.split(","))
-        deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store,
+        view = self._job_view(scheduler, lambda: channels.get(target, identity.SCHEDULER))
+        deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store, job_view=view,
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
                                                                      clock=self._clock),
                            audit=AuditLog(self._store, s.etcd_prefix, retention_s=s.audit_retention_s(),
@@ -194,6 +201,16 @@ class GatewayApp:
                                            "scheduler_address": s.scheduler_address,
                                            "checkpoint_store_address": s.checkpoint_store_address})
 
+    def _job_view(self, scheduler: SchedulerClient, channel: Callable[[], grpc.aio.Channel]) -> JobView | None:
+        """The read view and its feed (started here: the view answers nothing until its first snapshot)."""
+        if not self.settings.job_view:
+            return None
+        view = JobView(wait_s=self.settings.job_view_wait_s)
+        scheduler.on_write = view.wrote
+        self._job_feed = JobFeed(view, channel)
+        self._job_feed.start()
+        return view
+
     def _checkpoint_store(self, channels: Channels) -> CheckpointStoreClient | None:
         address = self.settings.checkpoint_store_address
         if not address:
@@ -217,6 +234,9 @@ class GatewayApp:
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
             self._grpc = None
+        if self._job_feed is not None:
+            await self._job_feed.stop()
+            self._job_feed = None
         if self._agents is not None:
             self._agents.forget()
             self._agents = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Generic, TypeVar, cast
 
@@ -45,9 +46,14 @@ from .schemas.usage import UsageReport
 
 T = TypeVar("T")
 S = TypeVar("S")
+W = TypeVar("W", scheduler_pb2.SubmitJobResponse, scheduler_pb2.CancelJobResponse, scheduler_pb2.HoldJobResponse,
+            scheduler_pb2.ReleaseJobResponse, scheduler_pb2.SetJobPriorityResponse, scheduler_pb2.RequeueJobResponse)
 # A NodeService call, given the stub to send it on and the seconds it may take.
 NodeCall = Callable[[scheduler_pb2_grpc.NodeServiceStub, float], Awaitable[T]]
 LEADER_METADATA = "trainyard-leader"
+# The etcd revision of the last job write the scheduler answered in this request (0: none): the routes send it
+# back as X-Trainyard-Revision. Set by the client's call, read by the route that awaited it (one context).
+WRITE_REVISION: ContextVar[int] = ContextVar("write_revision", default=0)
 
 
 async def _call(what: str, call: Awaitable[T]) -> T:
@@ -100,10 +106,26 @@ class SchedulerClient:
         self._stubs: dict[str, _Stubs[scheduler_pb2_grpc.NodeServiceStub]] = {}
         # The leader's address, once a replica named it and it answered; '': use the main channel.
         self._leader = ""
+        # Told the etcd revision of every job write the scheduler answered (the read view's floor: job_view.py).
+        self.on_write: Callable[[int], None] | None = None
+
+    def _written(self, reply: W) -> W:
+        """A job write's answer, passed through: its revision noted (WRITE_REVISION, `on_write`)."""
+        revision = int(reply.revision)
+        if revision:
+            WRITE_REVISION.set(revision)
+            if self.on_write is not None:
+                self.on_write(revision)
+        return reply
 
     @property
     def _jobs(self) -> scheduler_pb2_grpc.JobServiceStub:
         return self._main.on(self._channel()).jobs
+
+    @property
+    def jobs_stub(self) -> scheduler_pb2_grpc.JobServiceStub:
+        """For the streaming calls (clients_streams): any replica answers them, on the main channel."""
+        return self._jobs
 
     @property
     def _nodes(self) -> scheduler_pb2_grpc.NodeServiceStub:
@@ -187,7 +209,7 @@ class SchedulerClient:
         """The job, and whether this call created it (False: an idempotency key answered with an earlier one)."""
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
                                                  idempotency_key=idempotency_key)
-        reply = await _call("scheduler", self._jobs.SubmitJob(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.SubmitJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job), reply.created
 
     async def get_job(self, job_id: str, *, team: str) -> Job:
@@ -202,27 +224,27 @@ class SchedulerClient:
 
     async def cancel_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.CancelJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def hold_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.HoldJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = await _call("scheduler", self._jobs.HoldJob(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.HoldJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def release_job(self, job_id: str, *, team: str, user: str) -> Job:
         request = scheduler_pb2.ReleaseJobRequest(job_id=job_id, team=team, user=user)
-        reply = await _call("scheduler", self._jobs.ReleaseJob(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.ReleaseJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def set_job_priority(self, job_id: str, *, team: str, user: str, priority: int) -> Job:
         request = scheduler_pb2.SetJobPriorityRequest(job_id=job_id, team=team, user=user, priority=priority)
-        reply = await _call("scheduler", self._jobs.SetJobPriority(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.SetJobPriority(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def requeue_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.RequeueJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = await _call("scheduler", self._jobs.RequeueJob(request, timeout=self._timeout))
+        reply = self._written(await _call("scheduler", self._jobs.RequeueJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def list_nodes(self) -> list[Node]:
@@ -321,6 +343,10 @@ class AgentClients:
             stubs = self._stubs[(address, node_id)] = _Stubs(
                 lambda channel: cast("agent_pb2_grpc.AgentServiceAsyncStub", agent_pb2_grpc.AgentServiceStub(channel)))
         return stubs.on(self._channels.get(address, expected))
+
+    def stub(self, address: str, node_id: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
+        """The stub for `node_id`'s agent at `address` (clients_streams' log streams)."""
+        return self._stub(address, node_id)
 
     async def worker_logs(self, address: str, *, node_id: str, job_id: str, attempt: int,
                           tail_lines: int) -> list[LogLine]:

@@ -165,7 +165,8 @@ def node_from_pb(node: types_pb2.Node) -> ns.Node:
 
 
 def log_line_from_pb(line: agent_pb2.LogLine) -> LogLine:
-    return LogLine(rank=line.rank, attempt=line.attempt, stream=line.stream, text=line.text)
+    return LogLine(rank=line.rank, attempt=line.attempt, stream=line.stream, text=line.text, seq=line.seq,
+                   time_ms=line.time_unix_ms)
 
 
 def _utc(t: float) -> datetime:

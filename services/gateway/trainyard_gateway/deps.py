@@ -11,6 +11,7 @@ from trainyard_core.store import Store
 
 from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
+from .job_view import JobView
 from .rate_limit import TokenBuckets
 from .settings import GatewaySettings
 from .tokens import TokenStore
@@ -28,9 +29,13 @@ class GatewayDeps:
     audit: AuditLog | None = None
     # The checkpoint-store (None: no checkpoint_store_address; the checkpoint routes answer 503).
     checkpoints: CheckpointStoreClient | None = None
+    # The read view of the live jobs (None: the job_view setting is off; every read asks the scheduler).
+    job_view: JobView | None = None
 
 
-def get_deps(request: Request) -> GatewayDeps:
+async def get_deps(request: Request) -> GatewayDeps:
+    # async, though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
+    # on every request (measured: the largest single cost of a GET answered from the read view).
     deps = request.app.state.deps
     assert isinstance(deps, GatewayDeps)
     return deps

@@ -74,6 +74,12 @@ class GatewaySettings(EtcdSettings):
                                     "(per gateway replica); 0 turns rate limiting off")
     rate_limit_burst: int = Field(200, ge=1, description="requests a token may make at once before "
                                   "rate_limit_per_s applies")
+    # The read view (job_view.py): reads of live jobs answered from a copy fed by the scheduler's JobWatchService.
+    job_view: bool = Field(True, description="answer reads of live jobs (GET /v1/jobs/{id}, the lists it can "
+                           "answer exactly, ?watch=true) from a view fed by the scheduler's job watch stream; off: "
+                           "every read asks the scheduler, and ?watch=true answers 503")
+    job_view_wait_s: float = Field(1.0, gt=0, le=60, description="how long a read waits for the view to show a "
+                                   "write it must see (the client's own) before it asks the scheduler instead")
     # HTTPS of the public API. Not the mTLS certificate (tls_*): browsers and the CLI verify this one, so it
     # is usually a public certificate. Left empty, HTTP stays plain (a load balancer terminating TLS).
     http_tls_cert_file: str = Field("", description="server certificate (PEM, chain after the leaf) of the HTTP "

@@ -35,6 +35,7 @@ from .audit_archive import AuditMover, AuditReader, MoveSettings
 from .credential_renewal import CredentialRenewer, RenewalSettings, RenewPort
 from .grpc.agent_client import GrpcAgents
 from .grpc.audit_servicer import AuditServicer
+from .grpc.job_watch_servicer import JobWatchServicer
 from .grpc.policy_servicer import PolicyServicer
 from .grpc.servicer import JobServicer, NodeServicer
 from .grpc.usage_servicer import UsageServicer
@@ -126,6 +127,7 @@ class SchedulerApp:
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),
                                                    clock=self.clock), tool_teams=s.tool_team_map())
         audit_servicer = AuditServicer(AuditReader(self.audit, self.history))
+        job_watch_servicer = JobWatchServicer(self._mirror, self.keys, self.history)
 
         def register(server: object) -> None:
             scheduler_pb2_grpc.add_JobServiceServicer_to_server(job_servicer, server)
@@ -133,8 +135,10 @@ class SchedulerApp:
             policy_pb2_grpc.add_PolicyServiceServicer_to_server(policy_servicer, server)
             usage_pb2_grpc.add_UsageServiceServicer_to_server(usage_servicer, server)
             audit_pb2_grpc.add_AuditServiceServicer_to_server(audit_servicer, server)
+            scheduler_pb2_grpc.add_JobWatchServiceServicer_to_server(job_watch_servicer, server)
 
-        names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name for n in ("JobService", "NodeService")]
+        names = [scheduler_pb2.DESCRIPTOR.services_by_name[n].full_name
+                 for n in ("JobService", "NodeService", "JobWatchService")]
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         names.append(usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name)
         names.append(audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name)

@@ -126,13 +126,21 @@ def worker_status_to_pb(s: WorkerStatus) -> agent_pb2.WorkerStatus:
 
 
 def log_query_from_pb(req: agent_pb2.GetWorkerLogsRequest) -> LogQuery:
-    if req.attempt < 0 or req.tail_lines < 0:
-        raise InvalidArgument("attempt and tail_lines must be >= 0")
     if not req.job_id:
         raise InvalidArgument("job_id is required")
-    return LogQuery(job_id=req.job_id, attempt=req.attempt, tail_lines=req.tail_lines)
+    for name in ("attempt", "tail_lines", "since_unix_ms"):
+        if getattr(req, name) < 0:
+            raise InvalidArgument(f"{name} must be >= 0, got {getattr(req, name)}")
+    if req.after_seq and not req.attempt:
+        raise InvalidArgument("after_seq needs attempt: a seq numbers the lines of one attempt and rank")
+    for rank, seq in req.after_seq.items():
+        if rank < 0 or seq < 0:
+            raise InvalidArgument(f"after_seq: ranks and seqs must be >= 0, got {rank}: {seq}")
+    return LogQuery(job_id=req.job_id, attempt=req.attempt, tail_lines=req.tail_lines, since_ms=req.since_unix_ms,
+                    after_seq=dict(req.after_seq))
 
 
 def log_lines_to_pb(lines: Iterable[LogLine]) -> list[agent_pb2.LogLine]:
-    return [agent_pb2.LogLine(rank=line.rank, stream=line.stream, text=line.text, attempt=line.attempt)
+    return [agent_pb2.LogLine(rank=line.rank, stream=line.stream, text=line.text, attempt=line.attempt,
+                              seq=line.seq, time_unix_ms=line.time_ms)
             for line in lines]

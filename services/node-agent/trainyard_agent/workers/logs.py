@@ -1,9 +1,15 @@
 """Per-rank log files: read back (with a tail) or followed while written.
 
 Layout: `<state_dir>/jobs/<job_id>/attempt-<n>/rank-<r>.log`, rotated to `rank-<r>.log.1` … `.N`
-(`.1` newest). The worker's shim writes them (`logwriter.RankLog`: each line tagged with its stream, so
-the stream of every line survives in one file per rank and lines of both streams stay in the order the
-shim read them); the agent only reads, so it reads the logs of workers of a previous agent life alike.
+(`.1` newest). The worker's shim writes them (`logwriter.RankLog`: each line tagged with its stream, its
+sequence number and the time it was written, so the stream of every line survives in one file per rank and
+lines of both streams stay in the order the shim read them); the agent only reads, so it reads the logs of
+workers of a previous agent life alike, and files of the format before (numbered by position, time unknown).
+
+Selecting (`select`, pure, the same for a read and a follow): a rank's lines after `after_seq[rank]`, of
+those the ones written at or after `since_ms` (lines of unknown time are kept: `since` cannot place them),
+of those the last `tail_lines`. A follow applies the tail once, to what is retained when it first sees a
+rank (read to the end of the current file, however large), then sends every new line.
 """
 
 from __future__ import annotations
@@ -18,13 +24,13 @@ from typing import BinaryIO
 
 from trainyard_core.errors import NotFound
 
-from .logwriter import MAX_LINE_BYTES, TAGS, LineSplitter, RankLog
-from .model import LogLine, LogQuery, Stream, check_job_id
+from .logwriter import MAX_LINE_BYTES, LineSplitter, RankLog, Sequencer, parse_record
+from .logwriter import records as _records
+from .model import LogLine, LogQuery, check_job_id
 
 __all__ = ["MAX_LINE_BYTES", "LineSplitter", "LogFollower", "RankLog", "attempt_dir", "attempt_dirs", "job_dir",
-           "parse_record", "rank_files", "rank_log_path", "read_logs", "require_job"]
+           "numbered", "parse_record", "rank_files", "rank_log_path", "read_logs", "require_job", "select"]
 
-_STREAM_OF_TAG = {tag[:1]: stream for stream, tag in TAGS.items()}
 _ATTEMPT_RE = re.compile(r"^attempt-(\d+)$")
 _RANK_RE = re.compile(r"^rank-(\d+)\.log(?:\.(\d+))?$")
 
@@ -42,10 +48,24 @@ def rank_log_path(adir: Path, rank: int) -> Path:
     return adir / f"rank-{rank}.log"
 
 
-def parse_record(raw: bytes) -> tuple[str, str]:
-    """(stream, text) of one stored line (without its newline)."""
-    stream = _STREAM_OF_TAG.get(raw[:1], Stream.STDOUT.value)
-    return stream, raw[2:].decode(errors="replace")
+def numbered(raws: Iterable[bytes], sequencer: Sequencer, *, attempt: int, rank: int) -> Iterator[LogLine]:
+    """The lines of a rank's records read in order, each with its seq (duplicates left out)."""
+    for raw in raws:
+        stream, seq, time_ms, text = parse_record(raw)
+        seq = sequencer.number(seq)
+        if seq:
+            yield LogLine(rank=rank, stream=stream, text=text.decode(errors="replace"), attempt=attempt, seq=seq,
+                          time_ms=time_ms)
+
+
+def select(lines: Iterable[LogLine], query: LogQuery, rank: int, *, tail: bool = True) -> list[LogLine]:
+    """One rank's lines that `query` asks for (see the module's docstring); `tail=False` ignores its tail. Pure."""
+    after, since = query.after_seq.get(rank, 0), query.since_ms
+    keep: deque[LogLine] | list[LogLine] = deque(maxlen=query.tail_lines) if tail and query.tail_lines else []
+    for line in lines:
+        if line.seq > after and (not since or not line.time_ms or line.time_ms >= since):
+            keep.append(line)
+    return list(keep)
 
 
 # --- reading -----------------------------------------------------------------------------------------
@@ -75,16 +95,6 @@ def rank_files(adir: Path) -> dict[int, list[Path]]:
     return {rank: [p for _, p in sorted(files, key=lambda t: -t[0])] for rank, files in sorted(by_rank.items())}
 
 
-def _records(paths: Iterable[Path]) -> Iterator[bytes]:
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                for raw in f:
-                    yield raw.rstrip(b"\n")
-        except FileNotFoundError:
-            continue  # rotated away while we read; the lines are in the next file
-
-
 def require_job(jobs_root: Path, query: LogQuery) -> list[tuple[int, Path]]:
     """The job's attempt directories; NotFound when this node never ran it (or not that attempt)."""
     dirs = attempt_dirs(jobs_root, query.job_id, query.attempt)
@@ -101,13 +111,12 @@ def read_logs(jobs_root: Path, query: LogQuery, *, max_bytes: int) -> list[LogLi
     message has a size limit), the oldest lines of each rank are dropped and one line says so.
     """
     dirs = require_job(jobs_root, query)
-    groups: list[tuple[int, int, list[tuple[str, str]]]] = []
+    groups: list[tuple[int, int, list[LogLine]]] = []
     for attempt, adir in dirs:
         for rank, paths in rank_files(adir).items():
-            keep: deque[tuple[str, str]] = deque(maxlen=query.tail_lines or None)
-            keep.extend(parse_record(r) for r in _records(paths))
-            groups.append((attempt, rank, list(keep)))
-    total = sum(len(text) + 16 for *_, lines in groups for _, text in lines)
+            records = numbered(_records(paths), Sequencer(), attempt=attempt, rank=rank)
+            groups.append((attempt, rank, select(records, query, rank)))
+    total = sum(len(line.text) + 16 for *_, lines in groups for line in lines)
     out: list[LogLine] = []
     budget = max_bytes // max(1, len(groups))
     for attempt, rank, lines in groups:
@@ -117,16 +126,16 @@ def read_logs(jobs_root: Path, query: LogQuery, *, max_bytes: int) -> list[LogLi
                 out.append(LogLine(rank=rank, stream="agent", attempt=attempt,
                                    text=f"[{dropped} earlier lines not shown: the answer is limited to "
                                         f"{max_bytes // (1024 * 1024)} MiB; ask for tail_lines or stream]"))
-        out.extend(LogLine(rank=rank, stream=s, text=t, attempt=attempt) for s, t in lines)
+        out.extend(lines)
     return out
 
 
-def _trim(lines: list[tuple[str, str]], budget: int) -> tuple[list[tuple[str, str]], int]:
+def _trim(lines: list[LogLine], budget: int) -> tuple[list[LogLine], int]:
     used = 0
     start = len(lines)
-    while start > 0 and used + len(lines[start - 1][1]) + 16 <= budget:
+    while start > 0 and used + len(lines[start - 1].text) + 16 <= budget:
         start -= 1
-        used += len(lines[start][1]) + 16
+        used += len(lines[start].text) + 16
     return lines[start:], start
 
 
@@ -138,6 +147,7 @@ class _Cursor:
     """Reads one rank's current file from where it left off and moves to the new file after a rotation."""
 
     path: Path
+    sequencer: Sequencer = field(default_factory=Sequencer)
     file: BinaryIO | None = None
     inode: int = -1
     partial: bytes = b""
@@ -175,6 +185,11 @@ class _Cursor:
         self.partial = b""
 
 
+# Reads of `read_limit` at a rank's first sight at most (1 GiB by default, far above a rank's retained bytes):
+# a writer faster than the reader cannot keep the first poll going for ever.
+_FIRST_READS = 1024
+
+
 @dataclass
 class LogFollower:
     """Yields a job's lines as they are written: first what is retained, then what follows.
@@ -197,20 +212,23 @@ class LogFollower:
             for rank, paths in rank_files(adir).items():
                 key = (attempt, rank)
                 cursor = self._cursors.get(key)
-                records: list[bytes] = []
+                first = cursor is None
                 if cursor is None:
-                    # First sight of this rank: its rotated files are history, then follow the current one.
+                    # First sight of this rank: its rotated files are history, then follow the current one,
+                    # read to its end now so that a tail is the tail of everything retained.
                     cursor = self._cursors[key] = _Cursor(rank_log_path(adir, rank))
-                    records.extend(_records(paths[:-1]))
-                    new, more = cursor.read_new(self.read_limit)
-                    records.extend(new)
-                    if self.query.tail_lines:
-                        records = records[-self.query.tail_lines:]
+                    records = list(_records(p for p in paths if p != cursor.path))
+                    more = True
+                    for _ in range(_FIRST_READS):
+                        if not more:
+                            break
+                        new, more = cursor.read_new(self.read_limit)
+                        records.extend(new)
                 else:
                     records, more = cursor.read_new(self.read_limit)
                 self.more = self.more or more
-                out.extend(LogLine(rank=rank, stream=s, text=t, attempt=attempt)
-                           for s, t in map(parse_record, records))
+                lines = numbered(records, cursor.sequencer, attempt=attempt, rank=rank)
+                out.extend(select(lines, self.query, rank, tail=first))
         return out
 
     def close(self) -> None:

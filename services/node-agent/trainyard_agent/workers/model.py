@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainyard_core.contract import TEAM
 from trainyard_core.errors import InvalidArgument
@@ -138,13 +138,17 @@ class LogLine:
     stream: str
     text: str
     attempt: int
+    seq: int = 0  # the line's number in its (attempt, rank), from 1; 0 for the agent's own notes in an answer
+    time_ms: int = 0  # when it was written (unix ms); 0: unknown (a file of the old format)
 
 
 @dataclass
 class LogQuery:
     job_id: str
     attempt: int = 0  # 0: every attempt on this node
-    tail_lines: int = 0  # 0: every retained line
+    tail_lines: int = 0  # 0: every retained line (else: of the lines selected by the fields below)
+    since_ms: int = 0  # 0: every line; else those written at or after (unix ms), and those of unknown time
+    after_seq: dict[int, int] = field(default_factory=dict)  # rank → only its lines after that seq
 
 
 def exit_status(returncode: int) -> tuple[int, int]:

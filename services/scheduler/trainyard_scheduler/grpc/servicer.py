@@ -175,6 +175,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
                   message="waiting for placement")
+        archived = False
         try:
             stored, created = await self._repo.create_job(job, request.idempotency_key,
                                                           _request_digest(request.spec, job.user))
@@ -184,13 +185,16 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             if earlier is None:
                 raise Conflict(f"idempotency key {request.idempotency_key!r} names job {gone.job_id}, which is "
                                "neither in etcd nor in the history store; use a new key") from None
-            stored, created = earlier[0], False
+            stored, created, archived = earlier[0], False, True
         if created:
             with log_context(job_id=stored.id):
                 log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,
                                                  "gpus_per_node": spec.resources.gpus_per_node})
             self._wake.set()
-        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored), created=created)
+        # The revision a reader of the job watch must reach to see the job (the create's, or a later one).
+        found = None if archived else await self._repo.get_job(stored.id)
+        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored), created=created,
+                                               revision=found[1] if found else 0)
 
     async def GetJob(self, request: scheduler_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> scheduler_pb2.GetJobResponse:
@@ -236,66 +240,66 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             job, rev = await self._visible(request.job_id, request.team)
             cancelled = request_cancel(job, self._clock.now(), request.reason, by=self._user(request.user))
             if cancelled is job:
-                return scheduler_pb2.CancelJobResponse(job=await self._view(job))
+                return scheduler_pb2.CancelJobResponse(job=await self._view(job), revision=rev)
             try:
-                await self._repo.update_job(cancelled, rev)
+                written = await self._repo.update_job(cancelled, rev)
             except Conflict:
                 continue
             with log_context(job_id=job.id):
                 log.info("cancel requested", extra={"state": cancelled.state.value, "user": cancelled.cancelled_by})
             self._wake.set()
-            return scheduler_pb2.CancelJobResponse(job=await self._view(cancelled))
+            return scheduler_pb2.CancelJobResponse(job=await self._view(cancelled), revision=written)
         raise Conflict(f"job {request.job_id} kept changing; retry the cancel")
 
     async def HoldJob(self, request: scheduler_pb2.HoldJobRequest,
                       context: grpc.aio.ServicerContext) -> scheduler_pb2.HoldJobResponse:
         _check_reason(request.reason)
         by = self._user(request.user)
-        job = await self._operate(request.job_id, request.team, "hold",
+        job, revision = await self._operate(request.job_id, request.team, "hold",
                                   lambda j, now: operations.hold(j, now, by, request.reason))
-        return scheduler_pb2.HoldJobResponse(job=job)
+        return scheduler_pb2.HoldJobResponse(job=job, revision=revision)
 
     async def ReleaseJob(self, request: scheduler_pb2.ReleaseJobRequest,
                          context: grpc.aio.ServicerContext) -> scheduler_pb2.ReleaseJobResponse:
         by = self._user(request.user)
-        job = await self._operate(request.job_id, request.team, "release",
+        job, revision = await self._operate(request.job_id, request.team, "release",
                                   lambda j, now: operations.release(j, now, by))
-        return scheduler_pb2.ReleaseJobResponse(job=job)
+        return scheduler_pb2.ReleaseJobResponse(job=job, revision=revision)
 
     async def SetJobPriority(self, request: scheduler_pb2.SetJobPriorityRequest,
                              context: grpc.aio.ServicerContext) -> scheduler_pb2.SetJobPriorityResponse:
         by = self._user(request.user)
-        job = await self._operate(request.job_id, request.team, "priority change",
+        job, revision = await self._operate(request.job_id, request.team, "priority change",
                                   lambda j, now: operations.set_priority(j, now, by, request.priority))
-        return scheduler_pb2.SetJobPriorityResponse(job=job)
+        return scheduler_pb2.SetJobPriorityResponse(job=job, revision=revision)
 
     async def RequeueJob(self, request: scheduler_pb2.RequeueJobRequest,
                          context: grpc.aio.ServicerContext) -> scheduler_pb2.RequeueJobResponse:
         _check_reason(request.reason)
         by = self._user(request.user)
-        job = await self._operate(request.job_id, request.team, "requeue",
+        job, revision = await self._operate(request.job_id, request.team, "requeue",
                                   lambda j, now: operations.request_requeue(j, now, by, request.reason))
-        return scheduler_pb2.RequeueJobResponse(job=job)
+        return scheduler_pb2.RequeueJobResponse(job=job, revision=revision)
 
     async def _operate(self, job_id: str, team: str, what: str,
-                       change: Callable[[Job, float], Job]) -> types_pb2.Job:
+                       change: Callable[[Job, float], Job]) -> tuple[types_pb2.Job, int]:
         """Read the job, apply `change` (operations.py: it returns the job itself when there is nothing to do),
-        CAS-write it and wake the leader; the job as it is now."""
+        CAS-write it and wake the leader; the job as it is now, and the etcd revision it was read or written at."""
         for _ in range(10):
             job, rev = await self._visible(job_id, team)
             changed = change(job, self._clock.now())
             if changed is job:
-                return await self._view(job)
+                return await self._view(job), rev
             if rev == 0:  # read from the history store: finished, so no operation changes it
                 raise FailedPrecondition(f"job {job_id} has finished and left etcd; it cannot change")
             try:
-                await self._repo.update_job(changed, rev)
+                written = await self._repo.update_job(changed, rev)
             except Conflict:
                 continue
             with log_context(job_id=job.id):
                 log.info("job %s", what, extra={"event": changed.events[-1].message if changed.events else ""})
             self._wake.set()
-            return await self._view(changed)
+            return await self._view(changed), written
         raise Conflict(f"job {job_id} kept changing; retry the {what}")
 
     async def WatchJob(self, request: scheduler_pb2.WatchJobRequest,
