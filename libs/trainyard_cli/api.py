@@ -1,225 +1,135 @@
-"""A small synchronous client of the gateway's HTTP API. Every failure becomes a CliError whose message
-is the API's own (`{"error": {"message": ...}}`) or says plainly why the gateway could not be reached."""
+"""The CLI's client of the gateway: `trainyard_sdk.Client`, with the CLI's way of failing and of following streams.
+
+Every request, its body's validation, the parsing of answers into the gateway's models, server-sent events and
+resuming a dropped stream are the SDK's (libs/trainyard_sdk); what is here is what the CLI decides differently:
+
+- Failures: every `SdkError` is raised as a `CliError` (main prints `error: <message>`, exit 1; a configuration
+  problem is a `UsageError`, exit 2) with the API's own message (`message_of`, pure): a 401 names where the
+  token came from, a refused connection asks whether `make run` is running.
+- No automatic retries (`retry=None`): a person at a terminal runs the command again.
+- Streams (`follow_logs`, `watch_job`, `watch_jobs`): a stream whose first connection fails fails at once, as any
+  request does; one that was connected and dropped is resumed from its last event id (`Last-Event-ID`) after
+  0.25, 0.5, 1, 2, 4, then 5 s delays, telling `on_reconnect(reason)` before each, and given up after
+  `RECONNECTS` attempts in a row with no event (about half a minute).
+- JSON output is the gateway's answer: `dump(model)` is the model as the gateway serialises it (by alias:
+  `from` in a usage report), and the tables read the same dicts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-from urllib.parse import quote
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
-import httpx
+from pydantic import BaseModel
 
-from .config import Target
-from .errors import CliError
+from trainyard_sdk import (
+    Client,
+    ConfigurationError,
+    ConnectionFailed,
+    EventStream,
+    Reconnect,
+    SdkError,
+    Unauthenticated,
+)
+from trainyard_sdk.config import Target
+from trainyard_sdk.connection import USER_AGENT, VERSION
+from trainyard_sdk.wire import Request, Resume, StreamCall
 
-UA = "trainyard-cli/0.1"
+from .errors import CliError, UsageError
+
+T = TypeVar("T")
+UA = f"trainyard-cli/{VERSION} {USER_AGENT}"
+# Reconnects of a stream in a row without an event before giving up: 0.25 + 0.5 + 1 + 2 + 4 + 4 x 5 s ≈ 28 s.
+RECONNECTS = 9
+RECONNECT = Reconnect(max_failures=RECONNECTS, backoff_s=0.25, max_delay_s=5.0)
+# The gateway sends a keepalive comment every 15 s: a stream silent for longer than this lost its connection.
+STREAM_IDLE_S = 45.0
 
 
-def _reason(exc: httpx.HTTPError) -> str:
-    text = str(exc) or type(exc).__name__
-    low = text.lower()
-    if "refused" in low:
-        return "connection refused"
-    if "name or service not known" in low or "nodename nor servname" in low or "name resolution" in low:
-        return "unknown host"
-    return text
+def dump(model: BaseModel) -> dict[str, Any]:
+    """The JSON object of a result, as the gateway wrote it."""
+    return model.model_dump(mode="json", by_alias=True)
 
 
-class Api:
-    def __init__(self, target: Target, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.target = target
-        headers = {"User-Agent": UA}
-        if target.token:
-            headers["Authorization"] = f"Bearer {target.token}"
-        self._http = httpx.Client(base_url=target.url, headers=headers, timeout=timeout, transport=transport)
-        self._timeout = timeout
+def message_of(error: SdkError, target: Target) -> str:
+    """The CLI's one-line message for a failure. Pure."""
+    if isinstance(error, Unauthenticated):
+        return f"{error.message} (token from {target.token_source or 'nowhere'})"
+    if isinstance(error, ConnectionFailed) and error.refused:
+        return f"cannot reach the gateway at {target.url}: connection refused — is `make run` running?"
+    return error.message
 
-    def close(self) -> None:
-        self._http.close()
+
+class Api(Client):
+    """`trainyard_sdk.Client` raising CliErrors. `on_reconnect(reason)` is told before each reconnect of a
+    stream."""
+
+    def __init__(self, target: Target, *, timeout: float = 30.0, transport: Any = None,
+                 on_reconnect: Callable[[str], None] | None = None) -> None:
+        self.on_reconnect = on_reconnect
+        try:
+            super().__init__(target, timeout_s=timeout, stream_idle_s=max(timeout, STREAM_IDLE_S), retry=None,
+                             reconnect=RECONNECT, user_agent=UA, transport=transport)
+        except ConfigurationError as exc:  # a CA bundle that cannot be read
+            raise UsageError(exc.message) from None
 
     def __enter__(self) -> Api:
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    def failed(self, error: SdkError) -> BaseException:
+        if isinstance(error, ConfigurationError):
+            return UsageError(error.message)
+        return CliError(message_of(error, self.target))
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        url = self.target.url
+    def _stream(self, call: StreamCall[T]) -> EventStream[T]:
+        follow = _Following(self)
+        stream = EventStream(call, follow.connect, url=self.url, reconnect=self.options.reconnect,
+                             sleep=follow.before_reconnect, failed=follow.failed)
+        follow.resume = stream.resume
+        return stream
+
+    def open_stream(self, request: Request) -> contextlib.AbstractContextManager[Iterator[bytes]]:
+        """One connection of a stream (the SDK's)."""
+        return self._connect(request)
+
+
+class _Following:
+    """One stream's connections as the CLI follows them. The SDK's loop decides when to reconnect and after how
+    long (`Resume`); this fails a stream whose first connection failed at once, tells of each reconnect, and
+    says why it gave up."""
+
+    def __init__(self, api: Api) -> None:
+        self._api = api
+        self.resume: Resume | None = None
+        self.connected = False
+        self.error: SdkError | None = None  # why the last connection ended, when it failed
+
+    @contextlib.contextmanager
+    def connect(self, request: Request) -> Iterator[Iterator[bytes]]:
+        self.error = None
         try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.ConnectError as exc:
-            raise CliError(f"cannot reach the gateway at {url}: {_reason(exc)} — is `make run` running?") \
-                from None
-        except httpx.TimeoutException:
-            raise CliError(f"the gateway at {url} did not answer within {self._timeout:g}s") from None
-        except httpx.HTTPError as exc:
-            raise CliError(f"request to the gateway at {url} failed: {_reason(exc)}") from None
-        if response.status_code >= 400:
-            raise CliError(self._error_message(response))
-        return response
+            with self._api.open_stream(request) as chunks:
+                self.connected = True
+                yield chunks
+        except SdkError as error:
+            self.error = error
+            raise
 
-    def _error_message(self, response: httpx.Response) -> str:
-        message = ""
-        try:
-            body = response.json()
-            if isinstance(body, dict) and isinstance(body.get("error"), dict):
-                message = str(body["error"].get("message", ""))
-        except ValueError:
-            pass
-        if not message:
-            message = f"the gateway answered {response.status_code} {response.reason_phrase}"
-            snippet = response.text.strip()[:200]
-            if snippet:
-                message += f": {snippet}"
-        if response.status_code == 401:
-            source = self.target.token_source or "nowhere"
-            message += f" (token from {source})"
-        return message
+    def before_reconnect(self, delay: float) -> None:
+        url = self._api.url
+        # No error seen: the answer ended without the stream's end event (the SDK's own ConnectionFailed).
+        error = self.error or ConnectionFailed(f"the gateway at {url} ended the stream before its end", url=url)
+        if not self.connected:
+            raise self._api.failed(error) from error  # the first connection failed: as for any request
+        if self._api.on_reconnect is not None:
+            self._api.on_reconnect(error.message)
+        time.sleep(delay)
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._send(method, path, **kwargs)
-        try:
-            return response.json()
-        except ValueError:
-            raise CliError(f"the gateway answered {method} {path} with something that is not JSON") from None
-
-    # -- jobs ------------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str = "") -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        result: dict[str, Any] = self._json("POST", "/v1/jobs", json=spec, headers=headers)
-        return result
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/v1/jobs/{quote(job_id, safe='')}")
-        return result
-
-    def jobs_page(self, *, page_size: int, page_token: str = "",
-                  filters: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-        """One page of GET /v1/jobs; `filters` are its query parameters (state, user, label, ...), repeatable
-        ones given once per value."""
-        params: list[tuple[str, str | int]] = [("page_size", page_size)]
-        if page_token:
-            params.append(("page_token", page_token))
-        params += list(filters)
-        result: dict[str, Any] = self._json("GET", "/v1/jobs", params=params)
-        return result
-
-    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{quote(job_id, safe='')}:cancel",
-                                            json={"reason": reason} if reason else None)
-        return result
-
-    def job_operation(self, job_id: str, operation: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """POST /v1/jobs/{id}:<operation> (hold, release, requeue)."""
-        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{quote(job_id, safe='')}:{operation}", json=body)
-        return result
-
-    def set_priority(self, job_id: str, priority: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("PATCH", f"/v1/jobs/{quote(job_id, safe='')}", json={"priority": priority})
-        return result
-
-    def resubmit(self, job_id: str, overrides: dict[str, Any], *, idempotency_key: str = "") -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        result: dict[str, Any] = self._json("POST", f"/v1/jobs/{quote(job_id, safe='')}:resubmit",
-                                            json={"overrides": overrides}, headers=headers)
-        return result
-
-    def logs(self, job_id: str, *, tail: int = 0, attempt: int | None = None) -> str:
-        params: dict[str, int] = {"tail": tail}
-        if attempt is not None:
-            params["attempt"] = attempt
-        return self._send("GET", f"/v1/jobs/{quote(job_id, safe='')}/logs", params=params).text
-
-    # -- checkpoints -----------------------------------------------------------------------------
-    def _checkpoints(self, job_id: str, rest: str = "") -> str:
-        return f"/v1/jobs/{quote(job_id, safe='')}/checkpoints{rest}"
-
-    def checkpoints_page(self, job_id: str, *, page_size: int, page_token: str = "") -> dict[str, Any]:
-        params: dict[str, str | int] = {"page_size": page_size, **({"page_token": page_token} if page_token else {})}
-        result: dict[str, Any] = self._json("GET", self._checkpoints(job_id), params=params)
-        return result
-
-    def checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", self._checkpoints(job_id, f"/{quote(checkpoint_id, safe='')}"))
-        return result
-
-    def checkpoint_manifest(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", self._checkpoints(
-            job_id, f"/{quote(checkpoint_id, safe='')}/manifest"))
-        return result
-
-    def tag_checkpoint(self, job_id: str, checkpoint_id: str, tag: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("PUT", self._checkpoints(
-            job_id, f"/{quote(checkpoint_id, safe='')}/tags/{quote(tag, safe='')}"))
-        return result
-
-    def untag_checkpoint(self, job_id: str, checkpoint_id: str, tag: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", self._checkpoints(
-            job_id, f"/{quote(checkpoint_id, safe='')}/tags/{quote(tag, safe='')}"))
-        return result
-
-    def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", self._checkpoints(job_id, f"/{quote(checkpoint_id, safe='')}"))
-        return result
-
-    # -- nodes and tokens ------------------------------------------------------------------------
-    def nodes(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/v1/nodes")["nodes"]
-        return result
-
-    def create_token(self, *, team: str, user: str, role: str, ttl: str | None, scopes: list[str],
-                     description: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"team": team, "user": user, "role": role, "scopes": scopes,
-                                "description": description}
-        if ttl:
-            body["ttl"] = ttl
-        result: dict[str, Any] = self._json("POST", "/v1/tokens", json=body)
-        return result
-
-    def tokens(self, team: str = "") -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/v1/tokens",
-                                                  params={"team": team} if team else None)["tokens"]
-        return result
-
-    def revoke_token(self, token_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")
-        return result
-
-    # -- audit ------------------------------------------------------------------------------------
-    def audit(self, params: dict[str, str | int]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/v1/audit", params=params)
-        return result
-
-    def usage(self, params: dict[str, str | int]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/v1/usage", params=params)
-        return result
-
-    # -- queues and quotas -----------------------------------------------------------------------
-    def queues(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/v1/queues")["queues"]
-        return result
-
-    def put_queue(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("PUT", f"/v1/queues/{quote(name, safe='')}", json=body)
-        return result
-
-    def delete_queue(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/v1/queues/{quote(name, safe='')}")
-        return result
-
-    def quotas(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/v1/quotas")["quotas"]
-        return result
-
-    def quota(self, team: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/v1/quotas/{quote(team, safe='')}")
-        return result
-
-    def put_quota(self, team: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("PUT", f"/v1/quotas/{quote(team, safe='')}", json=body)
-        return result
-
-    def delete_quota(self, team: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/v1/quotas/{quote(team, safe='')}")
-        return result
+    def failed(self, error: SdkError) -> NoReturn:
+        reconnects = self.resume.failures - 1 if self.resume is not None else 0
+        if self.connected and reconnects > 0 and isinstance(error, ConnectionFailed):
+            raise CliError(f"lost the stream from the gateway at {self._api.url} ({error.message}); gave up after "
+                           f"{reconnects} reconnects") from error
+        raise self._api.failed(error) from error

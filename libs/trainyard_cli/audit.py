@@ -9,6 +9,7 @@ from typing import Any
 from trainyard_core import contract
 
 from . import output
+from .api import dump
 from .commands import api_for
 from .errors import UsageError
 from .spec import when
@@ -48,7 +49,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise UsageError(f"--limit must be at least 1 (got {args.limit})")
-    params = {name: value for name, value in (
+    params: dict[str, Any] = {name: value for name, value in (
         ("user", args.user), ("principal", args.principal), ("team", args.team), ("action", args.action),
         ("target", args.target), ("result", args.result), ("request_id", args.request_id),
         ("since", args.since), ("until", args.until)) if value}
@@ -56,10 +57,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     token = ""
     with api_for(args) as api:
         while len(entries) < args.limit:
-            page = api.audit({**params, "page_size": min(contract.MAX_PAGE_SIZE, args.limit - len(entries)),
-                              **({"page_token": token} if token else {})})
-            entries += page["entries"]
-            token = page["next_page_token"]
+            page = api.audit_page(**params, page_size=min(contract.MAX_PAGE_SIZE, args.limit - len(entries)),
+                                  page_token=token)
+            entries += [dump(e) for e in page.entries]
+            token = page.next_page_token
             if not token:
                 break
     if args.output == "json" or getattr(args, "json", False):

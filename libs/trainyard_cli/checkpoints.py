@@ -11,6 +11,7 @@ from typing import Any
 from trainyard_core import contract
 
 from . import output
+from .api import dump
 from .commands import api_for
 
 EPILOG = """\
@@ -108,7 +109,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     json_out = bool(getattr(args, "json", False))
     with api_for(args) as api:
         if args.show or args.manifest:
-            answer = (api.checkpoint(job, args.show) if args.show else api.checkpoint_manifest(job, args.manifest))
+            answer = dump(api.get_checkpoint(job, args.show) if args.show else
+                          api.checkpoint_manifest(job, args.manifest))
             if json_out:
                 output.print_json(answer)
             else:
@@ -116,24 +118,18 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             return 0
         if args.tag or args.untag or args.delete:
             if args.tag:
-                answer, said = api.tag_checkpoint(job, *args.tag), f"tagged {args.tag[0]} {args.tag[1]}"
+                changed, said = api.tag_checkpoint(job, *args.tag), f"tagged {args.tag[0]} {args.tag[1]}"
             elif args.untag:
-                answer, said = api.untag_checkpoint(job, *args.untag), f"untagged {args.untag[0]} {args.untag[1]}"
+                changed, said = api.untag_checkpoint(job, *args.untag), f"untagged {args.untag[0]} {args.untag[1]}"
             else:
-                answer, said = api.delete_checkpoint(job, args.delete), f"deleted {args.delete}"
+                changed, said = api.delete_checkpoint(job, args.delete), f"deleted {args.delete}"
+            answer = dump(changed)
             if json_out:
                 output.print_json(answer)
             else:
                 print(f"{said} (step {answer['step']}, {state(answer)}, tags: {', '.join(answer['tags']) or '-'})")
             return 0
-        checkpoints: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            page = api.checkpoints_page(job, page_size=args.page_size, page_token=token)
-            checkpoints += page["checkpoints"]
-            token = page["next_page_token"]
-            if not token:
-                break
+        checkpoints = [dump(ck) for ck in api.list_checkpoints(job, page_size=args.page_size)]
     if json_out:
         output.print_json({"checkpoints": checkpoints})
     elif not checkpoints:

@@ -17,6 +17,7 @@ from typing import Any
 from trainyard_core import contract
 
 from . import output
+from .api import dump
 from .commands import TERMINAL, api_for
 from .errors import UsageError
 from .spec import DURATION_FIELDS, _set_path, parse_duration
@@ -141,20 +142,20 @@ def _report(args: argparse.Namespace, job: dict[str, Any], text: str) -> int:
 
 def cmd_hold(args: argparse.Namespace) -> int:
     with api_for(args) as api:
-        job = api.job_operation(args.job_id, "hold", {"reason": args.reason} if args.reason else None)
+        job = dump(api.hold_job(args.job_id, reason=args.reason or ""))
     return _report(args, job, f"job {job['id']} held by {job.get('held_by') or '?'}: not placed until "
                               f"`trainyard release {job['id']}`")
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     with api_for(args) as api:
-        job = api.job_operation(args.job_id, "release")
+        job = dump(api.release_job(args.job_id))
     return _report(args, job, f"job {job['id']} released: {job['state']} ({job.get('message') or 'queued'})")
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
     with api_for(args) as api:
-        job = api.job_operation(args.job_id, "requeue", {"reason": args.reason} if args.reason else None)
+        job = dump(api.requeue_job(args.job_id, reason=args.reason or ""))
     if job["state"] == "pending":
         text = f"job {job['id']} requeued: attempt {job['attempt']} is pending"
     else:
@@ -165,14 +166,14 @@ def cmd_requeue(args: argparse.Namespace) -> int:
 
 def cmd_priority(args: argparse.Namespace) -> int:
     with api_for(args) as api:
-        job = api.set_priority(args.job_id, args.priority)
+        job = dump(api.set_job_priority(args.job_id, args.priority))
     return _report(args, job, f"job {job['id']} ({job['state']}): priority {job['spec']['priority']}")
 
 
 def cmd_resubmit(args: argparse.Namespace) -> int:
     overrides = build_overrides(args.set or [], args.unset or [])
     with api_for(args) as api:
-        job = api.resubmit(args.job_id, overrides, idempotency_key=args.idempotency_key or "")
+        job = dump(api.resubmit_job(args.job_id, overrides, idempotency_key=args.idempotency_key or None))
     empty = sorted(k for k, v in (job.get("spec", {}).get("env") or {}).items() if v == "")
     if empty and not getattr(args, "json", False):
         print(f"note: {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty in the new job (a finished job's "

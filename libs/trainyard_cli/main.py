@@ -1,8 +1,10 @@
 """`trainyard`: the command-line client of the gateway.
 
-Exit codes: 0 success; 1 the API refused or the gateway could not be reached (`error: <message>` on
-stderr, never a traceback); 2 usage errors (bad flags, unreadable spec file, no URL or token configured).
-`status --watch` exits 0 when the job succeeded and 1 when it ended otherwise.
+Exit codes (EXIT_CODES, printed by `--help`): 0 success; 1 the API refused or the gateway could not be
+reached (`error: <message>` on stderr, never a traceback); 2 usage errors (bad flags, unreadable spec file,
+no URL or token configured). `status --watch` exits 0 when the job succeeded and 1 when it ended otherwise;
+`submit --follow` 0 when it succeeded, 3 when it failed, 4 when it was cancelled (`submit --wait` the same
+when the job ended before it was seen running, else 0 once it runs); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -15,11 +17,33 @@ from collections.abc import Sequence
 
 from trainyard_core import contract
 
-from . import audit, checkpoints, commands, jobops, usage
+from . import audit, checkpoints, commands, completion, jobops, nodes, output, usage
 from .errors import CliError, UsageError
 from .spec import parse_duration, when
 
 STATES = list(contract.JOB_STATES)
+EXIT_CODES = """\
+exit codes:
+  0    success (status --watch, submit --follow: the job succeeded; submit --wait: it runs or succeeded)
+  1    the API refused the request or the gateway could not be reached (status --watch: the job did not succeed)
+  2    usage error: bad flags, an unreadable spec file, no URL or token configured
+  3    submit --follow or --wait: the job failed
+  4    submit --follow or --wait: the job was cancelled
+  130  interrupted (Ctrl-C)
+"""
+LOGS_EPILOG = """\
+examples:
+  trainyard logs JOB                          every rank's lines of the current attempt
+  trainyard logs JOB --rank 0 --tail 100      the last 100 lines of rank 0
+  trainyard logs JOB --attempt 1              the first attempt's lines, from the nodes it ran on
+  trainyard logs -f JOB                       follow until the job ends (across restarts)
+  trainyard logs -f JOB --attempt 0 --since 1h   every attempt that ran in the last hour, then follow
+
+--follow streams the lines (server-sent events) and, when the connection drops, reconnects and goes on
+after the last line it printed. --since selects attempts (the nodes keep no time per line): those that ended
+before WHEN are left out. Lines go to stdout as `[rank N] text`; notes (a node that cannot be read for now,
+a restart, a reconnect) to stderr.
+"""
 JOBS_EPILOG = """\
 examples:
   trainyard jobs                                    the newest 50 jobs
@@ -98,6 +122,9 @@ def _common_options() -> argparse.ArgumentParser:
                        help="gateway URL (default: $TRAINYARD_URL, else .trainyard/local.env)")
     group.add_argument("--token", default=argparse.SUPPRESS,
                        help="API token (default: $TRAINYARD_TOKEN, else .trainyard/local.env)")
+    group.add_argument("--ca-bundle", default=argparse.SUPPRESS, metavar="PEM",
+                       help="CA certificate(s) of an HTTPS gateway (default: $TRAINYARD_CA_BUNDLE, else "
+                            ".trainyard/local.env; else the system's CAs)")
     group.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="print JSON instead of tables")
     group.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="SECONDS",
@@ -129,13 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainyard", parents=[common],
         description="Command-line client of a Trainyard cluster's gateway.",
-        epilog="Configuration: TRAINYARD_URL and TRAINYARD_TOKEN, from flags, the environment, or "
-               ".trainyard/local.env in this directory or a parent (written by `make run`).")
+        epilog="Configuration: TRAINYARD_URL, TRAINYARD_TOKEN and TRAINYARD_CA_BUNDLE (an HTTPS gateway's CA), from "
+               "flags, the environment, or .trainyard/local.env in this directory or a parent (written by `make "
+               "run`), as the Python SDK (trainyard_sdk) finds them.\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
 
     p = sub.add_parser("submit", parents=[common], help="submit a job",
-                       description="Submit a job from a spec file, flags, or both.", epilog=SUBMIT_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description="Submit a job from a spec file, flags, or both.",
+                       epilog=SUBMIT_EPILOG + "\n" + EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-f", "--file", help="YAML or JSON job spec ('-' reads standard input)")
     p.add_argument("--name", help=f"job name: {contract.JOB_NAME.rule}")
     p.add_argument("--nodes", type=int, help=f"nodes in the gang, 1-{contract.MAX_NODES} (default 1)")
@@ -152,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int,
                    help=f"restarts allowed after a failure, 0-{contract.MAX_RESTARTS}")
     p.add_argument("--idempotency-key", help="a retried submit with the same key returns the first job")
+    p.add_argument("--wait", action="store_true",
+                   help="then wait until the job runs, printing where it stands in the queue (its state, how long "
+                        "it has waited, why it is not placed) to stderr; exit 0 once it runs, or by how it ended "
+                        "(as --follow)")
+    p.add_argument("--follow", action="store_true",
+                   help="then print the job's logs as they come until it ends; exit 0 if it succeeded, 3 if it "
+                        "failed, 4 if it was cancelled")
     g = p.add_argument_group("accelerators and CPUs")
     g.add_argument("--accelerators", metavar="A,B,...", help="any of these models; the fastest that fits is used")
     g.add_argument("--min-memory-gb", type=int, metavar="GB", help="only GPUs with at least this much memory")
@@ -203,23 +239,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--finished-until", type=when, metavar="WHEN", help="finished before WHEN")
     p.add_argument("--page-size", type=int, default=contract.DEFAULT_PAGE_SIZE,
                    help=f"jobs per request, 1-{contract.MAX_PAGE_SIZE} (default {contract.DEFAULT_PAGE_SIZE})")
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_jobs)
 
     p = sub.add_parser("status", parents=[common], help="show a job",
-                       description="Show a job. With --watch, print each state change until the job ends; "
-                                   "the exit code is then 0 if it succeeded, else 1.")
+                       description="Show a job. With --watch, print each state change as it happens (the "
+                                   "gateway streams them) until the job ends; the exit code is then 0 if it "
+                                   "succeeded, else 1.")
     p.add_argument("job_id")
-    p.add_argument("-w", "--watch", action="store_true", help="poll until the job ends")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    p.add_argument("-w", "--watch", action="store_true", help="follow the job's changes until it ends")
+    p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)  # polled once; now streamed
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_status)
 
     p = sub.add_parser("logs", parents=[common], help="print a job's logs, every rank",
-                       description="Print the output of every worker, each line prefixed with its rank.")
+                       description="Print the output of every worker, each line prefixed with its rank.",
+                       epilog=LOGS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job_id")
     p.add_argument("--tail", type=int, default=0, metavar="N", help="last N lines of each rank (default all)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
-    p.add_argument("--attempt", type=int, help="attempt to show (default the current one; 0 every attempt)")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    p.add_argument("--attempt", type=int,
+                   help="attempt to show (default the current one, and with --follow the later ones; 0 every attempt)")
+    p.add_argument("--rank", type=int, action="append", metavar="R", help="only this rank (repeatable)")
+    p.add_argument("--since", type=when, metavar="WHEN",
+                   help="leave out attempts that ended before WHEN (1h: an hour ago, or a time)")
+    p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)  # polled once; now streamed
     p.set_defaults(func=commands.cmd_logs)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a job")
@@ -231,8 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     checkpoints.add_parser(sub, common)
 
-    p = sub.add_parser("nodes", parents=[common], help="list nodes and their free GPUs")
-    p.set_defaults(func=commands.cmd_nodes)
+    nodes.add_parser(sub, common)
 
     audit.add_parser(sub, common)
     usage.add_parser(sub, common)
@@ -240,9 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (operator)",
                             description="List the queues (the default action), or create, replace and delete them.",
                             epilog=QUEUES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    output.add_output_option(queues)
     queues.set_defaults(func=commands.cmd_queues_list)
     qsub = queues.add_subparsers(dest="queues_command", metavar="ACTION")
     p = qsub.add_parser("list", parents=[common], help="list queues (the default)")
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_queues_list)
     p = qsub.add_parser("set", parents=[common], help="create or replace a queue (operator)")
     p.add_argument("name")
@@ -263,12 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
                             description="List quotas (the default action; tokens other than operators see their "
                                         "own team's), show one, or create, replace and delete them.",
                             epilog=QUOTAS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    output.add_output_option(quotas)
     quotas.set_defaults(func=commands.cmd_quotas_list)
     qsub = quotas.add_subparsers(dest="quotas_command", metavar="ACTION")
     p = qsub.add_parser("list", parents=[common], help="list quotas (the default)")
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_quotas_list)
     p = qsub.add_parser("get", parents=[common], help="one team's quota")
     p.add_argument("team")
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_quotas_get)
     p = qsub.add_parser("set", parents=[common], help="create or replace a team's quota (operator)")
     p.add_argument("team")
@@ -296,12 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_tokens_create)
     p = tsub.add_parser("list", parents=[common], help="list tokens (never their secrets)")
     p.add_argument("--team", help="only this team's tokens (a team admin sees only its own)")
+    output.add_output_option(p)
     p.set_defaults(func=commands.cmd_tokens_list)
     p = tsub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     p.add_argument("token_id")
     p.set_defaults(func=commands.cmd_tokens_revoke)
 
     _add_local(sub)
+    completion.add_parser(sub, parser)  # last: the script it prints covers every command above
     return parser
 
 

@@ -1,16 +1,55 @@
-"""Human output: aligned tables, ages, job details. Machine output is `--json` (see commands)."""
+"""Human output: aligned tables, ages, job details, followed log lines; and the choice of format
+(`--output table|wide|json|yaml`, `--json` being `--output json`): `table` the default, `wide` the same with more
+columns, `json` and `yaml` the gateway's answer as it is (machine output)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
+
+import yaml
+
+FORMATS = ("table", "wide", "json", "yaml")
 
 
 def print_json(value: Any, out: TextIO | None = None) -> None:
     print(json.dumps(value, indent=2, sort_keys=False), file=out or sys.stdout)
+
+
+def add_output_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=FORMATS, default=argparse.SUPPRESS,
+                        help="table (default), wide (more columns), json or yaml (the gateway's answer)")
+
+
+def format_of(args: argparse.Namespace) -> str:
+    """The output format asked for: --output, else json with --json, else table."""
+    chosen = getattr(args, "output", None)
+    if chosen:
+        return str(chosen)
+    return "json" if getattr(args, "json", False) else "table"
+
+
+def machine(args: argparse.Namespace) -> bool:
+    return format_of(args) in ("json", "yaml")
+
+
+def print_yaml(value: Any, out: TextIO | None = None) -> None:
+    (out or sys.stdout).write(yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=False))
+
+
+def emit(args: argparse.Namespace, value: Any, human: Callable[[bool], None]) -> None:
+    """Print `value` (the gateway's answer) as JSON or YAML, or call `human(wide)` for a table."""
+    kind = format_of(args)
+    if kind == "json":
+        print_json(value)
+    elif kind == "yaml":
+        print_yaml(value)
+    else:
+        human(kind == "wide")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
@@ -85,18 +124,84 @@ def accelerators(r: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def jobs_table(jobs: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+def jobs_table(jobs: Sequence[dict[str, Any]], out: TextIO | None = None, *, wide: bool = False) -> None:
+    headers = ["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"]
     rows = [[j["id"], j["name"], j["state"], gpus(j), f"{j['team']}/{j['user']}", age(j.get("created_at"))]
             for j in jobs]
-    table(["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"], rows, out)
+    if wide:
+        headers += ["QUEUE", "PRIORITY", "ATTEMPT", "NODES", "MESSAGE"]
+        for row, j in zip(rows, jobs, strict=True):
+            spec = j.get("spec", {})
+            row += [spec.get("queue") or "default", str(spec.get("priority", 0)), str(j.get("attempt", 0)),
+                    ",".join(a["node_id"] for a in j.get("placement", [])) or "-", j.get("message") or "-"]
+    table(headers, rows, out)
 
 
-def nodes_table(nodes: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
-    rows = []
-    for n in nodes:
-        state = n["state"] + (",cordoned" if n.get("cordoned") and n["state"] != "cordoned" else "")
-        rows.append([n["node_id"], state, f"{n['gpus_free']}/{n['gpus_total']}", ",".join(n["models"]) or "-"])
-    table(["NODE", "STATE", "GPUS FREE/TOTAL", "MODEL"], rows, out)
+def _node_state(n: dict[str, Any]) -> str:
+    return str(n["state"]) + (",cordoned" if n.get("cordoned") and n["state"] != "cordoned" else "")
+
+
+def nodes_table(nodes: Sequence[dict[str, Any]], out: TextIO | None = None, *, wide: bool = False) -> None:
+    headers = ["NODE", "STATE", "GPUS FREE/TOTAL", "MODEL"]
+    rows = [[n["node_id"], _node_state(n), f"{n['gpus_free']}/{n['gpus_total']}", ",".join(n["models"]) or "-"]
+            for n in nodes]
+    if wide:
+        headers += ["UNHEALTHY GPUS", "CPUS", "MEMORY GB", "HOST", "LABELS", "HEARTBEAT", "CORDON REASON"]
+        for row, n in zip(rows, nodes, strict=True):
+            sick = [str(g["index"]) for g in n.get("gpus", []) if g.get("health") != "healthy"]
+            row += [",".join(sick) or "-", str(n.get("cpus", 0)), f"{n.get('memory_mb', 0) / 1024:.0f}",
+                    n.get("hostname") or "-",
+                    ",".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())) or "-",
+                    age(n.get("last_heartbeat")), n.get("cordon_reason") or "-"]
+    table(headers, rows, out)
+
+
+def node_details(n: dict[str, Any], out: TextIO | None = None) -> None:
+    stream = out or sys.stdout
+    lines = [("node", n["node_id"]), ("state", _node_state(n)), ("host", n.get("hostname") or "-"),
+             ("agent", n.get("agent_address") or "-"), ("gpus free", f"{n['gpus_free']} of {n['gpus_total']}"),
+             ("cpus", str(n.get("cpus", 0))), ("memory", f"{n.get('memory_mb', 0)} MB"),
+             ("driver", n.get("driver_version") or "-"),
+             ("labels", ", ".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())) or "-"),
+             ("registered", local_time(n.get("registered_at"))),
+             ("heartbeat", f"{age(n.get('last_heartbeat'))} ago" if n.get("last_heartbeat") else "-")]
+    if n.get("cordon_reason"):
+        lines.append(("cordoned", n["cordon_reason"]))
+    if n.get("simulated"):
+        lines.append(("simulated", "yes"))
+    width = max(len(k) for k, _ in lines) + 1
+    for key, value in lines:
+        print(f"{key + ':':<{width}} {value}", file=stream)
+    if n.get("gpus"):
+        print("gpus:", file=stream)
+        table(["  INDEX", "MODEL", "MEMORY MB", "HEALTH", "ALLOCATED", "REASON"],
+              [[f"  {g['index']}", g["model"], str(g["memory_mb"]), g["health"], "yes" if g["allocated"] else "no",
+                g.get("health_reason") or "-"] for g in n["gpus"]], stream)
+
+
+def log_line(line: dict[str, Any]) -> str:
+    """A followed line (the data of an `event: line`) as the plain logs print it: `[rank N] text`."""
+    return f"[rank {line.get('rank')}] {line.get('text', '')}"
+
+
+def progress(job: dict[str, Any], now: datetime | None = None) -> str:
+    """`pending for 2m: no node has 8 free GPUs of A100-SXM4-40GB`: where a job waiting to run stands, from its
+    fields (state, how long since it was queued, who holds it, the scheduler's reason, a restart's delay). Pure
+    given `now`."""
+    since = job.get("queued_at") or job.get("created_at")
+    line = str(job["state"]) + (f" for {age(since, now)}" if since else "")
+    if job.get("held_by"):
+        line += f", held by {job['held_by']}" + (f" ({job['hold_reason']})" if job.get("hold_reason") else "")
+    if job.get("not_before"):
+        line += f", not placed again before {local_time(job['not_before'])}"
+    return line + (f": {job['message']}" if job.get("message") else "")
+
+
+def end_note(end: dict[str, Any]) -> str:
+    """`succeeded`, `failed (exit code 3): message`: how a followed job ended (the data of `event: end`)."""
+    code = end.get("exit_code")
+    note = str(end.get("state", "ended")) + (f" (exit code {code})" if code not in (None, 0) else "")
+    return note + (f": {end['message']}" if end.get("message") else "")
 
 
 def job_details(job: dict[str, Any], out: TextIO | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from trainyard_core import contract
 
 from . import output
+from .api import dump
 from .commands import api_for
 from .errors import UsageError
 from .output import parse_time
@@ -54,12 +55,9 @@ def cmd_usage(args: argparse.Namespace) -> int:
     since, until = parse_time(args.since), parse_time(args.until)
     if since is not None and until is not None and since > until:
         raise UsageError(f"--since ({args.since}) is after --until ({args.until}): the window would hold nothing")
-    params: dict[str, str | int] = {"group_by": args.by, "limit": args.limit}
-    for name, value in (("from", args.since), ("to", args.until), ("team", args.team)):
-        if value:
-            params[name] = value
     with api_for(args) as api:
-        report = api.usage(params)
+        report = dump(api.usage(from_=args.since or None, to=args.until or None, group_by=args.by,
+                                team=args.team or "", limit=args.limit))
     if args.output == "json" or getattr(args, "json", False):
         output.print_json(report)
     elif args.output == "csv":

@@ -36,7 +36,7 @@ class Cli:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN"):
+    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
     workdir = tmp_path / "work"
     workdir.mkdir()

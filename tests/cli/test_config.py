@@ -9,6 +9,7 @@ import pytest
 
 from trainyard_cli.config import find_local_env, read_env_file, resolve
 from trainyard_cli.errors import UsageError
+from trainyard_sdk import config as sdk_config
 
 
 def _local_env(directory: Path, text: str) -> Path:
@@ -58,3 +59,17 @@ def test_missing_configuration_says_where_it_looked(tmp_path: Path) -> None:
         resolve(url_flag="http://x:1", token_flag=None, environ={}, cwd=tmp_path)
     with pytest.raises(UsageError, match="must start with http"):
         resolve(url_flag="localhost:8080", token_flag="ty_x", environ={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("flag", "environ", "file"), [
+    ("/flag/ca.pem", {"TRAINYARD_CA_BUNDLE": "/env/ca.pem"}, "TRAINYARD_CA_BUNDLE=/file/ca.pem\n"),
+    (None, {"TRAINYARD_CA_BUNDLE": "/env/ca.pem"}, "TRAINYARD_CA_BUNDLE=/file/ca.pem\n"),
+    (None, {}, "TRAINYARD_CA_BUNDLE=/file/ca.pem\n"),
+    (None, {}, ""),
+])
+def test_the_ca_bundle_is_found_as_the_sdk_finds_it(tmp_path: Path, flag: str | None, environ: dict[str, str],
+                                                    file: str) -> None:
+    _local_env(tmp_path, "TRAINYARD_URL=https://file:1\nTRAINYARD_TOKEN=ty_file\n" + file)
+    cli = resolve(url_flag=None, token_flag=None, ca_bundle_flag=flag, environ=environ, cwd=tmp_path)
+    sdk = sdk_config.resolve(ca_bundle=flag, environ=environ, cwd=tmp_path)
+    assert cli.ca_bundle == sdk.ca_bundle == (flag or environ.get("TRAINYARD_CA_BUNDLE") or file[20:].strip())

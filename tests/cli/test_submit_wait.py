@@ -1,0 +1,47 @@
+"""`submit --wait`: the real CLI waits for the job to run, printing where it stands while it waits (state, time
+queued, the scheduler's reason, a hold), against a real gateway and scheduler that gets its node only once the
+CLI is watching; and the progress line itself (`output.progress`, pure)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.gateway.support import Cluster, RunningGateway, python
+from trainyard_cli.output import progress
+from trainyard_core.testing.wait import eventually
+
+SLEEP = python("import time; time.sleep(120)")
+
+
+async def test_submit_wait_prints_progress_until_the_job_runs(cli: Any, gateway: RunningGateway,
+                                                              scheduler: Cluster) -> None:
+    wait = asyncio.create_task(cli("submit", "--wait", "--name", "waits", "--", *SLEEP))
+
+    async def watching() -> bool:
+        return bool(scheduler.calls.stream_requests("WatchJob"))
+
+    await eventually(watching, what="submit --wait to watch its job")
+    await scheduler.add_agent("node-a")
+    r = await asyncio.wait_for(wait, 30)
+    assert r.rc == 0, r.err
+    assert r.out.startswith("submitted job ") and r.out.strip().endswith(": pending")
+    job_id = r.out.split()[2]
+    notes = [line for line in r.err.splitlines() if line.startswith(f"[trainyard] job {job_id} ")]
+    assert notes[0].startswith(f"[trainyard] job {job_id} pending for "), r.err
+    assert notes[-1].startswith(f"[trainyard] job {job_id} running"), r.err
+    r = await cli("submit", "--wait", "--json", "--name", "x", "--", "true")
+    assert r.rc == 2 and "--wait" in r.err
+
+
+def test_the_progress_line() -> None:
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    job = {"state": "pending", "queued_at": "2026-12-02T11:58:00Z", "created_at": "2026-12-02T11:00:00Z",
+           "message": "no node has 8 free GPUs", "held_by": "", "hold_reason": "", "not_before": None}
+    assert progress(job, now) == "pending for 2m: no node has 8 free GPUs"
+    held = {**job, "held_by": "vision/alice", "hold_reason": "after the demo", "message": ""}
+    assert progress(held, now) == "pending for 2m, held by vision/alice (after the demo)"
+    restarting = {**job, "state": "restarting", "queued_at": None, "not_before": "2026-12-02T12:00:30Z",
+                  "message": ""}
+    assert progress(restarting, now).startswith("restarting for 1h, not placed again before 2026-12-02 ")
