@@ -281,13 +281,19 @@ def queues_table(queues: Sequence[dict[str, Any]], out: TextIO | None = None) ->
 
 
 def quotas_table(quotas: Sequence[dict[str, Any]], out: TextIO | None = None) -> None:
+    """One row per quota key: its limits and what the team holds under it now (`use`); a key the team holds
+    GPUs under without a limit of its own (a model no entry covers) shows "-" for the limits."""
     rows = []
     for q in quotas:
-        limits = sorted(q.get("limits", {}).items(), key=lambda kv: (kv[0] == "*", kv[0]))
-        if not limits:
-            rows.append([q["team"], f"{q['weight']:g}", "-", "-", "-"])
-        for model, limit in limits:
-            borrow = limit.get("borrow_limit")
-            rows.append([q["team"], f"{q['weight']:g}", "* (any)" if model == "*" else model, str(limit["nominal"]),
-                         "unlimited" if borrow is None else str(borrow)])
-    table(["TEAM", "WEIGHT", "MODEL", "NOMINAL", "BORROW LIMIT"], rows, out)
+        limits, use = q.get("limits", {}), q.get("use", {})
+        keys = sorted({*limits, *use}, key=lambda key: (key == "*", key))
+        if not keys:
+            rows.append([q["team"], f"{q['weight']:g}", "-", "-", "-", "0", "0"])
+        for key in keys:
+            limit, held = limits.get(key), use.get(key, {})
+            borrow = limit.get("borrow_limit") if limit else None
+            rows.append([q["team"], f"{q['weight']:g}", "* (any)" if key == "*" else key,
+                         str(limit["nominal"]) if limit else "-",
+                         "-" if not limit else "unlimited" if borrow is None else str(borrow),
+                         str(held.get("in_use", 0)), str(held.get("borrowed", 0))])
+    table(["TEAM", "WEIGHT", "MODEL", "NOMINAL", "BORROW LIMIT", "IN USE", "BORROWED"], rows, out)

@@ -48,3 +48,19 @@ async def test_wide_adds_columns(cli: Any, gateway: RunningGateway, scheduler: C
 async def test_an_unknown_format_is_a_usage_error(cli: Any, argv: tuple[str, ...]) -> None:
     r = await cli(*argv)
     assert r.rc == 2 and "invalid choice" in r.err
+
+
+def test_quota_table_shows_use_beside_the_limits() -> None:
+    from io import StringIO
+
+    from trainyard_cli.output import quotas_table
+
+    out = StringIO()
+    quotas_table([{"team": "vision", "weight": 1.0, "limits": {"A100": {"nominal": 2, "borrow_limit": None}},
+                   "use": {"A100": {"in_use": 4, "borrowed": 2}, "L40S": {"in_use": 1, "borrowed": 1}}},
+                  {"team": "nlp", "weight": 2.0, "limits": {}, "use": {}}], out)
+    assert out.getvalue().splitlines() == [
+        "TEAM    WEIGHT  MODEL  NOMINAL  BORROW LIMIT  IN USE  BORROWED",
+        "vision  1       A100   2        unlimited     4       2",
+        "vision  1       L40S   -        -             1       1",
+        "nlp     2       -      -        -             0       0"]

@@ -54,9 +54,9 @@ async def test_quotas(cli: Any, policy_gateway: RunningGateway) -> None:
     r = await cli("quotas", "set", "vision", "--limit", "H100-80GB-HBM3=64:32", "--limit", "*=8", "--weight", "2")
     assert r.rc == 0, r.err
     assert r.out.splitlines() == [
-        "TEAM    WEIGHT  MODEL           NOMINAL  BORROW LIMIT",
-        "vision  2       H100-80GB-HBM3  64       32",
-        "vision  2       * (any)         8        unlimited"]
+        "TEAM    WEIGHT  MODEL           NOMINAL  BORROW LIMIT  IN USE  BORROWED",
+        "vision  2       H100-80GB-HBM3  64       32            0       0",
+        "vision  2       * (any)         8        unlimited     0       0"]
     r = await cli("quotas", "set", "nlp", "--json")
     assert r.rc == 0 and json.loads(r.out) == {"team": "nlp", "weight": 1.0, "limits": {}, "use": {}}
     r = await cli("quotas", "--json")
