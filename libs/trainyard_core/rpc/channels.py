@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
+from typing import Any
 
 import grpc.aio
 
@@ -21,8 +23,18 @@ from .server import insecure_channel, secure_channel
 RETIRE_AFTER_S = 60.0
 
 
+# gRPC shares one connection (subchannel) and its reconnect backoff between channels to the same address with
+# the same arguments. A pool with this option keeps its own: a long-lived stream that keeps reconnecting while
+# its server restarts (the gateway's job view feed) then does not put the request path's connection into a
+# backoff that fails the first requests after the server is back.
+OWN_CONNECTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
+
 class Channels:
-    def __init__(self, tls: CertFiles | None) -> None:
+    """`options`: channel arguments added to every channel of this pool (e.g. OWN_CONNECTIONS)."""
+
+    def __init__(self, tls: CertFiles | None, *, options: Sequence[tuple[str, Any]] = ()) -> None:
+        self._options = tuple(options)
         self._tls = ClientTls(tls) if tls is not None else None
         self._open: dict[tuple[str, Principal], tuple[int, grpc.aio.Channel]] = {}
         self._retiring: dict[asyncio.Task[None], grpc.aio.Channel] = {}
@@ -39,8 +51,8 @@ class Channels:
             return found[1]
         if found is not None:
             self._retire(found[1])
-        channel = (secure_channel(address, self._tls, expected) if self._tls is not None
-                   else insecure_channel(address))
+        channel = (secure_channel(address, self._tls, expected, self._options) if self._tls is not None
+                   else insecure_channel(address, self._options))
         self._open[key] = (generation, channel)
         return channel
 

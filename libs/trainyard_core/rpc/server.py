@@ -7,6 +7,7 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -113,14 +114,17 @@ async def start_grpc_server(
     return GrpcServer(server=server, port=bound, health=health)
 
 
-def insecure_channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=[RequestIdClientInterceptor()])
+def insecure_channel(target: str, extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=[*CHANNEL_OPTIONS, *extra_options],
+                                     interceptors=[RequestIdClientInterceptor()])
 
 
-def secure_channel(target: str, tls: ClientTls, expected: Principal) -> grpc.aio.Channel:
+def secure_channel(target: str, tls: ClientTls, expected: Principal,
+                   extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
     """An mTLS channel presenting `tls`'s certificate, that accepts only a server whose certificate names
     `expected` (whatever address `target` resolves to)."""
-    return grpc.aio.secure_channel(target, tls.credentials(), options=[*CHANNEL_OPTIONS, target_name_option(expected)],
+    return grpc.aio.secure_channel(target, tls.credentials(),
+                                   options=[*CHANNEL_OPTIONS, target_name_option(expected), *extra_options],
                                    interceptors=[RequestIdClientInterceptor()])
 
 

@@ -32,7 +32,7 @@ from trainyard.gateway.v1 import gateway_pb2_grpc
 from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock
 from trainyard_core.contract import Role
-from trainyard_core.rpc.channels import Channels
+from trainyard_core.rpc.channels import OWN_CONNECTIONS, Channels
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.security import identity
 from trainyard_core.store import Store
@@ -122,6 +122,7 @@ class GatewayApp:
         # Every gRPC channel of the gateway: to the scheduler replicas (the configured target and the leaders
         # named by standbys) and to the node agents.
         self._channels: Channels | None = None
+        self._feed_channels: Channels | None = None
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
         self._job_feed: JobFeed | None = None
@@ -154,7 +155,10 @@ class GatewayApp:
         scheduler = SchedulerClient(lambda: channels.get(target, identity.SCHEDULER), timeout_s=s.request_timeout_s,
                                     leader_channel=lambda address: channels.get(address, identity.SCHEDULER),
                                     replicas=s.scheduler_address.split(","))
-        view = self._job_view(scheduler, lambda: channels.get(target, identity.SCHEDULER))
+        # The view's feed on channels of its own: its stream reconnects while the scheduler restarts, and must not
+        # leave the requests' connection in a reconnect backoff that fails the first reads after it is back.
+        feed_channels = self._feed_channels = Channels(s.tls, options=OWN_CONNECTIONS)
+        view = self._job_view(scheduler, lambda: feed_channels.get(target, identity.SCHEDULER))
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store, job_view=view,
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
                                                                      clock=self._clock),
@@ -240,9 +244,10 @@ class GatewayApp:
         if self._agents is not None:
             self._agents.forget()
             self._agents = None
-        if self._channels is not None:
-            await self._channels.close()
-            self._channels = None
+        for pool in (self._channels, self._feed_channels):
+            if pool is not None:
+                await pool.close()
+        self._channels = self._feed_channels = None
         if self._store is not None and self._owns_store:
             await self._store.close()
             self._store = None

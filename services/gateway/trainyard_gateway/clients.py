@@ -10,6 +10,7 @@ reach: the scheduler, or the agent of the one node the call is meant for (mTLS r
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -54,6 +55,9 @@ LEADER_METADATA = "trainyard-leader"
 # The etcd revision of the last job write the scheduler answered in this request (0: none): the routes send it
 # back as X-Trainyard-Revision. Set by the client's call, read by the route that awaited it (one context).
 WRITE_REVISION: ContextVar[int] = ContextVar("write_revision", default=0)
+# A scheduler that answered this recently and cannot be connected to now is restarting (SchedulerClient._scheduler).
+RECENT_S = 60.0
+RECONNECT_WAIT_S = 3.0
 
 
 async def _call(what: str, call: Awaitable[T]) -> T:
@@ -108,6 +112,26 @@ class SchedulerClient:
         self._leader = ""
         # Told the etcd revision of every job write the scheduler answered (the read view's floor: job_view.py).
         self.on_write: Callable[[int], None] | None = None
+        self._answered_at = -RECENT_S  # when the main channel last answered (monotonic)
+
+    async def _scheduler(self, make: Callable[[], Awaitable[T]]) -> T:
+        """One call on the main channel. A scheduler that answered within RECENT_S and now cannot be connected
+        to is restarting or failing over: the call is made once more when the channel connects again, within
+        RECONNECT_WAIT_S. Only for a call that never left (gRPC's "failed to connect": the channel had no
+        connection), so a write is never sent twice. A scheduler never reached fails at once, as before."""
+        try:
+            result = await make()
+        except grpc.aio.AioRpcError as exc:
+            if (exc.code() != grpc.StatusCode.UNAVAILABLE or "failed to connect" not in (exc.details() or "")
+                    or time.monotonic() - self._answered_at > RECENT_S):
+                raise from_rpc_error(exc, "scheduler") from exc
+            try:
+                await asyncio.wait_for(self._channel().channel_ready(), RECONNECT_WAIT_S)
+            except TimeoutError:
+                raise from_rpc_error(exc, "scheduler") from exc
+            result = await _call("scheduler", make())
+        self._answered_at = time.monotonic()
+        return result
 
     def _written(self, reply: W) -> W:
         """A job write's answer, passed through: its revision noted (WRITE_REVISION, `on_write`)."""
@@ -209,42 +233,42 @@ class SchedulerClient:
         """The job, and whether this call created it (False: an idempotency key answered with an earlier one)."""
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
                                                  idempotency_key=idempotency_key)
-        reply = self._written(await _call("scheduler", self._jobs.SubmitJob(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.SubmitJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job), reply.created
 
     async def get_job(self, job_id: str, *, team: str) -> Job:
         request = scheduler_pb2.GetJobRequest(job_id=job_id, team=team)
-        reply = await _call("scheduler", self._jobs.GetJob(request, timeout=self._timeout))
+        reply = await self._scheduler(lambda: self._jobs.GetJob(request, timeout=self._timeout))
         return convert.job_from_pb(reply.job)
 
     async def list_jobs(self, query: JobQuery, *, page_size: int, page_token: str) -> JobList:
         request = convert.job_query_to_pb(query, page_size=page_size, page_token=page_token)
-        reply = await _call("scheduler", self._jobs.ListJobs(request, timeout=self._timeout))
+        reply = await self._scheduler(lambda: self._jobs.ListJobs(request, timeout=self._timeout))
         return JobList(jobs=[convert.job_from_pb(j) for j in reply.jobs], next_page_token=reply.next_page_token)
 
     async def cancel_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.CancelJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = self._written(await _call("scheduler", self._jobs.CancelJob(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.CancelJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def hold_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.HoldJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = self._written(await _call("scheduler", self._jobs.HoldJob(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.HoldJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def release_job(self, job_id: str, *, team: str, user: str) -> Job:
         request = scheduler_pb2.ReleaseJobRequest(job_id=job_id, team=team, user=user)
-        reply = self._written(await _call("scheduler", self._jobs.ReleaseJob(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.ReleaseJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def set_job_priority(self, job_id: str, *, team: str, user: str, priority: int) -> Job:
         request = scheduler_pb2.SetJobPriorityRequest(job_id=job_id, team=team, user=user, priority=priority)
-        reply = self._written(await _call("scheduler", self._jobs.SetJobPriority(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.SetJobPriority(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def requeue_job(self, job_id: str, *, team: str, user: str, reason: str = "") -> Job:
         request = scheduler_pb2.RequeueJobRequest(job_id=job_id, team=team, user=user, reason=reason)
-        reply = self._written(await _call("scheduler", self._jobs.RequeueJob(request, timeout=self._timeout)))
+        reply = self._written(await self._scheduler(lambda: self._jobs.RequeueJob(request, timeout=self._timeout)))
         return convert.job_from_pb(reply.job)
 
     async def list_nodes(self) -> list[Node]:
@@ -263,37 +287,37 @@ class SchedulerClient:
         return convert.node_from_pb(reply.node)
 
     async def list_queues(self) -> list[Queue]:
-        reply = await _call("scheduler", self._policy.ListQueues(policy_pb2.ListQueuesRequest(),
+        reply = await self._scheduler(lambda: self._policy.ListQueues(policy_pb2.ListQueuesRequest(),
                                                                  timeout=self._timeout))
         return [convert.queue_from_pb(q) for q in reply.queues]
 
     async def put_queue(self, name: str, body: QueuePut) -> tuple[Queue, bool]:
         request = policy_pb2.PutQueueRequest(queue=convert.queue_to_pb(name, body))
-        reply = await _call("scheduler", self._policy.PutQueue(request, timeout=self._timeout))
+        reply = await self._scheduler(lambda: self._policy.PutQueue(request, timeout=self._timeout))
         return convert.queue_from_pb(reply.queue), reply.created
 
     async def delete_queue(self, name: str) -> Queue:
-        reply = await _call("scheduler", self._policy.DeleteQueue(policy_pb2.DeleteQueueRequest(name=name),
+        reply = await self._scheduler(lambda: self._policy.DeleteQueue(policy_pb2.DeleteQueueRequest(name=name),
                                                                   timeout=self._timeout))
         return convert.queue_from_pb(reply.queue)
 
     async def list_quotas(self, *, team: str) -> list[Quota]:
-        reply = await _call("scheduler", self._policy.ListQuotas(policy_pb2.ListQuotasRequest(team=team),
+        reply = await self._scheduler(lambda: self._policy.ListQuotas(policy_pb2.ListQuotasRequest(team=team),
                                                                  timeout=self._timeout))
         return [convert.quota_from_pb(q) for q in reply.quotas]
 
     async def get_quota(self, team: str) -> Quota:
-        reply = await _call("scheduler", self._policy.GetQuota(policy_pb2.GetQuotaRequest(team=team),
+        reply = await self._scheduler(lambda: self._policy.GetQuota(policy_pb2.GetQuotaRequest(team=team),
                                                                timeout=self._timeout))
         return convert.quota_from_pb(reply.quota)
 
     async def put_quota(self, team: str, body: QuotaPut) -> tuple[Quota, bool]:
         request = policy_pb2.PutQuotaRequest(quota=convert.quota_to_pb(team, body))
-        reply = await _call("scheduler", self._policy.PutQuota(request, timeout=self._timeout))
+        reply = await self._scheduler(lambda: self._policy.PutQuota(request, timeout=self._timeout))
         return convert.quota_from_pb(reply.quota), reply.created
 
     async def delete_quota(self, team: str) -> Quota:
-        reply = await _call("scheduler", self._policy.DeleteQuota(policy_pb2.DeleteQuotaRequest(team=team),
+        reply = await self._scheduler(lambda: self._policy.DeleteQuota(policy_pb2.DeleteQuotaRequest(team=team),
                                                                   timeout=self._timeout))
         return convert.quota_from_pb(reply.quota)
 
@@ -301,13 +325,13 @@ class SchedulerClient:
                         limit: int) -> UsageReport:
         """Any replica answers (from its mirror and the history store)."""
         request = convert.usage_request_to_pb(since=since, until=until, group_by=group_by, team=team, limit=limit)
-        reply = await _call("scheduler", self._usage.GetUsage(request, timeout=self._timeout))
+        reply = await self._scheduler(lambda: self._usage.GetUsage(request, timeout=self._timeout))
         return convert.usage_from_pb(reply, since=since, until=until, team=team)
 
     async def list_audit(self, flt: AuditFilter, *, page_size: int, page_token: str) -> AuditPage:
         """Any replica answers (etcd's entries not moved yet, merged with the history store's)."""
         request = convert.audit_request_to_pb(flt, page_size=page_size, page_token=page_token)
-        return convert.audit_page_from_pb(await _call("scheduler", self._audit.ListAuditEntries(
+        return convert.audit_page_from_pb(await self._scheduler(lambda: self._audit.ListAuditEntries(
             request, timeout=self._timeout)))
 
     async def check_health(self, timeout_s: float) -> str:
