@@ -211,7 +211,8 @@ async def test_the_scheduler_renews_the_files_atomically_and_nobody_else_may(
     files = _files(launched)
     first = launched["first"]
     assert isinstance(first, JobCredential)
-    inode = files[job_credentials.KEY_ENV].stat().st_ino
+    # Held open across the renewals: the first key file's inode cannot be freed and reused for a later file.
+    held_open = os.open(files[job_credentials.KEY_ENV], os.O_RDONLY)
     # Twenty renewals while a reader keeps reading: each read is one whole file, the old one or a new one.
     minted = [_mint(pki_dir, "job-r", 1) for _ in range(20)]
     seen: list[bytes] = []
@@ -223,7 +224,12 @@ async def test_the_scheduler_renews_the_files_atomically_and_nobody_else_may(
     assert seen and set(seen) <= whole, "a reader saw a part of a file"
     last = minted[-1]
     assert _held(files) == (last.cert_chain, last.key, last.ca)
-    assert files[job_credentials.KEY_ENV].stat().st_ino != inode, "replaced by a rename, not rewritten in place"
+    try:
+        assert os.fstat(held_open).st_ino != files[job_credentials.KEY_ENV].stat().st_ino, \
+            "replaced by a rename, not rewritten in place"
+        assert os.pread(held_open, 1 << 16, 0) == first.key, "the first file was never written to"
+    finally:
+        os.close(held_open)
     for path in files.values():
         assert _owner_mode(path) == (ML.uid, ML.gid, 0o600), path
     assert sorted(p.name for p in files[job_credentials.KEY_ENV].parent.iterdir()) == sorted(

@@ -14,6 +14,7 @@ import pytest
 from trainyard_core import errors
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.rpc.errors import status_for as rpc_status_for
+from trainyard_core.testing.wait import eventually
 from trainyard_gateway.http_errors import domain_error_response, status_for
 
 from .support import Cluster, RunningGateway
@@ -99,6 +100,15 @@ async def test_stopped_scheduler_is_503(live_gateway: RunningGateway, scheduler:
     async with live_gateway.client(live_gateway.admin_token) as http:
         assert (await http.get("/v1/jobs")).status_code == 200
         await scheduler.stop_scheduler()
+        # The job view answers lists until it sees its stream from the scheduler end (just after the stop),
+        # with what was true until then; from then on the read goes to the scheduler.
+        assert live_gateway.app.app is not None
+        view = live_gateway.app.app.state.deps.job_view
+
+        async def view_lost_its_stream() -> bool:
+            return view is None or not view.ready
+
+        await eventually(view_lost_its_stream, what="the job view to see the scheduler's stream end")
         reply = await http.get("/v1/jobs")
     assert reply.status_code == 503, reply.text
     assert reply.json()["error"]["code"] == "unavailable"
