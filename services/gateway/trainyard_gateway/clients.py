@@ -39,7 +39,6 @@ from trainyard_core.security.identity import InvalidPrincipal, Principal
 
 from . import convert
 from .schemas.jobs import Job, JobList, JobQuery, JobSubmit
-from .schemas.logs import LogLine
 from .schemas.nodes import Node
 from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
@@ -371,13 +370,6 @@ class AgentClients:
     def stub(self, address: str, node_id: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
         """The stub for `node_id`'s agent at `address` (clients_streams' log streams)."""
         return self._stub(address, node_id)
-
-    async def worker_logs(self, address: str, *, node_id: str, job_id: str, attempt: int,
-                          tail_lines: int) -> list[LogLine]:
-        request = agent_pb2.GetWorkerLogsRequest(job_id=job_id, attempt=attempt, tail_lines=tail_lines)
-        reply = await _call(f"node agent of {node_id} at {address}",
-                            self._stub(address, node_id).GetWorkerLogs(request, timeout=self._timeout))
-        return [convert.log_line_from_pb(line) for line in reply.lines]
 
     async def set_gpu_health(self, address: str, *, node_id: str, gpu_index: int, healthy: bool, operator: str,
                              reason: str) -> None:
