@@ -53,7 +53,7 @@ from trainyard_agent.settings import AgentSettings
 from trainyard_agent.workers.fence import LeaderFence
 from trainyard_agent.workers.model import LaunchRequest, LaunchResult, WorkerExit, check_job_id
 from trainyard_core import logs
-from trainyard_core.errors import FailedPrecondition
+from trainyard_core.errors import FailedPrecondition, NotFound
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.security import identity, pki
 from trainyard_core.security.pki import CertFiles
@@ -126,6 +126,18 @@ class SimWorkers:
             self._end(key, 128 + int(sig), int(sig))
         return stopped
 
+    def renew(self, job_id: str, attempt: int, leader_epoch: int) -> int:
+        """A credential renewal for a running attempt (nothing is written: a simulated worker saves no
+        checkpoint); the workers that would read it. Refused as the agent refuses it."""
+        check_job_id(job_id)
+        self.fence.check(leader_epoch)
+        run = self._runs.get((job_id, attempt))
+        if run is not None:
+            return len(run.ranks)
+        if any(k[0] == job_id for k in self._runs):
+            raise FailedPrecondition(f"job {job_id} runs another attempt here, not {attempt}")
+        raise NotFound(f"job {job_id} has no workers on this node")
+
     def running(self) -> list[RunningAllocation]:
         return [RunningAllocation(job_id, attempt, run.ranks) for (job_id, attempt), run in self._runs.items()]
 
@@ -165,6 +177,12 @@ class SimAgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self._workers.fence.check(request.leader_epoch)
         stopped = self._workers.stop(request.job_id, request.attempt, convert.stop_signal_from_pb(request.signal))
         return agent_pb2.StopWorkersResponse(stopped=stopped)
+
+    async def RenewJobCredential(self, request: agent_pb2.RenewJobCredentialRequest,
+                                 context: grpc.aio.ServicerContext) -> agent_pb2.RenewJobCredentialResponse:
+        await self._unless_silent()
+        return agent_pb2.RenewJobCredentialResponse(
+            workers=self._workers.renew(request.job_id, request.attempt, request.leader_epoch))
 
     async def ListWorkers(self, request: agent_pb2.ListWorkersRequest,
                           context: grpc.aio.ServicerContext) -> agent_pb2.ListWorkersResponse:

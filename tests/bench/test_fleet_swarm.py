@@ -15,7 +15,7 @@ import pytest
 from bench import _simagent, fleet
 from trainyard_agent.workers.fence import LeaderFence
 from trainyard_agent.workers.model import LaunchRequest, WorkerExit, WorkerSpec
-from trainyard_core.errors import FailedPrecondition, InvalidArgument
+from trainyard_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from trainyard_scheduler.domain.models import Allocation, JobState, NodeAssignment
 from trainyard_scheduler.domain.progress import progress
 
@@ -117,6 +117,24 @@ async def test_a_launch_is_validated_and_fenced_as_the_agent_does() -> None:
     with pytest.raises(InvalidArgument):
         workers.stop("../x", 0, signal.SIGTERM)
     assert not workers.running()
+
+
+async def test_a_credential_renewal_is_answered_as_the_agent_answers_it() -> None:
+    """The leader renews a running attempt's checkpoint credential (issue 12); a simulated node must answer as
+    the agent does, or a fleet run longer than half the credential's life sees UNIMPLEMENTED."""
+    fence = LeaderFence()
+    workers = _simagent.SimWorkers(fence, lambda e: None)
+    workers.launch(_launch(attempt=2, command=("python", "train.py")))
+    assert workers.renew("job-1", 2, leader_epoch=1) == 2  # both ranks of the attempt
+    with pytest.raises(FailedPrecondition, match="another attempt"):
+        workers.renew("job-1", 1, leader_epoch=1)
+    with pytest.raises(NotFound, match="no workers"):
+        workers.renew("job-2", 1, leader_epoch=1)
+    fence.observe(5)
+    with pytest.raises(FailedPrecondition, match="stale scheduler leader"):
+        workers.renew("job-1", 2, leader_epoch=4)
+    with pytest.raises(InvalidArgument):
+        workers.renew("../x", 1, leader_epoch=5)
 
 
 # --- the swarm ----------------------------------------------------------------------------------------------
