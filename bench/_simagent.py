@@ -127,8 +127,9 @@ class SimWorkers:
         return stopped
 
     def renew(self, job_id: str, attempt: int, leader_epoch: int) -> int:
-        """A credential renewal for a running attempt (nothing is written: a simulated worker saves no
-        checkpoint); the workers that would read it. Refused as the agent refuses it."""
+        """A credential renewal for a running attempt: the workers that would read it. Refused for a bad job id,
+        a stale leader epoch, another attempt or no workers, with the agent's codes. The credential itself is
+        neither checked nor written: a simulated worker saves no checkpoint."""
         check_job_id(job_id)
         self.fence.check(leader_epoch)
         run = self._runs.get((job_id, attempt))
