@@ -124,8 +124,8 @@ def port_free(host: str, port: int) -> bool:
 
 class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
-                 stop_grace_s: float = 5.0, node_timeout_s: float = 2.0, log_format: str = "json",
-                 etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 10_000,
+                 stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
+                 etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 30_000,
                  tls: bool = True, netns: bool = False, control_plane_netns: bool = False) -> None:
         """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
         loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents

@@ -198,7 +198,7 @@ async def test_job_json_of_a_finished_job(cluster_gateway: RunningGateway, clust
 
 async def test_nodes(etcd_settings: dict[str, str], key_prefix: str, tmp_path: Path) -> None:
     async with running_cluster(etcd=etcd_settings, prefix=key_prefix + "nodes", state_root=tmp_path,
-                               agents={"node-a": "h100x8", "node-b": "a100x4"}, node_timeout_s=1.5) as cluster, \
+                               agents={"node-a": "h100x8", "node-b": "a100x4"}, node_timeout_s=2.5) as cluster, \
             running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                             scheduler_address=cluster.address) as gw:
         # node-a: GPU 7 unhealthy (XID 48, double-bit ECC: the policy resets the GPU, it does not drain the

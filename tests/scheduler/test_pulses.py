@@ -140,3 +140,42 @@ async def test_a_failing_drain_is_logged_and_the_endpoint_keeps_draining(caplog:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interval_later() -> None:
+    """The leader's endpoint drops the first of every pair of pulses (as a lossy link would): each one lost is
+    followed by a retry RETRY_AFTER_S later, which is acknowledged, so the pulser stays fresh at one pulse an
+    interval; with nothing lost there is no retry at all."""
+    live = NodeLiveness(SystemClock(), timeout_s=2.5)
+    sessions = PulseSessions(live)
+    port = _free_udp_port()
+    endpoint = await start_endpoint("127.0.0.1", port, sessions)
+    ident, key = sessions.open("node-1")
+    answer = sessions.received
+    dropped = []
+
+    def lossy(data: bytes) -> bytes | None:
+        got = pulse.verify(data, key, pulse.PULSE)
+        if got is not None and got.seq % 2 == 1:  # every pulse sent on the interval (the retries are even)
+            dropped.append(got.seq)
+            return None
+        return answer(data)
+    sessions.received = lossy  # type: ignore[method-assign]
+    pulser = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.4, clock=SystemClock())
+    await pulser.start()
+    try:
+        await eventually(lambda: _true(pulser.retries >= 3), timeout=10.0, what="three retries")
+        assert pulser.acks >= 2 and pulser.fresh(), "each retry was acknowledged"
+        assert len(dropped) >= 3
+    finally:
+        await pulser.stop()
+    sessions.received = answer  # type: ignore[method-assign]
+    clean = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.4, clock=SystemClock())
+    clean._seq = 1000  # above what the session accepted already
+    await clean.start()
+    try:
+        await eventually(lambda: _true(clean.acks >= 3), timeout=10.0, what="three acknowledgements")
+        assert clean.retries == 0, "nothing lost, nothing sent twice"
+    finally:
+        await clean.stop()
+        endpoint.close()

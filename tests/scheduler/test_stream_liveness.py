@@ -32,20 +32,22 @@ from trainyard_core.security.tls import ClientTls
 from trainyard_core.testing.blackhole import BlackholeProxy
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
+from trainyard_scheduler.settings import SchedulerSettings
 
 NODE = identity.node("node-1")
 
 
-NODE_TIMEOUT_S = 2.0
+NODE_TIMEOUT_S = SchedulerSettings.model_fields["node_timeout_s"].default
+HEARTBEAT_INTERVAL_MS = SchedulerSettings.model_fields["heartbeat_interval_ms"].default
 
 
 @pytest.fixture
 async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
-    # The defaults of liveness: a refresh beat every 10 s, lost 2 s without proof of life.
+    # The defaults of liveness: a refresh beat every 30 s, lost 2.5 s without proof of life.
     settings = sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(pki_dir, identity.SCHEDULER))
     # A lease longer than the blocked-loop test's pause, so that test pauses liveness and not the election.
-    settings = settings.model_copy(update={"node_timeout_s": NODE_TIMEOUT_S, "heartbeat_interval_ms": 10_000,
-                                           "leader_ttl_s": 5})
+    settings = settings.model_copy(update={"node_timeout_s": NODE_TIMEOUT_S,
+                                           "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS, "leader_ttl_s": 5})
     app = SchedulerApp(settings)
     await app.start()
 
@@ -122,13 +124,13 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
     seq = agent.reporter.seq
     lease = agent.supervisor.lease_path
     renewed = lease.stat().st_mtime_ns
-    # Three node timeouts without a beat (the refresh is every 10 s): its pulses keep it alive, and the leader's
+    # Three node timeouts without a beat (the refresh is every 30 s): its pulses keep it alive, and the leader's
     # acknowledgements keep its worker lease renewed.
     for _ in range(6):
         await asyncio.sleep(1.0)
         assert await ready(leader, pki_dir), "an idle node that pulses must stay ready"
     assert agent.reporter.seq == seq, "no beat was needed for that"
-    assert len(leader.pulses) == 1 and agent.reporter.pulser is not None and agent.reporter.pulser.acks >= 6
+    assert len(leader.pulses) == 1 and agent.reporter.pulser is not None and agent.reporter.pulser.acks >= 5
     assert lease.stat().st_mtime_ns > renewed, "the lease is renewed while the leader acknowledges pulses"
 
     proxy.cut()   # the host goes dark: no FIN, no reset

@@ -8,9 +8,9 @@ pulse costs the leader one `recvfrom`, one keyed BLAKE2s and one `sendto`.
 
 A pulse session belongs to one heartbeat stream. The leader opens it when the stream's first beat asks for
 pulses and hands the agent, inside the mTLS stream, a random 32-bit session id and a random 32-byte key. The
-agent then sends a PULSE every `PULSE_INTERVAL_S` to the same host and port as the stream (UDP); the leader
-answers each valid one with an ACK. The session ends with the stream (or the leader's term), and with it
-every pulse that names it.
+agent then sends a PULSE every `PULSE_INTERVAL_S` to the same host and port as the stream (UDP), and once
+more `RETRY_AFTER_S` later when the first was not acknowledged by then; the leader answers each valid one with
+an ACK. The session ends with the stream (or the leader's term), and with it every pulse that names it.
 
     offset  size  field
     0       1     version (1)
@@ -40,9 +40,14 @@ MAC_BYTES = 16
 _HEAD = struct.Struct("!BBIQ")
 SIZE = _HEAD.size + MAC_BYTES
 
-# An agent pulses this often. With the scheduler's default node_timeout_s (2 s) a node is lost only after
-# four pulses in a row went missing, and a silent host is noticed 1.5 to 2 s after it went silent.
-PULSE_INTERVAL_S = 0.5
+# An agent pulses this often. A pulse not acknowledged within RETRY_AFTER_S is sent once more (a new sequence),
+# so a pulse or an acknowledgement lost on the network costs half an interval, not a whole one, and the
+# leader's work per node is one pulse and one acknowledgement a second while nothing is lost (it was two of
+# each at 0.5 s: the leader's main per-node cost, bench/fleet). With the scheduler's default node_timeout_s
+# (2.5 s) a node is lost only after two pulses in a row and both their retries went missing, and a silent host
+# is noticed 1.5 to 2.5 s after it went silent.
+PULSE_INTERVAL_S = 1.0
+RETRY_AFTER_S = 0.5
 # An agent renews its worker lease only while the newest pulse the leader acknowledged was sent at most this
 # long ago (by the agent's clock): the leader's last proof of life from the node is never older than that
 # pulse, so workers outlive the leader's last proof by at most this plus one renewal period plus the lease.

@@ -2,7 +2,8 @@
 the leader gave a pulse session.
 
 It sends a pulse every interval to the host and port the stream goes to (UDP, from a socket connected to that
-address, so only datagrams from there are read) and reads the leader's acknowledgements. `fresh()` says
+address, so only datagrams from there are read), once more RETRY_AFTER_S later when that one was not
+acknowledged by then, and reads the leader's acknowledgements. `fresh()` says
 whether the newest acknowledged pulse was sent within ACK_WINDOW_S: the worker lease is renewed only then,
 because the leader has heard from this node at least that recently. When nothing was acknowledged for
 RECONNECT_AFTER_S (since the newest acknowledged pulse was sent, or since the pulser started) it calls
@@ -64,6 +65,7 @@ class Pulser:
         # Monotonic time the newest acknowledged pulse was sent at (-inf: none yet).
         self.acked_sent_at = float("-inf")
         self.sent = 0
+        self.retries = 0
         self.acks = 0
         self.send_errors = 0
 
@@ -101,9 +103,16 @@ class Pulser:
 
     async def _run(self) -> None:
         silent_called = False
+        retry_after = min(pulse.RETRY_AFTER_S, self._interval / 2)
         while True:
             self._send()
-            await asyncio.sleep(self._interval)
+            await asyncio.sleep(retry_after)
+            if self._acked_seq < self._seq:
+                # Not acknowledged yet: the pulse or its answer was lost (or the leader is slow). Once more now,
+                # rather than a whole interval later.
+                self._send()
+                self.retries += 1
+            await asyncio.sleep(self._interval - retry_after)
             if not silent_called and self._on_silent is not None and self.silent_for() > pulse.RECONNECT_AFTER_S:
                 silent_called = True
                 self._on_silent()

@@ -49,12 +49,15 @@ class SchedulerSettings(EtcdSettings):
     listen_port: int = Field(50051, ge=0, le=65535, description="gRPC port (TCP), and the same number over UDP for "
                              "the agents' liveness pulses; 0 picks a free one")
     advertise_address: str = Field("", description="host:port other components use to reach this replica")
-    node_timeout_s: float = Field(2.0, gt=0, description="a node without proof of life this long is lost: its "
-                                  "agent's liveness pulses (every 0.5 s) are its proof of life. Pauses of the "
-                                  "scheduler process itself do not count. More than two pulse intervals")
-    heartbeat_interval_ms: int = Field(10_000, ge=50, le=60_000, description="agents send a beat at once on a "
-                                       "change (GPU health, running workers) and this often when nothing changes; "
-                                       "an open stream silent for 3 intervals counts as a lost node")
+    node_timeout_s: float = Field(2.5, gt=0, description="a node without proof of life this long is lost: its "
+                                  "agent's liveness pulses (every 1 s, and once more 0.5 s later when one is not "
+                                  "acknowledged) are its proof of life. Pauses of the scheduler process itself do "
+                                  "not count. More than two pulse intervals")
+    heartbeat_interval_ms: int = Field(30_000, ge=50, le=60_000, description="agents send a beat at once on a "
+                                       "change (GPU health, running workers) and this often when nothing changes "
+                                       "(a safety net only: pulses prove liveness, and each refresh costs the "
+                                       "leader a stream message per node); an open stream without pulses silent for "
+                                       "3 intervals counts as a lost node")
     leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
                                   "(at least node_timeout_s) while the agents find it")
     worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
@@ -226,8 +229,8 @@ class SchedulerSettings(EtcdSettings):
                              "would otherwise kill every worker")
         if self.node_timeout_s <= 2 * PULSE_INTERVAL_S:
             raise ValueError(f"node_timeout_s ({self.node_timeout_s}) must be more than two liveness pulse intervals "
-                             f"({2 * PULSE_INTERVAL_S:g}s): with less, one pulse lost on the network would be a "
-                             "lost node")
+                             f"({2 * PULSE_INTERVAL_S:g}s): with less, one pulse and its retry lost on the network "
+                             "would be a lost node")
         return self
 
     @property
