@@ -252,3 +252,28 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 assert expiry >= 0
 
     check()
+
+
+def test_alive_over_an_unchanged_read_only_fleet_is_remembered_until_membership_changes() -> None:
+    from types import MappingProxyType
+
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=0)
+    fleet = MappingProxyType({"n-a": object(), "n-b": object(), "n-c": object()})
+    for n in fleet:
+        live.seen(n)
+    first = live.alive(fleet)
+    ticking(clock, live, 1.0, beats=("n-a", "n-b", "n-c"))
+    assert live.alive(fleet) is first == {"n-a", "n-b", "n-c"}, "nothing expired, came back or was new: the same set"
+    ticking(clock, live, 2.6, beats=("n-a", "n-b"))
+    assert live.alive(fleet) == {"n-a", "n-b"}, "n-c's deadline passed: the remembered answer is not reused"
+    live.seen("n-c")
+    assert live.alive(fleet) == {"n-a", "n-b", "n-c"}, "n-c talked again"
+    other = MappingProxyType({"n-a": object()})
+    assert live.alive(other) == {"n-a"}, "another fleet mapping is its own question"
+    live.forget("n-b")
+    assert live.alive(fleet) == {"n-a", "n-c"}
+    plain = {"n-a": object(), "n-d": object()}
+    assert live.alive(plain) == {"n-a"}
+    plain["n-c"] = object()  # a mutable mapping may change under the same object: never remembered
+    assert live.alive(plain) == {"n-a", "n-c"}

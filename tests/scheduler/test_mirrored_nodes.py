@@ -27,8 +27,11 @@ async def test_nodes_follow_the_mirror_and_are_decoded_again_only_when_changed()
         view = MirroredNodes(mirror, KEYS)
         first = {n.node_id: n for n in await view.nodes()}
         assert set(first) == {"n-a", "n-b"}
-        again = {n.node_id: n for n in await view.nodes()}
+        same = await view.nodes()
+        again = {n.node_id: n for n in same}
         assert again["n-a"] is first["n-a"], "an unchanged record is not decoded again"
+        await mirror.wait_for(await store.put(KEYS.job("job-y"), codec.encode_job(make_job("job-y", gpus=1))))
+        assert await view.nodes() is same, "no node record changed: the same fleet object (SubmitJob's fit memo)"
 
         changed = replace(make_node("n-a"), cordoned=True, cordon_reason="maintenance")
         rev = await store.put(KEYS.node("n-a"), codec.encode_node(changed))

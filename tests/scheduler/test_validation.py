@@ -18,6 +18,7 @@ from trainyard_scheduler.domain.models import (
 )
 from trainyard_scheduler.domain.queues import DEFAULT_CLASSES
 from trainyard_scheduler.domain.validation import (
+    FleetFit,
     check_fits_fleet,
     check_priority_class,
     check_queue,
@@ -225,3 +226,38 @@ def test_cpu_tasks_need_cpu_only_nodes() -> None:
         check_fits_fleet(replace(GOOD, resources=res(nodes=2, gpus_per_node=0, cpus_per_node=16)), fleet)
     with pytest.raises(FailedPrecondition, match=r"use resources\.gpus_per_node=0 for a CPU task"):
         check_fits_fleet(GOOD, [cpu_node("c-1")])
+
+
+@pytest.mark.parametrize("resources", [
+    Resources(nodes=1, gpus_per_node=8), Resources(nodes=3, gpus_per_node=8), Resources(nodes=1, gpus_per_node=9),
+    Resources(nodes=1, gpus_per_node=1, accelerator="B200"), Resources(nodes=2, gpus_per_node=4, cpus_per_node=65),
+    Resources(nodes=2, gpus_per_node=4, speed_hints={"H100": 2.0}), Resources(nodes=1, gpus_per_node=0)])
+def test_a_remembered_fleet_check_says_what_the_check_says(resources: Resources) -> None:
+    fleet = (make_node("n-1"), make_node("n-2"), make_node("n-3", gpus=4))
+    spec = replace(GOOD, resources=resources)
+    fit = FleetFit()
+    try:
+        check_fits_fleet(spec, fleet)
+        expected = None
+    except FailedPrecondition as exc:
+        expected = exc.message
+    for _ in range(2):  # the first answer computed, the second remembered
+        if expected is None:
+            fit.check(spec, fleet)
+        else:
+            with pytest.raises(FailedPrecondition) as got:
+                fit.check(spec, fleet)
+            assert got.value.message == expected
+
+
+def test_a_remembered_fleet_check_is_asked_again_for_a_changed_fleet() -> None:
+    spec = replace(GOOD, resources=Resources(nodes=3, gpus_per_node=8))
+    fit = FleetFit()
+    with pytest.raises(FailedPrecondition):
+        fit.check(spec, (make_node("n-1"), make_node("n-2")))
+    fit.check(spec, (make_node("n-1"), make_node("n-2"), make_node("n-3")))  # a node registered: it fits now
+    growing = [make_node("n-1")]
+    with pytest.raises(FailedPrecondition):
+        fit.check(spec, growing)
+    growing += [make_node("n-2"), make_node("n-3")]  # a list may change under the same object: checked again
+    fit.check(spec, growing)

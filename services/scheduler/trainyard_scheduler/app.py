@@ -118,7 +118,8 @@ class SchedulerApp:
                           holdings_source=from_mirror, max_txn_ops=txn_ops, idempotency_ttl_s=s.idempotency_ttl_s)
         self.pulses = PulseSessions(self.liveness)
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
-                                     worker_fence_s=s.worker_fence_s, pulses=self.pulses)
+                                     worker_fence_s=s.worker_fence_s, pulses=self.pulses,
+                                     registered=lambda node_id: self.keys.node(node_id) in self._mirror.items)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)

@@ -28,6 +28,7 @@ import asyncio
 import heapq
 import math
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from trainyard_core.clock import Clock
 from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
@@ -64,6 +65,11 @@ class NodeLiveness:
         self._deadline: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []
         self._expired: set[str] = set()
+        # Bumped whenever the expired set or the set of nodes ever heard from changes: `alive` over the same
+        # node mapping at the same membership version is the answer it gave last (a cycle runs on every
+        # change in etcd; the fleet's membership changes far less often).
+        self._membership = 0
+        self._alive_memo: tuple[object, int, bool, frozenset[str]] | None = None
         self._paused = 0.0
         self._last_tick = clock.monotonic()
         # When this term began: monotonic (the grace runs on the wall clock) and effective (the silence of a
@@ -86,6 +92,7 @@ class NodeLiveness:
         self._deadline.clear()
         self._heap.clear()
         self._expired.clear()
+        self._membership += 1
         self._running.clear()
         self._running_at.clear()
         now = self._clock.monotonic()
@@ -127,7 +134,9 @@ class NodeLiveness:
         return self._timeout
 
     def _rearm(self, node_id: str) -> None:
-        self._expired.discard(node_id)
+        if node_id in self._expired:
+            self._expired.discard(node_id)
+            self._membership += 1
         deadline = self._last[node_id] + self._limit(node_id)
         if deadline == math.inf:
             self._deadline.pop(node_id, None)
@@ -143,13 +152,20 @@ class NodeLiveness:
             if self._deadline.get(node_id) == deadline:
                 del self._deadline[node_id]
                 self._expired.add(node_id)
+                self._membership += 1
 
     # -- reports --------------------------------------------------------------------------------------
     def report_running(self, node_id: str, running: frozenset[tuple[str, int]]) -> None:
-        self._running[node_id] = running
+        # Only nodes that run something are kept: what each cycle copies and walks (orphans) is then the busy
+        # nodes, not the fleet.
+        if running:
+            self._running[node_id] = running
+        else:
+            self._running.pop(node_id, None)
         self._running_at[node_id] = self._clock.monotonic()
 
     def running(self) -> dict[str, frozenset[tuple[str, int]]]:
+        """What each node that runs something last said it runs (a node absent runs nothing)."""
         return dict(self._running)
 
     def running_reported_at(self) -> dict[str, float]:
@@ -158,6 +174,8 @@ class NodeLiveness:
 
     def seen(self, node_id: str, *, backdate_s: float = 0.0) -> None:
         """A proof of life now (`backdate_s` earlier)."""
+        if node_id not in self._last:
+            self._membership += 1
         self._last[node_id] = self._now() - backdate_s
         self._rearm(node_id)
 
@@ -202,6 +220,7 @@ class NodeLiveness:
         self._pulsed.pop(node_id, None)
         self._deadline.pop(node_id, None)
         self._expired.discard(node_id)
+        self._membership += 1
         self._running.pop(node_id, None)
         self._running_at.pop(node_id, None)
 
@@ -232,12 +251,21 @@ class NodeLiveness:
         return out
 
     def alive(self, node_ids: Iterable[str]) -> frozenset[str]:
+        """The nodes of `node_ids` alive now. Asked again with the same read-only mapping (the snapshot's
+        nodes, unchanged) while no node expired, came back or was first heard from, it answers the same set
+        object without walking the fleet."""
         mono = self._clock.monotonic()
         self._advance(self._eff(mono))
+        graced = mono - self._since >= self._grace
+        memo = self._alive_memo
+        if (memo is not None and memo[0] is node_ids and memo[1] == self._membership and memo[2] == graced
+                and isinstance(node_ids, MappingProxyType)):
+            return memo[3]
         ids = frozenset(node_ids)
         out = ids.difference(self._expired)
-        if mono - self._since >= self._grace:
+        if graced:
             out = out.intersection(self._last)
+        self._alive_memo = (node_ids, self._membership, graced, out)
         return out
 
     def next_expiry(self, node_ids: Iterable[str]) -> float | None:

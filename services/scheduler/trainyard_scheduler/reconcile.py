@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 # the leader acknowledged a pulse it sent within ACK_WINDOW_S (the leader's last proof of life from it is no
 # older than that pulse), once per renewal period, and shims look at the lease every 0.25 s.
 FENCE_MARGIN_S = 0.5 + ACK_WINDOW_S + LEASE_RENEW_S
+# The cycle's gauges (jobs by state, GPUs allocated and healthy, nodes ready) are set at most this often.
+OBSERVE_EVERY_S = 1.0
 # Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
 ORPHAN_STOP_RETRY_S = 2.0
 
@@ -107,6 +109,7 @@ class Reconciler:
         # job id → when this leader last rewrote its pending reason (monotonic).
         self._reason_written: dict[str, float] = {}
         self._usage_written = -math.inf
+        self._observed_at = -math.inf
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
         # a fresh build, a fraction of the cost at 10k nodes).
         self._index = ClusterIndex(profile.gates)
@@ -248,6 +251,12 @@ class Reconciler:
                 self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
 
     def _observe(self, snap: ClusterSnapshot) -> None:
+        # Gauges for a scrape every few seconds: set at most once a second, not on every cycle (a cycle runs on
+        # every change, and counting the fleet's healthy GPUs walks every node).
+        mono = self._clock.monotonic()
+        if mono - self._observed_at < OBSERVE_EVERY_S:
+            return
+        self._observed_at = mono
         by_state: dict[str, int] = {}
         for job in snap.jobs.values():
             by_state[job.state.value] = by_state.get(job.state.value, 0) + 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..domain.models import Allocation, Node
 from ..domain.snapshot import ClusterSnapshot
@@ -45,6 +46,9 @@ class ClusterIndex:
         self._nodes_with: dict[str, int] = {}  # model → registered nodes that have it
         self._state: dict[str, _NodeState] = {}
         self._nodes: dict[str, Node] = {}
+        # The snapshot mapping `_nodes` was copied from: a snapshot that hands the same read-only one (the
+        # reconciler's SnapshotBuilder does until a node record changes) needs no walk over the fleet.
+        self._nodes_src: Mapping[str, Node] | None = None
         self._allocs: dict[str, Allocation] = {}
         self._alive: frozenset[str] = frozenset()
         self._orphaned: frozenset[str] = frozenset()
@@ -73,11 +77,13 @@ class ClusterIndex:
     def sync(self, snap: ClusterSnapshot) -> None:
         affected = set(self.dirty)
         self.dirty.clear()
-        for node_id, node in snap.nodes.items():
-            if self._nodes.get(node_id) is not node:
-                affected.add(node_id)
-        affected.update(n for n in self._nodes if n not in snap.nodes)
-        if snap.alive != self._alive:
+        nodes_changed = not (isinstance(snap.nodes, MappingProxyType) and snap.nodes is self._nodes_src)
+        if nodes_changed:
+            for node_id, node in snap.nodes.items():
+                if self._nodes.get(node_id) is not node:
+                    affected.add(node_id)
+            affected.update(n for n in self._nodes if n not in snap.nodes)
+        if snap.alive is not self._alive and snap.alive != self._alive:
             affected.update(snap.alive ^ self._alive)
         orphaned = frozenset(snap.orphans())
         if orphaned != self._orphaned:
@@ -92,7 +98,9 @@ class ClusterIndex:
                                           snap.nodes))
         for job_id in [j for j in self._allocs if j not in snap.allocations]:
             affected.update(self._unuse(job_id, self._allocs[job_id]))
-        self._nodes = dict(snap.nodes)
+        if nodes_changed:
+            self._nodes = dict(snap.nodes)
+            self._nodes_src = snap.nodes
         self._allocs = dict(snap.allocations)
         self._alive = snap.alive
         self._orphaned = orphaned

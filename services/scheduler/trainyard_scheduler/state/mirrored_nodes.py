@@ -45,11 +45,21 @@ class Decoded(Generic[T]):
 
 
 class MirroredNodes:
+    """The registered nodes, as one tuple that stays the same object until a node record changes: SubmitJob
+    then neither walks the mirror's node records nor re-checks a request's fit against an unchanged fleet
+    (`FleetFit`) on every submit."""
+
     def __init__(self, mirror: PrefixMirror, keys: Keys) -> None:
         self._nodes = Decoded(mirror, keys.nodes, decode_node)
+        self._prefix = keys.nodes
+        self._changes = mirror.subscribe()
+        self._current: tuple[Node, ...] | None = None
 
-    async def nodes(self) -> list[Node]:
-        return list(self._nodes.current().values())
+    async def nodes(self) -> tuple[Node, ...]:
+        full, changed = self._changes.take()
+        if self._current is None or full or any(key.startswith(self._prefix) for key in changed):
+            self._current = tuple(self._nodes.current().values())
+        return self._current
 
 
 class MirroredAllocations:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TypeVar
 
 from trainyard_core.ids import id_time
@@ -56,6 +57,10 @@ class SnapshotBuilder:
         self._jobs: dict[str, tuple[Job, int]] = {}
         self._allocs: dict[str, tuple[Allocation, int]] = {}
         self._nodes: dict[str, Node] = {}
+        # The nodes as the last snapshot got them: a copy made again only after a node record changed (they
+        # change on registration and health, not with jobs), so a cycle does not copy the fleet.
+        self._nodes_copy: Mapping[str, Node] | None = None
+        self._dead_memo: tuple[Mapping[str, Node], frozenset[str], frozenset[str]] | None = None
         self._queues: dict[str, QueueConfig] = {}
         self._quotas: dict[str, TeamQuota] = {}
         self._usage: tuple[FairShareUsage, int] = (FairShareUsage(), 0)
@@ -98,6 +103,7 @@ class SnapshotBuilder:
                 self._allocs[ident] = (decode_allocation(kv.value), kv.mod_revision)
         elif key.startswith(k.nodes):
             ident = key[len(k.nodes):]
+            self._nodes_copy = None
             if kv is None:
                 self._nodes.pop(ident, None)
                 self._healthy.pop(ident, None)
@@ -151,14 +157,21 @@ class SnapshotBuilder:
             at = self._latest_at.get(job_id)
             if job is not None and at is not None:
                 jobs[job_id] = replace(job, last_checkpoint_at=at)
-        nodes = dict(self._nodes)
+        if self._nodes_copy is None:
+            self._nodes_copy = MappingProxyType(dict(self._nodes))
+        nodes = self._nodes_copy
         alive = liveness.alive(nodes)
+        # The nodes not alive: the same set while neither the nodes nor the live ones changed (both hand the
+        # same objects back then), so a cycle does not take the difference over the whole fleet.
+        if self._dead_memo is None or self._dead_memo[0] is not nodes or self._dead_memo[1] is not alive:
+            self._dead_memo = (nodes, alive, frozenset(nodes.keys() - alive))
+        dead = self._dead_memo[2]
         snap = ClusterSnapshot(nodes=nodes, alive=alive, jobs=jobs, allocations=allocs,
                                job_revisions={ident: rev for ident, (_, rev) in self._jobs.items()},
                                allocation_revisions={ident: rev for ident, (_, rev) in self._allocs.items()},
                                reported_running=liveness.running(),
                                reported_at=liveness.running_reported_at(), released_at=released_at,
-                               silence=liveness.silence(nodes.keys() - alive))
+                               silence=liveness.silence(dead))
         usage, usage_rev = self._usage
         return snap, PolicyState(dict(self._queues), dict(self._quotas), usage, usage_rev)
 
