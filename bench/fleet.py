@@ -57,6 +57,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -115,11 +116,14 @@ class Config:
     floor_every_s: float = 1.0
     keepalive_connections: int = 500  # the bare server's, for the keepalive floor
     keepalive_window_s: float = 10.0
+    failovers: int = 1             # the scheduler killed and started again (a new term): every agent at once
+    failover_watch_s: float = 60.0
 
 
 TINY = Config(nodes=20, workers=1, steady_s=6.0, window_s=3.0, idle_s=1.0, quiet_s=2.0, settle_s=1.0, ramp_per_s=50.0,
               stop_rounds=1, stop_per_round=1, detect_timeout_s=30.0, job_s=1.0, one_gpu_every_s=0.5,
-              gang_every_s=2.0, floor_every_s=0.25, keepalive_connections=50, keepalive_window_s=3.0)
+              gang_every_s=2.0, floor_every_s=0.25, keepalive_connections=50, keepalive_window_s=3.0,
+              failover_watch_s=30.0)
 
 
 @dataclass(frozen=True)
@@ -185,10 +189,16 @@ class Outcome:
     detect_s: dict[str, float] = field(default_factory=dict)        # stopped node → stop to NOT_READY
     way: dict[str, str] = field(default_factory=dict)               # stopped node → "crash" | "silent"
     admitted_ms: dict[str, list[float]] = field(default_factory=lambda: {"1gpu": [], "64gpu": []})
+    # The same jobs as the scheduler recorded them: the job's creation to its admitted event (both the
+    # scheduler's clock), so the client-seen figure can be told apart into the scheduler's part and the rest.
+    admitted_server_ms: dict[str, list[float]] = field(default_factory=lambda: {"1gpu": [], "64gpu": []})
+    submit_ms: list[float] = field(default_factory=list)  # the POST alone, both kinds
     floor_ms: list[float] = field(default_factory=list)
     job_states: Counter[str] = field(default_factory=Counter)      # "<kind>:<state>" at the end
     job_errors: list[str] = field(default_factory=list)
     scheduler_unavailable: int = 0  # node-view reads answered UNAVAILABLE: moments without a leader
+    failover_not_ready: dict[str, str] = field(default_factory=dict)  # live node → failover that lost it
+    failover_all_ready_s: list[float] = field(default_factory=list)   # kill → every live node ready again
 
     @property
     def false_deaths(self) -> set[str]:
@@ -323,6 +333,8 @@ class JobFlow:
         record = self.recording
         began = time.perf_counter()
         r = await self._http.post("/v1/jobs", json=spec)
+        if record:
+            self._out.submit_ms.append((time.perf_counter() - began) * 1e3)
         if not r.is_success:
             self._out.job_errors.append(f"submit {kind}: HTTP {r.status_code}: {r.text[:200]}")
             return
@@ -331,7 +343,8 @@ class JobFlow:
         while True:
             got = await self._http.get(f"/v1/jobs/{job_id}")
             if got.is_success:
-                state = got.json()["state"]
+                body = got.json()
+                state = body["state"]
                 if state in ADMITTED:
                     break
                 if state in ENDED_BADLY:
@@ -343,6 +356,10 @@ class JobFlow:
             await asyncio.sleep(POLL_S)
         if record:
             self._out.admitted_ms[kind].append((time.perf_counter() - began) * 1e3)
+            admitted = [e["at"] for e in body.get("events", []) if e.get("kind") == "admitted"]
+            if admitted and body.get("created_at"):
+                server = datetime.fromisoformat(admitted[0]) - datetime.fromisoformat(body["created_at"])
+                self._out.admitted_server_ms[kind].append(server.total_seconds() * 1e3)
 
     async def drain(self, timeout: float) -> None:
         """Wait for the submissions in flight, then for every job to end (at most `timeout` in all)."""
@@ -509,6 +526,7 @@ class Fleet:
                 await flow.outcomes(self.out.stopped)
                 await self._stream_breaks()
                 self._say("outcomes read")
+                await self._failovers()
             finally:
                 stop_jobs.set()
                 stop_floor.set()
@@ -551,6 +569,38 @@ class Fleet:
             self.out.way.update({n: "silent" for n in silenced_at})
             seen = await asyncio.gather(*waits.values())
             self.out.detect_s.update(dict(zip(waits, seen, strict=True)))
+
+    async def _failovers(self) -> None:
+        """The scheduler SIGKILLed and started again, `failovers` times: a new term that no agent's stream
+        survives, so every agent registers again at once (what a failover to a standby does to the fleet). A
+        census every half second for `failover_watch_s` (and at least the new leader's grace plus a node
+        timeout): the time from the kill until every live node reads ready again, and every live node read
+        not ready on the way (one the new leader did not hear from within its grace: a false death)."""
+        assert self.view is not None
+        c = self.config
+        defaults = SchedulerSettings.model_fields
+        settle = float(defaults["leader_grace_s"].default) + float(defaults["node_timeout_s"].default) + 2.0
+        live = [n for n in node_ids(c.nodes) if n not in self.out.stopped]
+        for r in range(c.failovers):
+            began = time.monotonic()
+            await asyncio.to_thread(self.cluster.restart, "scheduler", kill=True)
+            proc = self.cluster.procs["scheduler"].popen
+            assert proc is not None
+            self.pid = proc.pid
+            all_ready = math.inf
+            while time.monotonic() - began < c.failover_watch_s:
+                states = await self.view.census()
+                down = [n for n in live if states.get(n) != types_pb2.NODE_STATE_READY]
+                for n in down:
+                    self.out.failover_not_ready.setdefault(n, f"failover {r + 1}")
+                if not down and all_ready == math.inf:
+                    all_ready = time.monotonic() - began
+                if all_ready < math.inf and time.monotonic() - began > settle:
+                    break
+                await asyncio.sleep(0.5)
+            self.out.failover_all_ready_s.append(all_ready)
+            self._say(f"failover {r + 1}: every live node ready again {all_ready:.1f}s after the kill, "
+                      f"{len(self.out.failover_not_ready)} live node(s) seen not ready")
 
     async def _stream_breaks(self) -> None:
         for s in self.swarms:
@@ -618,11 +668,17 @@ def figures(config: Config, out: Outcome) -> dict[str, float]:
         "etcd_put_watch_p50_ms": floor,
         "submit_to_admitted_1gpu_vs_floor": _p(one, 0.5) / floor,
         "submit_to_admitted_64gpu_vs_floor": _p(gang, 0.5) / floor,
+        "submit_p50_ms": _p(out.submit_ms, 0.5),
+        "submit_p99_ms": _p(out.submit_ms, 0.99),
+        "created_to_admitted_event_p50_ms_1gpu": _p(out.admitted_server_ms["1gpu"], 0.5),
+        "created_to_admitted_event_p50_ms_64gpu": _p(out.admitted_server_ms["64gpu"], 0.5),
         "jobs_1gpu_sampled": float(len(one)),
         "jobs_64gpu_sampled": float(len(gang)),
         "jobs_succeeded": float(sum(v for k, v in out.job_states.items() if k.endswith(":succeeded"))),
         "job_errors": float(len(out.job_errors)),
         "scheduler_unavailable_reads": float(out.scheduler_unavailable),
+        "failover_false_deaths": float(len(out.failover_not_ready)),
+        "failover_all_ready_s": max(out.failover_all_ready_s, default=math.nan),
     }
     return f
 
@@ -636,6 +692,9 @@ def _report(config: Config, out: Outcome, f: dict[str, float]) -> None:
          f"1e6 / {f['scheduler_cpu_us_per_node_s']:.3g} us of scheduler CPU per node-second (raw: the idle "
          f"{f['scheduler_idle_cpu_percent']:.2g}% of a core is not subtracted)"),
         ("false_deaths", "0", f["false_deaths"] == 0, f"over {f['steady_s']:.0f}s steady and the stops"),
+        ("failover_false_deaths", "0", f["failover_false_deaths"] == 0,
+         f"live nodes seen not ready after the scheduler was killed and restarted ({config.failovers}x); all ready "
+         f"again after {f['failover_all_ready_s']:.3g}s"),
         ("detect_s_p99", f"<= {TARGET_DETECT_S:g}", f["detect_s_p99"] <= TARGET_DETECT_S,
          f"{int(f['stops'])} stops (crash p99 {f['detect_s_p99_crash']:.3g}s, silent {f['detect_s_p99_silent']:.3g}s)"),
         ("leader_rss_mb_extrapolated_10k", f"<= {TARGET_RSS_MB_10K:,.0f}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from trainyard_core.clock import ManualClock
-from trainyard_scheduler.liveness import TICK_S, NodeLiveness
+from trainyard_scheduler.liveness import MAX_GRACE_S, TICK_S, NodeLiveness
 
 NODES = ("n-a", "n-b")
 
@@ -64,7 +64,18 @@ def test_a_new_leader_gives_unheard_nodes_a_grace_period() -> None:
     assert live.alive(NODES) == {"n-a", "n-b"}
     live.seen("n-a")
     ticking(clock, live, 0.2, beats=("n-a",))
-    assert live.alive(NODES) == {"n-a"}, "after the grace only nodes that spoke are alive"
+    assert live.alive(NODES) == {"n-a", "n-b"}, "agents still arrive (n-a 0.2 s ago): the grace goes on"
+    ticking(clock, live, 2.4, beats=("n-a",))
+    assert live.alive(NODES) == {"n-a"}, "a timeout without a new arrival after the grace: only nodes that spoke"
+    # Agents that keep arriving hold the grace open, but never past MAX_GRACE_S.
+    slow = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    slow.reset()
+    for i in range(int(MAX_GRACE_S)):
+        slow.seen(f"late-{i}")
+        ticking(clock, slow, 1.0, beats=("late-0",))
+        if i == MAX_GRACE_S // 2:
+            assert slow.alive(["never"]) == {"never"}, "agents still arrive: a node not heard yet is not lost"
+    assert slow.alive(["never", "late-0"]) == {"late-0"}, "the grace ended at MAX_GRACE_S"
     # The grace is never shorter than the timeout.
     short = NodeLiveness(clock, timeout_s=2.5, grace_s=1.0)
     short.reset()
@@ -165,13 +176,14 @@ class _Plain:
         self.last: dict[str, float] = {}
         self.open: dict[str, int] = {}
         self.pulsed: dict[str, int] = {}
+        self.arrival = 0.0  # the last first contact this term (the grace lasts while agents arrive)
 
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
         out, close = set(), set()
         for n in nodes:
             if n not in self.last:
-                if self.mono < self.grace:
+                if self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout)):
                     out.add(n)
                 continue
             quiet = self.eff - self.last[n]
@@ -214,6 +226,8 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.eff += TICK_S * n if n <= 2 else TICK_S
             elif op == "seen":
                 live.seen(node)
+                if node not in plain.last:
+                    plain.arrival = clock.monotonic() - start
                 plain.last[node] = plain.eff
             elif op in ("open", "open_p"):
                 pulsed = op == "open_p"
@@ -221,6 +235,8 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.open[node] = plain.open.get(node, 0) + 1
                 if pulsed:
                     plain.pulsed[node] = plain.pulsed.get(node, 0) + 1
+                if node not in plain.last:
+                    plain.arrival = clock.monotonic() - start
                 plain.last[node] = plain.eff
             elif op in ("close", "break", "close_p", "break_p") and (
                     plain.pulsed.get(node, 0) if op.endswith("_p")

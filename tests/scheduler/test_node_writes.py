@@ -26,6 +26,7 @@ from trainyard_scheduler.domain.models import Node
 from trainyard_scheduler.grpc.servicer import NodeServicer
 from trainyard_scheduler.leadership import Leadership
 from trainyard_scheduler.liveness import NodeLiveness
+from trainyard_scheduler.state.codec import decode_node
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
 
@@ -124,3 +125,42 @@ async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_option
         await store.close()
 
 
+
+
+async def test_a_registration_reads_the_mirror_first_and_a_stale_mirror_loses_nothing() -> None:
+    keys = Keys("/t")
+    store = MemoryStore()
+    mirror: dict[str, KeyValue] = {}
+
+    async def from_mirror(key: str) -> KeyValue | None:
+        return mirror.get(key)
+    repo = Repository(store, keys, node_source=from_mirror)
+    node = make_node("n-1")
+    assert await repo.modify_node("n-1", lambda old: node, mirror_first=True) == (None, node)
+    stored = await store.get(keys.node("n-1"))
+    assert stored is not None
+    mirror[keys.node("n-1")] = stored
+    store_reads = 0
+    real_get = store.get
+
+    async def counting_get(key: str) -> KeyValue | None:
+        nonlocal store_reads
+        store_reads += 1
+        return await real_get(key)
+    store.get = counting_get  # type: ignore[method-assign]
+    assert await repo.modify_node("n-1", lambda old: old, mirror_first=True) == (node, None)
+    assert store_reads == 0, "an unchanged registration read the mirror only"
+
+    cordoned = replace(node, cordoned=True, cordon_reason="maintenance")
+    await repo.modify_node("n-1", lambda old: cordoned)  # etcd moves on; the mirror has not seen it yet
+    relabelled = replace(node, labels={"rack": "r2"})
+
+    def register(old: Node | None) -> Node:
+        assert old is not None
+        return replace(relabelled, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
+    before, after = await repo.modify_node("n-1", register, mirror_first=True)
+    assert before == cordoned, "what the store held, not what the mirror showed"
+    assert after is not None and after.cordoned and after.labels == {"rack": "r2"}, \
+        "the stale mirror's compare-and-swap was refused, and the store's record (cordoned) was merged"
+    kv = await real_get(keys.node("n-1"))
+    assert kv is not None and decode_node(kv.value) == after

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import socket
+from collections.abc import Sequence
 
 from trainyard.scheduler.v1 import (
     audit_pb2,
@@ -33,6 +34,7 @@ from . import metrics, pulses
 from .archive import Archiver, ArchiveSettings
 from .audit_archive import AuditMover, AuditReader, MoveSettings
 from .credential_renewal import CredentialRenewer, RenewalSettings, RenewPort
+from .domain.models import Node
 from .grpc.agent_client import GrpcAgents
 from .grpc.audit_servicer import AuditServicer
 from .grpc.job_watch_servicer import JobWatchServicer
@@ -115,14 +117,24 @@ class SchedulerApp:
         async def from_mirror(key: str) -> KeyValue | None:
             return mirror.items.get(key)
         repo = Repository(self.store, self.keys, fence=lambda: election_holder[0].fence(),
-                          holdings_source=from_mirror, max_txn_ops=txn_ops, idempotency_ttl_s=s.idempotency_ttl_s)
+                          holdings_source=from_mirror, node_source=from_mirror, max_txn_ops=txn_ops,
+                          idempotency_ttl_s=s.idempotency_ttl_s)
         self.pulses = PulseSessions(self.liveness)
+        mirrored_nodes = MirroredNodes(self._mirror, self.keys)
+
+        async def fleet_view() -> Sequence[Node]:
+            """The registered nodes from the mirror once it holds this replica's own writes (a cordon answered
+            a moment ago shows); from etcd when the mirror lags more than a second."""
+            if await mirror.wait_for(repo.written_revision, timeout=1.0):
+                return await mirrored_nodes.nodes()
+            return await repo.list_nodes()
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s, pulses=self.pulses,
-                                     registered=lambda node_id: self.keys.node(node_id) in self._mirror.items)
+                                     registered=lambda node_id: self.keys.node(node_id) in self._mirror.items,
+                                     fleet=fleet_view)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
-                                   tool_teams=s.tool_team_map(), fleet=MirroredNodes(self._mirror, self.keys).nodes)
+                                   tool_teams=s.tool_team_map(), fleet=mirrored_nodes.nodes)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed,
                                          holdings=MirroredAllocations(self._mirror, self.keys).current)
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),

@@ -16,7 +16,11 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   agent's loop no longer runs though its process answers pings: the node is lost then as well.
 - A node is lost when it has had no proof of life for its limit, and not before.
 - A new leader has heard from nobody yet: every registered node counts as alive for `grace_s` after the
-  leader starts (long enough for the agents to find it), so a failover never declares live nodes dead.
+  leader starts (long enough for the agents to find it), so a failover never declares live nodes dead. A
+  large fleet takes longer than that to register again (every agent at once: thousands of TLS handshakes
+  and registrations on one process), so the grace also lasts while agents keep arriving: it ends once
+  `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
+  case MAX_GRACE_S after the term began. A node that died during the failover is lost then.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -35,6 +39,8 @@ from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
 
 # The ticker's period; a gap longer than twice this is a pause of this process, not of the nodes.
 TICK_S = 0.1
+# The longest a new leader's grace lasts while agents keep registering (see the module docstring).
+MAX_GRACE_S = 60.0
 
 
 class NodeLiveness:
@@ -76,6 +82,9 @@ class NodeLiveness:
         # node never heard from).
         self._since = clock.monotonic()
         self._since_eff = self._eff(self._since)
+        # When a node was last heard from for the first time this term (monotonic): the grace lasts while
+        # agents keep arriving.
+        self._last_arrival = self._since
         # What each agent last said it runs: {(job_id, attempt)}.
         self._running: dict[str, frozenset[tuple[str, int]]] = {}
         self._running_at: dict[str, float] = {}
@@ -98,6 +107,7 @@ class NodeLiveness:
         now = self._clock.monotonic()
         self._last_tick = now
         self._since = now
+        self._last_arrival = now
         self._since_eff = self._eff(now)
 
     # -- pauses of this process -----------------------------------------------------------------------
@@ -176,6 +186,7 @@ class NodeLiveness:
         """A proof of life now (`backdate_s` earlier)."""
         if node_id not in self._last:
             self._membership += 1
+            self._last_arrival = self._clock.monotonic()
         self._last[node_id] = self._now() - backdate_s
         self._rearm(node_id)
 
@@ -256,7 +267,7 @@ class NodeLiveness:
         object without walking the fleet."""
         mono = self._clock.monotonic()
         self._advance(self._eff(mono))
-        graced = mono - self._since >= self._grace
+        graced = self._grace_left(mono) <= 0
         memo = self._alive_memo
         if (memo is not None and memo[0] is node_ids and memo[1] == self._membership and memo[2] == graced
                 and isinstance(node_ids, MappingProxyType)):
@@ -268,6 +279,12 @@ class NodeLiveness:
         self._alive_memo = (node_ids, self._membership, graced, out)
         return out
 
+    def _grace_left(self, mono: float) -> float:
+        """Seconds until this term's grace ends (0 or less: it has): `grace_s` after the term began, later
+        while agents keep arriving (the last first contact plus the timeout), never past MAX_GRACE_S."""
+        ends = min(max(self._grace, MAX_GRACE_S), max(self._grace, self._last_arrival - self._since + self._timeout))
+        return ends - (mono - self._since)
+
     def next_expiry(self, node_ids: Iterable[str]) -> float | None:
         """Seconds until the first node now alive would be lost if it stays silent (None: none would); the
         reconcile loop wakes then, so a loss is acted on at the deadline, not a cycle later. (A node this
@@ -278,7 +295,7 @@ class NodeLiveness:
         while heap and self._deadline.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
         waits = [heap[0][0] - now] if heap else []
-        in_grace = self._grace - (self._clock.monotonic() - self._since)
+        in_grace = self._grace_left(self._clock.monotonic())
         if in_grace >= 0 and not frozenset(node_ids).issubset(self._last):
             waits.append(in_grace)
         return min(waits) if waits else None

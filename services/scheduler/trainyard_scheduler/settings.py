@@ -59,7 +59,8 @@ class SchedulerSettings(EtcdSettings):
                                        "leader a stream message per node); an open stream without pulses silent for "
                                        "3 intervals counts as a lost node")
     leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
-                                  "(at least node_timeout_s) while the agents find it")
+                                  "(at least node_timeout_s) while the agents find it, and longer while agents keep "
+                                  "registering (until none arrived for node_timeout_s; 60 s at most)")
     worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
                                   "answer of the leader; when it runs out their workers are killed. A lost "
                                   "node's gang is released this long (+1 s) after its last heartbeat, so no old "

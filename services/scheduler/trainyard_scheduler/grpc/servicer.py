@@ -338,8 +338,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     def __init__(self, repo: Repository, leadership: Leadership, liveness: NodeLiveness, clock: Clock,
                  heartbeat_interval_ms: int, *, worker_fence_s: float = 0.0,
-                 pulses: PulseSessions | None = None, registered: Callable[[str], bool] | None = None) -> None:
+                 pulses: PulseSessions | None = None, registered: Callable[[str], bool] | None = None,
+                 fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None) -> None:
         self._repo = repo
+        # Where ListNodes reads the registered nodes (the leader's mirror; etcd by default).
+        self._fleet = fleet or repo.list_nodes
         # Whether this replica's mirror holds the node's record: a stream's first beat then needs no etcd read
         # to know its node is registered (every agent opens its stream right after registering; after a
         # failover, thousands at once).
@@ -376,7 +379,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             if old is not None and replace(kept, registered_at=old.registered_at) == old:
                 return old
             return kept
-        old, written = await self._repo.modify_node(fresh.node_id, merge)
+        old, written = await self._repo.modify_node(fresh.node_id, merge, mirror_first=True)
         node = written or merge(old)
         self._registered_at[node.node_id] = fresh.registered_at
         if node.cordoned and (old is None or not old.cordoned):
@@ -539,7 +542,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     async def ListNodes(self, request: scheduler_pb2.ListNodesRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.ListNodesResponse:
         self._leadership.require()  # only the leader hears heartbeats: a standby's view says nothing
-        nodes = await self._repo.list_nodes()
+        nodes = await self._fleet()
         used = await self._used_gpus()
         alive = self._liveness.alive(n.node_id for n in nodes)
         return scheduler_pb2.ListNodesResponse(nodes=[

@@ -75,11 +75,14 @@ def max_gang_nodes(max_txn_ops: int) -> int:
 
 class Repository:
     def __init__(self, store: Store, keys: Keys, fence: Callable[[], Compare] | None = None, *,
-                 holdings_source: Source | None = None, max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
+                 holdings_source: Source | None = None, node_source: Source | None = None,
+                 max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
                  idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S) -> None:
         """`holdings_source` reads a holdings key for the GPU ledger (the leader passes its mirror; the
-        default reads the store); `max_txn_ops` bounds the transactions that merge waiting writes."""
+        default reads the store); `node_source`, where given (the mirror), is where `modify_node` reads first;
+        `max_txn_ops` bounds the transactions that merge waiting writes."""
         self.store = store
+        self._node_source = node_source
         self.keys = keys
         self._fence = fence
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
@@ -325,14 +328,22 @@ class Repository:
         return decode_node(kv.value)
 
     async def modify_node(self, node_id: str, change: Callable[[Node | None], Node | None],
-                          tries: int = 10) -> tuple[Node | None, Node | None]:
+                          tries: int = 10, *, mirror_first: bool = False) -> tuple[Node | None, Node | None]:
         """Read-modify-write of a node record, a compare-and-swap on the revision read, retried on
         conflict. `change` gets the stored node (None: not registered) and returns the new record, or None
         for 'no change'; it may run several times. Returns (before, after) of the write that landed (after
-        is None when nothing was written)."""
+        is None when nothing was written). `mirror_first`: the first read is from `node_source` (for a
+        registration, whose unchanged case needs no write at all; not for health changes, where a mirror a
+        moment behind could make a change look already written)."""
         key = self.keys.node(node_id)
-        for _ in range(tries):
-            kv = await self.store.get(key)
+        for attempt in range(tries):
+            # The first read from the mirror where there is one: an agent registering again with what is stored
+            # (after a failover, every agent at once) then costs no etcd round trip. A mirror behind etcd costs
+            # a refused compare-and-swap and a read from the store, never a lost change.
+            if attempt == 0 and mirror_first and self._node_source is not None:
+                kv = await self._node_source(key)
+            else:
+                kv = await self.store.get(key)
             old = decode_node(kv.value) if kv else None
             new = change(old)
             if new is None or new == old:
