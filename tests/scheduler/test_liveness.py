@@ -177,13 +177,15 @@ class _Plain:
         self.open: dict[str, int] = {}
         self.pulsed: dict[str, int] = {}
         self.arrival = 0.0  # the last first contact this term (the grace lasts while agents arrive)
+        self.ended: set[str] = set()  # nodes whose last stream ended (the evidence the grace needs)
 
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
         out, close = set(), set()
+        in_grace = self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout))
         for n in nodes:
-            if n not in self.last:
-                if self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout)):
+            if n not in self.last or (in_grace and n not in self.ended):
+                if in_grace:
                     out.add(n)
                 continue
             quiet = self.eff - self.last[n]
@@ -237,6 +239,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                     plain.pulsed[node] = plain.pulsed.get(node, 0) + 1
                 if node not in plain.last:
                     plain.arrival = clock.monotonic() - start
+                plain.ended.discard(node)
                 plain.last[node] = plain.eff
             elif op in ("close", "break", "close_p", "break_p") and (
                     plain.pulsed.get(node, 0) if op.endswith("_p")
@@ -250,6 +253,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.open[node] -= 1
                 if not plain.open[node]:
                     del plain.open[node]
+                    plain.ended.add(node)
                     if clean:
                         plain.last[node] = plain.eff
                     elif not pulsed:
@@ -259,6 +263,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.last.pop(node, None)
                 plain.open.pop(node, None)
                 plain.pulsed.pop(node, None)
+                plain.ended.discard(node)
             plain.mono = clock.monotonic() - start
             expected, close = plain.alive(nodes)
             assert live.alive(nodes) - close == expected - close, (op, node, n)
@@ -293,3 +298,21 @@ def test_alive_over_an_unchanged_read_only_fleet_is_remembered_until_membership_
     assert live.alive(plain) == {"n-a"}
     plain["n-c"] = object()  # a mutable mapping may change under the same object: never remembered
     assert live.alive(plain) == {"n-a", "n-c"}
+
+
+def test_in_the_grace_only_a_node_whose_stream_ended_is_lost() -> None:
+    """A new leader under a registration storm: n-a registered and then nothing reached the leader in time (its
+    first pulses wait behind other agents' registrations), n-b's agent crashed (its stream broke). Only n-b is
+    lost before the grace ends; n-a, still silent, when it does."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    live.reset()
+    live.seen("n-a")                      # RegisterNode
+    live.opened("n-b", pulsed=True)
+    live.closed("n-b", clean=False, pulsed=True)
+    ticking(clock, live, 3.0)
+    assert live.alive(NODES) == {"n-a"}, "n-b's stream ended and its timeout passed; n-a is in the grace"
+    ticking(clock, live, 2.5)
+    assert live.alive(NODES) == frozenset(), "the grace is over: n-a's silence counts now"
+    live.opened("n-b", pulsed=True)
+    assert live.alive(NODES) == {"n-b"}, "n-b came back"

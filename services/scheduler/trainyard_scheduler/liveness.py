@@ -20,7 +20,10 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   large fleet takes longer than that to register again (every agent at once: thousands of TLS handshakes
   and registrations on one process), so the grace also lasts while agents keep arriving: it ends once
   `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
-  case MAX_GRACE_S after the term began. A node that died during the failover is lost then.
+  case MAX_GRACE_S after the term began. During the grace a node is lost only on evidence that it went: its
+  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since. A node that
+  registered but whose first pulses wait behind thousands of other agents' registrations on a busy new
+  leader is not lost for that; one that died silently during the failover is lost when the grace ends.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -71,6 +74,8 @@ class NodeLiveness:
         self._deadline: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []
         self._expired: set[str] = set()
+        # Nodes whose last heartbeat stream of this term ended (none open now): the evidence the grace needs.
+        self._ended: set[str] = set()
         # Bumped whenever the expired set or the set of nodes ever heard from changes: `alive` over the same
         # node mapping at the same membership version is the answer it gave last (a cycle runs on every
         # change in etcd; the fleet's membership changes far less often).
@@ -101,6 +106,7 @@ class NodeLiveness:
         self._deadline.clear()
         self._heap.clear()
         self._expired.clear()
+        self._ended.clear()
         self._membership += 1
         self._running.clear()
         self._running_at.clear()
@@ -195,6 +201,9 @@ class NodeLiveness:
         self._open[node_id] = self._open.get(node_id, 0) + 1
         if pulsed:
             self._pulsed[node_id] = self._pulsed.get(node_id, 0) + 1
+        if node_id in self._ended:
+            self._ended.discard(node_id)
+            self._membership += 1
         self.seen(node_id)
 
     def closed(self, node_id: str, *, clean: bool, pulsed: bool = False) -> None:
@@ -215,6 +224,8 @@ class NodeLiveness:
             self._rearm(node_id)
             return
         self._open.pop(node_id, None)
+        self._ended.add(node_id)
+        self._membership += 1
         if clean:
             self.seen(node_id)
         elif pulsed:
@@ -231,6 +242,7 @@ class NodeLiveness:
         self._pulsed.pop(node_id, None)
         self._deadline.pop(node_id, None)
         self._expired.discard(node_id)
+        self._ended.discard(node_id)
         self._membership += 1
         self._running.pop(node_id, None)
         self._running_at.pop(node_id, None)
@@ -273,9 +285,10 @@ class NodeLiveness:
                 and isinstance(node_ids, MappingProxyType)):
             return memo[3]
         ids = frozenset(node_ids)
-        out = ids.difference(self._expired)
         if graced:
-            out = out.intersection(self._last)
+            out = ids.difference(self._expired).intersection(self._last)
+        else:
+            out = ids.difference(self._expired.intersection(self._ended))
         self._alive_memo = (node_ids, self._membership, graced, out)
         return out
 
