@@ -141,6 +141,8 @@ async def test_a_credential_renewal_is_answered_as_the_agent_answers_it() -> Non
 
 @pytest.mark.e2e
 def test_a_thousand_agents_on_one_leader_no_false_death_and_every_stop_seen() -> None:
+    """...and then the scheduler killed and started again (a new term: every agent registers again at once):
+    no live node is read not ready on the way, and every one is ready again."""
     out = fleet.run_fleet(SWARM)
     assert not out.not_ready, f"live nodes a census saw not ready: {dict(list(out.not_ready.items())[:10])}"
     assert not out.lost_contact, f"gangs stopped for live nodes: {dict(list(out.lost_contact.items())[:10])}"
@@ -151,3 +153,7 @@ def test_a_thousand_agents_on_one_leader_no_false_death_and_every_stop_seen() ->
     assert out.job_states["64gpu:succeeded"] >= 1 and out.job_states["1gpu:succeeded"] >= 1, out.job_states
     bad = {k: v for k, v in out.job_states.items() if k.endswith((":failed", ":cancelled"))}
     assert not bad, f"jobs that ended badly: {bad}"
+    assert len(out.failover_all_ready_s) == SWARM.failovers == 1
+    assert out.failover_all_ready_s[0] < SWARM.failover_watch_s, "every live node ready again after the failover"
+    assert not out.failover_not_ready, \
+        f"live nodes read not ready after the failover: {dict(list(out.failover_not_ready.items())[:10])}"

@@ -192,10 +192,14 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                 log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,
                                                  "gpus_per_node": spec.resources.gpus_per_node})
             self._wake.set()
-        # The revision a reader of the job watch must reach to see the job (the create's, or a later one).
-        found = None if archived else await self._repo.get_job(stored.id)
-        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored), created=created,
-                                               revision=found[1] if found else 0)
+        # The revision a reader of the job watch must reach to see the job (the create's, or a later one): for
+        # a job this call created, this replica's newest write is at or after the create, so no read is needed.
+        if created:
+            revision = self._repo.written_revision
+        else:
+            found = None if archived else await self._repo.get_job(stored.id)
+            revision = found[1] if found else 0
+        return scheduler_pb2.SubmitJobResponse(job=await self._view(stored), created=created, revision=revision)
 
     async def GetJob(self, request: scheduler_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> scheduler_pb2.GetJobResponse:
