@@ -36,3 +36,15 @@ async def test_a_key_written_before_digests_answers_any_retry() -> None:
     await store.put(KEYS.idempotency("team-a", "legacy"), b"job-old")
     got, created = await repo.create_job(make_job("job-new"), "legacy", "any-digest")
     assert (got.id, created) == ("job-old", False)
+
+
+async def test_a_create_leaves_its_revision_for_the_submit_answer_and_a_replay_does_not_move_it() -> None:
+    repo = Repository(MemoryStore(), KEYS)
+    job = make_job("job-r1")
+    await repo.create_job(job, "key-r1", "digest")
+    found = await repo.get_job(job.id)
+    assert found is not None and repo.created_revision == found[1], "the create's own revision, read back"
+    await repo.store.put("/elsewhere", b"x")  # a later write that is not a job create
+    again = make_job("job-r2")
+    stored, created = await repo.create_job(again, "key-r1", "digest")
+    assert (stored.id, created) == (job.id, False) and repo.created_revision == found[1]

@@ -193,9 +193,9 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                                                  "gpus_per_node": spec.resources.gpus_per_node})
             self._wake.set()
         # The revision a reader of the job watch must reach to see the job (the create's, or a later one): for
-        # a job this call created, this replica's newest write is at or after the create, so no read is needed.
+        # a job this call created, this replica's newest job create is at or after it, so no read is needed.
         if created:
-            revision = self._repo.written_revision
+            revision = self._repo.created_revision
         else:
             found = None if archived else await self._repo.get_job(stored.id)
             revision = found[1] if found else 0

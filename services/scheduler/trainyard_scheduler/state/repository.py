@@ -88,6 +88,9 @@ class Repository:
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
         self.holdings_writes = HoldingsCommitter(self.holdings, self._txn, lambda: self._fenced([]), max_txn_ops)
         self.written_revision = 0
+        # The newest revision at which this repository created a job: at or after any job it created, and a
+        # change of a job record (what a reader of the job watch waits for comes at once, not at a bookmark).
+        self.created_revision = 0
         self.idempotency_ttl_s = idempotency_ttl_s
         self._idem_leases: dict[int, int] = {}
 
@@ -135,6 +138,7 @@ class Repository:
                 continue
             break
         if res.succeeded:
+            self.created_revision = max(self.created_revision, res.revision)
             return job, True
         if idem:
             kv = await self.store.get(idem)
