@@ -93,19 +93,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Config:
-    # The most this 2-core machine drives with the scheduler, etcd, the gateway and the swarm on it together: at
-    # 1,500 the scheduler is at ~70% of a core with the jobs flowing (~220 us per node-second for liveness from
-    # pulses, ~0.4 of a core for the jobs), and the swarm takes ~50% of a core more. With the former 1 s
-    # keepalive, 2,000 did not come up (the scheduler, out of CPU, missed pings and its leader lease).
-    nodes: int = 1_500
-    workers: int = 3               # swarm processes of the nodes that never stop
+    # What this 2-core machine drives with the scheduler, etcd, the gateway and the swarm on it together: at
+    # 5,000 the scheduler took ~30% of a core with the jobs flowing and the swarm ~42%. 10,000 did not come up
+    # here: past ~5,500 registered in the ramp both cores were saturated, etcd calls timed out and the leader
+    # lost its lease (docs/operations.md, "Fleet size").
+    nodes: int = 5_000
+    workers: int = 4               # swarm processes of the nodes that never stop
     steady_s: float = 300.0
     window_s: float = 30.0
     idle_s: float = 5.0
     quiet_s: float = 30.0          # all nodes up, no job yet: the liveness cost alone
     settle_s: float = 5.0
     ramp_per_s: float = 100.0
-    register_timeout_s: float = 120.0  # after the last start, for every node to have registered
+    register_timeout_s: float = 300.0  # after the last start, for every node to have registered
     stop_rounds: int = 3
     stop_per_round: int = 4        # nodes per way (crash, silent) per round
     detect_timeout_s: float = 30.0

@@ -121,12 +121,12 @@ async def test_a_failing_drain_is_logged_and_the_endpoint_keeps_draining(caplog:
     endpoint = await start_endpoint("127.0.0.1", port, sessions)
     calls = []
 
-    def broken(data: bytes) -> bytes | None:
-        calls.append(data)
+    def broken(datagrams: list[bytes]) -> list[bytes | None]:
+        calls.extend(datagrams)
         if len(calls) == 1:
             raise RuntimeError("a bug")
-        return None
-    sessions.received = broken  # type: ignore[method-assign]
+        return [None] * len(datagrams)
+    sessions.received_many = broken  # type: ignore[method-assign]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.sendto(b"x", ("127.0.0.1", port))
@@ -151,16 +151,20 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
     port = _free_udp_port()
     endpoint = await start_endpoint("127.0.0.1", port, sessions)
     ident, key = sessions.open("node-1")
-    answer = sessions.received
+    answer = sessions.received_many
     dropped = []
 
-    def lossy(data: bytes) -> bytes | None:
-        got = pulse.verify(data, key, pulse.PULSE)
-        if got is not None and got.seq % 2 == 1:  # every pulse sent on the interval (the retries are even)
-            dropped.append(got.seq)
-            return None
-        return answer(data)
-    sessions.received = lossy  # type: ignore[method-assign]
+    def lossy(datagrams: list[bytes]) -> list[bytes | None]:
+        acks: list[bytes | None] = []
+        for data in datagrams:
+            got = pulse.verify(data, key, pulse.PULSE)
+            if got is not None and got.seq % 2 == 1:  # every pulse sent on the interval (the retries are even)
+                dropped.append(got.seq)
+                acks.append(None)
+            else:
+                acks.extend(answer([data]))
+        return acks
+    sessions.received_many = lossy  # type: ignore[method-assign]
     pulser = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.4, clock=SystemClock())
     await pulser.start()
     try:
@@ -169,7 +173,7 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
         assert len(dropped) >= 3
     finally:
         await pulser.stop()
-    sessions.received = answer  # type: ignore[method-assign]
+    sessions.received_many = answer  # type: ignore[method-assign]
     clean = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.4, clock=SystemClock())
     clean._seq = 1000  # above what the session accepted already
     await clean.start()
@@ -179,3 +183,29 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
     finally:
         await clean.stop()
         endpoint.close()
+
+
+def test_a_batch_is_answered_in_order_and_counted_once_per_outcome() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=0.0)
+    live.reset()
+    sessions = PulseSessions(live)
+    a, key_a = sessions.open("node-a")
+    b, key_b = sessions.open("node-b")
+    before = {r: _count(r) for r in ("accepted", "replayed", "unknown_session", "bad_mac", "malformed")}
+    nobody = next(i for i in range(1, 10) if i not in (a, b))
+    batch = [pulse.encode(pulse.PULSE, a, 1, key_a), b"junk", pulse.encode(pulse.PULSE, b, 1, key_b),
+             pulse.encode(pulse.PULSE, a, 1, key_a), pulse.encode(pulse.PULSE, b, 2, key_a),
+             pulse.encode(pulse.PULSE, nobody, 1, key_a), pulse.encode(pulse.ACK, a, 2, key_a)]
+    acks = sessions.received_many(batch)
+    assert [pulse.verify(x, k, pulse.ACK) if x else None for x, k in zip(acks, [key_a, None, key_b] + [None] * 4,
+                                                                           strict=True)] == [
+        pulse.Datagram(pulse.ACK, a, 1), None, pulse.Datagram(pulse.ACK, b, 1), None, None, None, None]
+    assert live.alive(["node-a", "node-b"]) == {"node-a", "node-b"}
+    assert {r: _count(r) - before[r] for r in before} == {
+        "accepted": 2, "replayed": 1, "unknown_session": 1, "bad_mac": 2, "malformed": 1}
+    # The leader's fast MAC and the protocol's own agree both ways.
+    mac = pulse.SessionMac(key_a)
+    assert mac.ack(a, 7) == pulse.encode(pulse.ACK, a, 7, key_a)
+    assert mac.pulse_seq(pulse.encode(pulse.PULSE, a, 9, key_a)) == 9
+    assert mac.pulse_seq(pulse.encode(pulse.ACK, a, 9, key_a)) is None, "an acknowledgement is not a pulse"

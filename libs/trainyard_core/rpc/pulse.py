@@ -82,6 +82,38 @@ def peek_session(data: bytes) -> int | None:
     return int.from_bytes(data[2:6], "big")
 
 
+class SessionMac:
+    """One session's key, keyed into BLAKE2s once: each datagram's MAC is a copy of that state fed the
+    14-byte head (keying compresses a whole block for the key, every time). For the leader, which checks and
+    answers every agent's pulses; the wire format is `encode`'s and `verify`'s."""
+
+    __slots__ = ("_keyed",)
+
+    def __init__(self, key: bytes) -> None:
+        self._keyed = hashlib.blake2s(key=key, digest_size=MAC_BYTES)
+
+    def _mac(self, head: bytes) -> bytes:
+        state = self._keyed.copy()
+        state.update(head)
+        return state.digest()
+
+    def pulse_seq(self, data: bytes) -> int | None:
+        """The sequence of `data` if it is a well-formed PULSE under this key, else None (`verify`, with no
+        object made per datagram)."""
+        if len(data) != SIZE:
+            return None
+        head = data[:_HEAD.size]
+        version, kind, _, seq = _HEAD.unpack(head)
+        if version != VERSION or kind != PULSE or not hmac.compare_digest(self._mac(head), data[_HEAD.size:]):
+            return None
+        return int(seq)
+
+    def ack(self, session: int, seq: int) -> bytes:
+        """`encode(ACK, session, seq, key)`."""
+        head = _HEAD.pack(VERSION, ACK, session, seq)
+        return head + self._mac(head)
+
+
 def verify(data: bytes, key: bytes, kind: int) -> Datagram | None:
     """The datagram if it is a well-formed `kind` authenticated by `key`; None otherwise."""
     if len(data) != SIZE:

@@ -196,6 +196,17 @@ class NodeLiveness:
         self._last[node_id] = self._now() - backdate_s
         self._rearm(node_id)
 
+    def seen_many(self, node_ids: Iterable[str]) -> None:
+        """A proof of life now from each of `node_ids` (a drain's pulses: one reading of the clock for all)."""
+        now = self._now()
+        last, rearm = self._last, self._rearm
+        for node_id in node_ids:
+            if node_id not in last:
+                self._membership += 1
+                self._last_arrival = self._clock.monotonic()
+            last[node_id] = now
+            rearm(node_id)
+
     def opened(self, node_id: str, *, pulsed: bool = False) -> None:
         """A heartbeat stream of the node is open from now on; `pulsed`: it holds a pulse session."""
         self._open[node_id] = self._open.get(node_id, 0) + 1

@@ -19,7 +19,9 @@ import asyncio
 import logging
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainyard_core.rpc import pulse
 
@@ -45,7 +47,7 @@ BUF_WARN_BYTES = 1 << 20
 @dataclass(slots=True)
 class _Session:
     node_id: str
-    key: bytes
+    mac: pulse.SessionMac
     last_seq: int = 0
 
 
@@ -67,7 +69,7 @@ class PulseSessions:
             if ident and ident not in self._sessions:
                 break
         key = secrets.token_bytes(pulse.KEY_BYTES)
-        self._sessions[ident] = _Session(node_id, key)
+        self._sessions[ident] = _Session(node_id, pulse.SessionMac(key))
         metrics.PULSE_SESSIONS.set(len(self._sessions))
         return ident, key
 
@@ -82,25 +84,48 @@ class PulseSessions:
 
     def received(self, data: bytes) -> bytes | None:
         """A datagram arrived: the acknowledgement to send back, or None (dropped)."""
-        ident = pulse.peek_session(data)
-        if ident is None:
-            self._dropped["malformed"].inc()
-            return None
-        session = self._sessions.get(ident)
-        if session is None:
-            self._dropped["unknown_session"].inc()
-            return None
-        got = pulse.verify(data, session.key, pulse.PULSE)
-        if got is None:
-            self._dropped["bad_mac"].inc()
-            return None
-        if got.seq <= session.last_seq:
-            self._dropped["replayed"].inc()
-            return None
-        session.last_seq = got.seq
-        self._liveness.seen(session.node_id)
-        self._accepted.inc()
-        return pulse.encode(pulse.ACK, ident, got.seq, session.key)
+        return self.received_many((data,))[0]
+
+    def received_many(self, datagrams: Sequence[bytes]) -> list[bytes | None]:
+        """Each datagram's acknowledgement to send back, or None (dropped), in order. The valid pulses are a
+        proof of life each, noted together (one reading of the clock), and every outcome is counted once per
+        call: this runs for every agent every second, so nothing is done per datagram that can be done per
+        batch."""
+        sessions = self._sessions
+        acks: list[bytes | None] = []
+        alive: list[str] = []
+        malformed = unknown = bad_mac = replayed = 0
+        for data in datagrams:
+            if len(data) != pulse.SIZE or data[0] != pulse.VERSION:
+                malformed += 1
+                acks.append(None)
+                continue
+            ident = int.from_bytes(data[2:6], "big")
+            session = sessions.get(ident)
+            if session is None:
+                unknown += 1
+                acks.append(None)
+                continue
+            seq = session.mac.pulse_seq(data)
+            if seq is None:
+                bad_mac += 1
+                acks.append(None)
+                continue
+            if seq <= session.last_seq:
+                replayed += 1
+                acks.append(None)
+                continue
+            session.last_seq = seq
+            alive.append(session.node_id)
+            acks.append(session.mac.ack(ident, seq))
+        if alive:
+            self._liveness.seen_many(alive)
+            self._accepted.inc(len(alive))
+        for why, count in (("malformed", malformed), ("unknown_session", unknown), ("bad_mac", bad_mac),
+                           ("replayed", replayed)):
+            if count:
+                self._dropped[why].inc(count)
+        return acks
 
 
 class PulseEndpoint:
@@ -134,22 +159,29 @@ class PulseEndpoint:
                 log.exception("pulse endpoint: draining failed")
 
     def drain(self) -> int:
-        """Take every datagram waiting (at most MAX_BATCH); answer the valid pulses. Returns how many were read."""
-        sock, received = self._sock, self._sessions.received
-        for count in range(MAX_BATCH):
+        """Take every datagram waiting (at most MAX_BATCH), then answer the valid pulses among them. Returns how
+        many were read."""
+        sock = self._sock
+        datagrams: list[bytes] = []
+        senders: list[Any] = []
+        for _ in range(MAX_BATCH):
             try:
                 data, addr = sock.recvfrom(64)
             except (BlockingIOError, InterruptedError):
-                return count
+                break
             except OSError:  # an ICMP error for an earlier acknowledgement (an agent gone): nothing to do
                 continue
-            ack = received(data)
+            datagrams.append(data)
+            senders.append(addr)
+        if not datagrams:
+            return 0
+        for ack, addr in zip(self._sessions.received_many(datagrams), senders, strict=True):
             if ack is not None:
                 try:
                     sock.sendto(ack, addr)
                 except OSError:  # the send buffer is full, or no route back: the agent sends again
                     self._acks_dropped.inc()
-        return MAX_BATCH
+        return len(datagrams)
 
 
 def _socket(host: str, port: int) -> socket.socket:
