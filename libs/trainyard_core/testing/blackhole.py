@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 
+# Ports tried for one whose number is free over both TCP and UDP.
+BIND_TRIES = 50
 
 class BlackholeProxy:
     def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1") -> None:
@@ -35,10 +38,21 @@ class BlackholeProxy:
         return f"{self._listen_host}:{self.port}"
 
     async def start(self) -> BlackholeProxy:
-        self._server = await asyncio.start_server(self._accept, self._listen_host, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        udp.bind((self._listen_host, self.port))
+        # The same port number over TCP and UDP (pulses go to the stream's port): a free TCP port's number may
+        # be taken over UDP (a swarm of thousands of agents holds as many UDP sockets), so try another then.
+        for attempt in range(BIND_TRIES):
+            self._server = await asyncio.start_server(self._accept, self._listen_host, 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                udp.bind((self._listen_host, self.port))
+                break
+            except OSError as exc:
+                udp.close()
+                self._server.close()
+                await self._server.wait_closed()
+                if exc.errno != errno.EADDRINUSE or attempt == BIND_TRIES - 1:
+                    raise
         udp.setblocking(False)
         self._udp = udp
         asyncio.get_running_loop().add_reader(udp.fileno(), self._udp_in)
