@@ -21,6 +21,7 @@ import socket
 # Ports tried for one whose number is free over both TCP and UDP.
 BIND_TRIES = 50
 
+
 class BlackholeProxy:
     def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1") -> None:
         self._target = (target_host, target_port)
