@@ -22,7 +22,10 @@ A run, in order:
 5. stops: `stop_rounds` rounds, each crashing `stop_per_round` nodes (their swarm process is SIGKILLed, so the
    kernel closes their sockets with a FIN) and silencing as many (blackholed behind a proxy: no data, no
    FIN), then GetNode for each every 50 ms until it says NOT_READY;
-6. a last census, and every job's outcome.
+6. a last census, and every job's outcome;
+7. failovers: the scheduler SIGKILLed and started again `failovers` times (a new term: every agent registers
+   again at once), a census every half second until every live node is ready again and the new leader's grace
+   plus a node timeout have passed.
 
 Figures:
 - `scheduler_cpu_us_per_node_s`: the scheduler process's CPU time (`_swarm.cpu_s`) over the steady windows,
@@ -37,11 +40,15 @@ Figures:
   the scheduler also counted the node lost).
 - `detect_s_p99` (and p50, per way): stop → the first GetNode answer that says NOT_READY (resolution 50 ms;
   a node never seen not ready within `detect_timeout_s` counts as infinitely late). Target <= 3.
+- `failover_false_deaths`: live nodes a census read not ready after a failover (target 0), and
+  `failover_all_ready_s`, the kill to every live node ready again.
 - `leader_rss_mb_extrapolated_10k`: the leader's RSS at N/2 and N nodes, extrapolated linearly to 10,000
   (EXTRAPOLATED, not measured, unless N is 10,000). Target <= 1,000.
 - `submit_to_admitted_p50_ms_1gpu` / `_p99_ms_1gpu`, the same `_64gpu`: as a client sees them — POST
   /v1/jobs, then GET every 5 ms until the job reads admitted (or running) — for jobs submitted in the steady
   window; `etcd_put_watch_p50_ms` beside them, and their p50s over it (targets: 1-GPU <= 3x, 64-GPU <= 10x).
+  Beside them, to tell the parts apart: `submit_p50_ms` (the POST alone) and
+  `created_to_admitted_event_p50_ms_*` (the job's creation to its admitted event, both the scheduler's clock).
 - context: the swarm's own CPU, the whole machine's, the counts asked for.
 
 The benchmark prints and returns figures; it asserts nothing.
