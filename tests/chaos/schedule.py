@@ -158,7 +158,7 @@ def make_plan(seed: int, duration_s: float, *, kinds: frozenset[str] | None = No
 
 def _network_or_freeze(rng: random.Random, t: float, kind: str, pick: float, gpu_pick: float) -> Fault:
     """Durations are drawn on both sides of the deadline that decides what happens: a node's (node_timeout_s,
-    2-2.5 s) for faults of one node, the leader lease (leader_ttl_s, 3 s) for the scheduler's, and for an etcd
+    2.5 s) for faults of one node, the leader lease (leader_ttl_s, 3 s) for the scheduler's, and for an etcd
     member its election timeout (0.1 s) or a client's request timeout (2 s)."""
     if kind in ("partition_agent_leader", "isolate_node", "freeze_agent"):
         return Fault(t, kind, pick, gpu_pick, down_s=rng.choice((rng.uniform(0.2, 0.9), rng.uniform(3.0, 12.0))))
