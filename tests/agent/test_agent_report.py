@@ -3,6 +3,7 @@ restarted scheduler, exit reports retried until acknowledged, and a refused regi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -10,13 +11,18 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from bench._swarm import accelerators
 from tests.agent.agent_kit import Scheduler, agent_settings, seconds, until
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard_agent.app import AgentApp
 from trainyard_agent.grpc import convert
-from trainyard_agent.report import Backoff
+from trainyard_agent.health.book import HealthBook
+from trainyard_agent.model import RunningAllocation
+from trainyard_agent.notify import Notifier
+from trainyard_agent.report import Backoff, NodeView, Reporter
 from trainyard_agent.workers import records
+from trainyard_agent.workers.fence import LeaderFence
 from trainyard_core.testing.wait import eventually
 
 PY = sys.executable
@@ -228,3 +234,24 @@ def test_backoff_grows_is_capped_and_jittered() -> None:
     assert len({round(d, 6) for d in delays}) > 4
     b.reset()
     assert b.next() <= 0.1
+
+
+async def test_a_change_while_a_beat_is_in_flight_is_reported_at_once_not_at_the_refresh() -> None:
+    """The beat generator is suspended at its yield until gRPC takes the message; a gang that stops meanwhile
+    notifies with nobody waiting. The next beat must still come at once (it came only at the next refresh,
+    30 s by default, and the scheduler held the node's GPUs for strays that long)."""
+    running = [RunningAllocation("job-1", 1, (0, 1))]
+    changes = Notifier()
+    view = NodeView(node_info=lambda: pytest.fail("the beats do not read the node's inventory"),
+                    running=lambda: list(running),
+                    health=HealthBook(accelerators("node-1")), changes=changes)
+    reporter = Reporter(node_id="node-1", connect=lambda: None, view=view, fence=LeaderFence(),  # type: ignore[arg-type,return-value]
+                        interval_s=30.0, backoff=Backoff(0.1, 1.0))
+    beats = reporter._beats(registered_version=0, interval=30.0)
+    first = await beats.__anext__()
+    assert [r.job_id for r in first.running] == ["job-1"]
+    running.clear()        # the gang stops while the first beat is still the generator's last word
+    changes.notify()
+    second = await asyncio.wait_for(beats.__anext__(), timeout=2.0)
+    assert list(second.running) == [] and second.seq == first.seq + 1
+    await beats.aclose()  # type: ignore[attr-defined]

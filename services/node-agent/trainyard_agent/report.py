@@ -314,6 +314,12 @@ class Reporter:
         sent_running: list[RunningAllocation] | None = None
         next_refresh = 0.0
         while not self._stopping.is_set():
+            # Every notifier's version before the state is read: a change notified while the beat below waits to
+            # be taken (a yield is an await: gRPC asks for the next message when it is ready) has no waiter to
+            # wake, so the versions, not a wake-up, say that the state must be read again. (Before, only the
+            # health's was compared: a gang stopped while a beat was in flight went unreported until the next
+            # refresh, and its GPUs looked held by strays that long.)
+            seen = [n.version for n in notifiers]
             version = health.version
             running = self._view.running()
             now = loop.time()
@@ -323,7 +329,8 @@ class Reporter:
                                                 changed_gpus=health.changed_since(registered_version),
                                                 running=running, pulses=True)
                 sent_version, sent_running, next_refresh = version, running, loop.time() + interval
-            if health.version == version and not self._stopping.is_set():
+            if (health.version == version and [n.version for n in notifiers] == seen
+                    and not self._stopping.is_set()):
                 await wait_any(notifiers, timeout=max(0.0, next_refresh - loop.time()))
 
 
