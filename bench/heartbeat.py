@@ -50,6 +50,7 @@ from trainyard_cli.local import LocalCluster
 from trainyard_core.clock import SystemClock
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
+from trainyard_scheduler.settings import SchedulerSettings
 
 from ._swarm import cpu_s, issue_certs, node_ids, node_info, tmpdir, topology_labels
 
@@ -62,7 +63,7 @@ class Config:
     window_s: float = 5.0
     # The liveness phase's refresh beat: the scheduler's default heartbeat_interval_ms, what agents send
     # when nothing changed.
-    refresh_ms: int = 10_000
+    refresh_ms: int = SchedulerSettings.model_fields["heartbeat_interval_ms"].default
 
 
 TINY = Config(nodes=4, interval_ms=200, rounds=2, window_s=1.0, refresh_ms=500)
