@@ -316,3 +316,15 @@ def test_in_the_grace_only_a_node_whose_stream_ended_is_lost() -> None:
     assert live.alive(NODES) == frozenset(), "the grace is over: n-a's silence counts now"
     live.opened("n-b", pulsed=True)
     assert live.alive(NODES) == {"n-b"}, "n-b came back"
+
+
+def test_the_loop_wakes_when_the_grace_ends_for_a_node_only_the_grace_keeps() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    live.reset()
+    live.seen("n-a")
+    live.seen("n-b")
+    ticking(clock, live, 3.0, beats=("n-b",))   # n-a silent past its timeout, its stream never ended
+    assert live.alive(NODES) == {"n-a", "n-b"}, "the grace keeps n-a"
+    expiry = live.next_expiry(NODES)
+    assert expiry is not None and abs(expiry - 2.0) < 1e-6, "the loop wakes when the grace ends (5 s), not later"

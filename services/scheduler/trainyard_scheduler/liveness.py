@@ -320,6 +320,9 @@ class NodeLiveness:
             heapq.heappop(heap)
         waits = [heap[0][0] - now] if heap else []
         in_grace = self._grace_left(self._clock.monotonic())
-        if in_grace >= 0 and not frozenset(node_ids).issubset(self._last):
+        # The grace's end loses the nodes never heard from, and those silent past their timeout whose stream
+        # did not end (kept alive only by the grace).
+        if in_grace >= 0 and (not self._expired.issubset(self._ended)
+                              or not frozenset(node_ids).issubset(self._last)):
             waits.append(in_grace)
         return min(waits) if waits else None
