@@ -180,7 +180,9 @@ async def test_follow_logs_of_a_finished_job_with_tail_and_rank(sdk: Sdk, cluste
 async def test_watch_a_job_to_its_end_and_resume(sdk: Sdk, live_gateway: RunningGateway, scheduler: Cluster,
                                                  tmp_path: Path) -> None:
     api = sdk(live_gateway.url, await live_gateway.create_token("vision", "vic", role="viewer"))
-    job = await scheduler.submit(python("print('x')"), team="vision")
+    # Long enough to be read as running: a change is shown as the job reads when the watch reads it, so a job
+    # that ends within milliseconds of starting may go from admitted straight to its end in the stream.
+    job = await scheduler.submit(python("import time; time.sleep(1.0); print('x')"), team="vision")
     started = asyncio.Event()
 
     def on_item(item: Any) -> None:
