@@ -44,14 +44,23 @@ def _run(clock: ManualClock, live: NodeLiveness, seconds: float) -> None:
         live.tick()
 
 
-def test_the_leader_takes_each_pulse_of_an_open_session_once_and_answers_it() -> None:
+def _leader(timeout_s: float) -> tuple[ManualClock, NodeLiveness, PulseSessions]:
+    """A leader's liveness and pulse sessions at the start of a term, on a manual clock."""
     clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.0, grace_s=0.0)
+    live = NodeLiveness(clock, timeout_s=timeout_s, grace_s=0.0)
     live.reset()
-    sessions = PulseSessions(live)
+    return clock, live, PulseSessions(live)
+
+
+def _counts() -> dict[str, float]:
+    return {r: _count(r) for r in ("accepted", "replayed", "unknown_session", "bad_mac", "malformed")}
+
+
+def test_the_leader_takes_each_pulse_of_an_open_session_once_and_answers_it() -> None:
+    clock, live, sessions = _leader(2.0)
     ident, key = sessions.open("node-1")
     live.opened("node-1", pulsed=True)
-    before = {r: _count(r) for r in ("accepted", "replayed", "unknown_session", "bad_mac", "malformed")}
+    before = _counts()
 
     _run(clock, live, 1.9)
     ack = sessions.received(pulse.encode(pulse.PULSE, ident, 1, key))
@@ -186,13 +195,10 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
 
 
 def test_a_batch_is_answered_in_order_and_counted_once_per_outcome() -> None:
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=0.0)
-    live.reset()
-    sessions = PulseSessions(live)
+    _, live, sessions = _leader(2.5)
     a, key_a = sessions.open("node-a")
     b, key_b = sessions.open("node-b")
-    before = {r: _count(r) for r in ("accepted", "replayed", "unknown_session", "bad_mac", "malformed")}
+    before = _counts()
     nobody = next(i for i in range(1, 10) if i not in (a, b))
     batch = [pulse.encode(pulse.PULSE, a, 1, key_a), b"junk", pulse.encode(pulse.PULSE, b, 1, key_b),
              pulse.encode(pulse.PULSE, a, 1, key_a), pulse.encode(pulse.PULSE, b, 2, key_a),

@@ -27,9 +27,11 @@ a pulse cannot be reflected as an acknowledgement.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 VERSION = 1
@@ -70,9 +72,24 @@ def _mac(key: bytes, head: bytes) -> bytes:
     return hashlib.blake2s(head, key=key, digest_size=MAC_BYTES).digest()
 
 
-def encode(kind: int, session: int, seq: int, key: bytes) -> bytes:
+def _frame(kind: int, session: int, seq: int, mac: Callable[[bytes], bytes]) -> bytes:
     head = _HEAD.pack(VERSION, kind, session, seq)
-    return head + _mac(key, head)
+    return head + mac(head)
+
+
+def _checked(data: bytes, kind: int, mac: Callable[[bytes], bytes]) -> tuple[int, int] | None:
+    """(session, seq) of `data` if it is a well-formed `kind` whose MAC is `mac`'s of its head; None otherwise."""
+    if len(data) != SIZE:
+        return None
+    head = data[:_HEAD.size]
+    version, got_kind, session, seq = _HEAD.unpack(head)
+    if version != VERSION or got_kind != kind or not hmac.compare_digest(mac(head), data[_HEAD.size:]):
+        return None
+    return session, seq
+
+
+def encode(kind: int, session: int, seq: int, key: bytes) -> bytes:
+    return _frame(kind, session, seq, functools.partial(_mac, key))
 
 
 def peek_session(data: bytes) -> int | None:
@@ -98,30 +115,17 @@ class SessionMac:
         return state.digest()
 
     def pulse_seq(self, data: bytes) -> int | None:
-        """The sequence of `data` if it is a well-formed PULSE under this key, else None (`verify`, with no
-        object made per datagram)."""
-        if len(data) != SIZE:
-            return None
-        head = data[:_HEAD.size]
-        version, kind, _, seq = _HEAD.unpack(head)
-        if version != VERSION or kind != PULSE or not hmac.compare_digest(self._mac(head), data[_HEAD.size:]):
-            return None
-        return int(seq)
+        """The sequence of `data` if it is a well-formed PULSE under this key, else None (`verify` without a
+        Datagram made per datagram)."""
+        got = _checked(data, PULSE, self._mac)
+        return None if got is None else got[1]
 
     def ack(self, session: int, seq: int) -> bytes:
         """`encode(ACK, session, seq, key)`."""
-        head = _HEAD.pack(VERSION, ACK, session, seq)
-        return head + self._mac(head)
+        return _frame(ACK, session, seq, self._mac)
 
 
 def verify(data: bytes, key: bytes, kind: int) -> Datagram | None:
     """The datagram if it is a well-formed `kind` authenticated by `key`; None otherwise."""
-    if len(data) != SIZE:
-        return None
-    head = data[:_HEAD.size]
-    version, got_kind, session, seq = _HEAD.unpack(head)
-    if version != VERSION or got_kind != kind:
-        return None
-    if not hmac.compare_digest(_mac(key, head), data[_HEAD.size:]):
-        return None
-    return Datagram(got_kind, session, seq)
+    got = _checked(data, kind, functools.partial(_mac, key))
+    return None if got is None else Datagram(kind, *got)

@@ -188,24 +188,23 @@ class NodeLiveness:
         """When each node's running report arrived (monotonic seconds)."""
         return dict(self._running_at)
 
-    def seen(self, node_id: str, *, backdate_s: float = 0.0) -> None:
-        """A proof of life now (`backdate_s` earlier)."""
+    def _heard(self, node_id: str, at: float) -> None:
+        """A proof of life at effective time `at`."""
         if node_id not in self._last:
             self._membership += 1
             self._last_arrival = self._clock.monotonic()
-        self._last[node_id] = self._now() - backdate_s
+        self._last[node_id] = at
         self._rearm(node_id)
+
+    def seen(self, node_id: str, *, backdate_s: float = 0.0) -> None:
+        """A proof of life now (`backdate_s` earlier)."""
+        self._heard(node_id, self._now() - backdate_s)
 
     def seen_many(self, node_ids: Iterable[str]) -> None:
         """A proof of life now from each of `node_ids` (a drain's pulses: one reading of the clock for all)."""
         now = self._now()
-        last, rearm = self._last, self._rearm
         for node_id in node_ids:
-            if node_id not in last:
-                self._membership += 1
-                self._last_arrival = self._clock.monotonic()
-            last[node_id] = now
-            rearm(node_id)
+            self._heard(node_id, now)
 
     def opened(self, node_id: str, *, pulsed: bool = False) -> None:
         """A heartbeat stream of the node is open from now on; `pulsed`: it holds a pulse session."""

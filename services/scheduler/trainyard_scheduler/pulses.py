@@ -96,11 +96,11 @@ class PulseSessions:
         alive: list[str] = []
         malformed = unknown = bad_mac = replayed = 0
         for data in datagrams:
-            if len(data) != pulse.SIZE or data[0] != pulse.VERSION:
+            ident = pulse.peek_session(data)
+            if ident is None:
                 malformed += 1
                 acks.append(None)
                 continue
-            ident = int.from_bytes(data[2:6], "big")
             session = sessions.get(ident)
             if session is None:
                 unknown += 1
