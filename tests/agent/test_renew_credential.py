@@ -33,6 +33,7 @@ from trainyard_agent.app import AgentApp
 from trainyard_core.security import identity, job_credentials, pki
 from trainyard_core.security.identity import Principal
 from trainyard_core.security.job_credentials import JobCredential, JobGrant, JobIssuer
+from trainyard_core.testing import accounts
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.wait import eventually
 
@@ -152,8 +153,7 @@ def _held(files: dict[str, Path]) -> tuple[bytes, bytes, bytes]:
 
 
 def _as_uid(uid: int, gid: int, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, user=uid, group=gid, extra_groups=[], capture_output=True, text=True, timeout=30,
-                          check=False)
+    return accounts.run_as(uid, gid, *argv)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import stat
-import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -40,6 +39,7 @@ from trainyard_core.security import identity, pki
 from trainyard_core.security.identity import Principal
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.settings import SettingsError, load_settings
+from trainyard_core.testing import accounts
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.wait import eventually
 
@@ -104,8 +104,7 @@ WORKER = textwrap.dedent("""
 
 def _runs_as(python: str, who: Identity) -> bool:
     try:
-        done = subprocess.run([python, "-c", "pass"], user=who.uid, group=who.gid, extra_groups=[], cwd="/",
-                              capture_output=True, timeout=60)
+        done = accounts.run_as(who.uid, who.gid, python, "-c", "pass", cwd="/", timeout=60)
     except OSError:
         return False
     return done.returncode == 0

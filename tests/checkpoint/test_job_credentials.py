@@ -28,6 +28,7 @@ from trainyard_core.rpc.server import CHANNEL_OPTIONS
 from trainyard_core.security import identity, job_credentials, pki
 from trainyard_core.security.job_credentials import JobCredential, JobGrant, JobIssuer
 from trainyard_core.security.tls import ClientTls, target_name_option
+from trainyard_core.testing import accounts
 
 from .checkpoint_support import Client, dcp_like_files, location_dir, rpc_error, write_shards
 from .conftest import running_app
@@ -328,8 +329,7 @@ async def teams_app(public_tmp: Path, etcd_settings: dict[str, str], key_prefix:
 
 
 def _as_uid(user: tuple[int, int], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, user=user[0], group=user[1], extra_groups=[], umask=0o077, capture_output=True,
-                          text=True, timeout=30, check=False)
+    return accounts.run_as(user[0], user[1], *argv)
 
 
 async def test_workers_save_as_their_teams_uid_and_other_teams_cannot_read(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from . import accounts
 from .etcd import free_port
 
 POSTGRES_MISSING = (
@@ -134,15 +135,10 @@ class PostgresServer:
         return done.stdout.decode(errors="replace")
 
     def _as_account(self, args: list[str]) -> list[str]:
-        """`args` run as the account (no supplementary groups, so none of root's linger), or as they are.
-
-        Through setpriv(1), not subprocess's user=/group=: with those, CPython forks instead of vforking,
-        and a fork of a process whose gRPC threads are running (a test process, after tests that used gRPC)
-        runs gRPC's fork handlers in the child, which can crash it before it executes PostgreSQL."""
+        """`args` run as the account through setpriv (see `accounts`: a test process must not fork), or as they are."""
         if self.account is None:
             return args
-        return ["setpriv", f"--reuid={self.account.pw_uid}", f"--regid={self.account.pw_gid}", "--clear-groups",
-                "--", *args]
+        return accounts.as_account(self.account.pw_uid, self.account.pw_gid, args)
 
     def _env(self) -> dict[str, str]:
         # Inherited PG* variables (PGHOST, PGPASSWORD, PGSERVICE ...) would point the tools elsewhere.
