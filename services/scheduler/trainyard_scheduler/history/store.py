@@ -153,6 +153,24 @@ def parse_url(url: str) -> URL:
     return parsed
 
 
+def _enter_wal(cursor: Any, busy_ms: int) -> None:
+    """PRAGMA journal_mode=WAL, retried while another process holds the lock it needs.
+
+    Switching a new database to WAL takes an exclusive lock, and SQLite answers SQLITE_BUSY at once instead of
+    calling the busy handler when another connection is switching it or recovering its WAL (two replicas opening
+    an empty database together: seen as "database is locked" on one of them). Once one switched, the pragma is a
+    no-op for the rest; so wait and retry, for at most the busy timeout. Only a contended first open waits here."""
+    deadline = time.monotonic() + busy_ms / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as error:  # the driver's OperationalError, through the async adapter
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 def make_engine(url: URL, *, connect_timeout: float = 5.0, query_timeout: float = 30.0) -> AsyncEngine:
     """The async engine the store (and `migrate`) use for `url` (from `parse_url`). Connecting is bounded by
     `connect_timeout`; a statement by `query_timeout`: on PostgreSQL the time it may run, on SQLite the time
@@ -173,8 +191,9 @@ def make_engine(url: URL, *, connect_timeout: float = 5.0, query_timeout: float 
         # no snapshot and writes no early lock; with it off, _begin below opens every transaction.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", f"busy_timeout={busy_ms}", "foreign_keys=ON", "synchronous=FULL"):
+        for pragma in (f"busy_timeout={busy_ms}", "foreign_keys=ON", "synchronous=FULL"):
             cursor.execute(f"PRAGMA {pragma}")
+        _enter_wal(cursor, busy_ms)
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
