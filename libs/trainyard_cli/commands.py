@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard_core import contract
-from trainyard_sdk import EndEvent, Job, LineEvent, WarningEvent
+from trainyard_sdk import EndEvent, Job, LineEvent, SdkError, WarningEvent
 
 from . import output
 from .api import Api, dump
@@ -171,13 +171,25 @@ def wait_started(api: Api, job_id: str) -> dict[str, Any]:
             if not isinstance(change, Job):
                 continue
             job = dump(change)
-            now = (job["state"], job["message"], job["held_by"], str(job["not_before"]))
+            place = _queue_place(api, job_id) if job["state"] == "pending" and not job["held_by"] else ""
+            now = (job["state"], job["message"], job["held_by"], str(job["not_before"]), place)
             if now != shown:
-                print(f"[trainyard] job {job_id} {output.progress(job)}", file=sys.stderr, flush=True)
+                where = f" ({place})" if place else ""
+                print(f"[trainyard] job {job_id} {output.progress(job)}{where}", file=sys.stderr, flush=True)
                 shown = now
             if job["state"] == "running" or job["state"] in TERMINAL:
                 return job
     return dump(api.get_job(job_id))
+
+
+def _queue_place(api: Api, job_id: str) -> str:
+    """Where the pending job stands in its queue (GET /v1/pending), or "" when that cannot be told now (not
+    ordered yet, or the scheduler's leader not reachable: the progress line goes on without it)."""
+    try:
+        found = api.list_pending(job_id=job_id, limit=1)
+    except SdkError:
+        return ""
+    return output.queue_place(dump(found.jobs[0])) if found.jobs else ""
 
 
 def _reconnecting(reason: str) -> None:

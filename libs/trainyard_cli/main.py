@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from trainyard_core import contract
 
-from . import audit, checkpoints, commands, completion, jobops, nodes, output, usage
+from . import audit, checkpoints, commands, completion, jobops, nodes, output, pending, usage
 from .errors import CliError, UsageError
 from .spec import parse_duration, when
 
@@ -279,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit.add_parser(sub, common)
     usage.add_parser(sub, common)
+    pending.add_parser(sub, common)
 
     queues = sub.add_parser("queues", parents=[common], help="list queues, or manage them (operator)",
                             description="List the queues (the default action), or create, replace and delete them.",

@@ -197,6 +197,18 @@ def progress(job: dict[str, Any], now: datetime | None = None) -> str:
     return line + (f": {job['message']}" if job.get("message") else "")
 
 
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def queue_place(entry: dict[str, Any]) -> str:
+    """`3rd of 12 in queue default`: a pending job's place (GET /v1/pending); "" for a held one (no place)."""
+    if not entry.get("position"):
+        return ""
+    return f"{ordinal(int(entry['position']))} of {entry['queue_length']} in queue {entry['queue']}"
+
+
 def end_note(end: dict[str, Any]) -> str:
     """`succeeded`, `failed (exit code 3): message`: how a followed job ended (the data of `event: end`)."""
     code = end.get("exit_code")

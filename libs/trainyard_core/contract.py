@@ -207,6 +207,7 @@ USAGE_GROUPS: tuple[str, ...] = ("team", "project", "user", "model", "queue", "j
 DEFAULT_USAGE_GROUP = "team"
 DEFAULT_USAGE_WINDOW_DAYS = 30  # the window a usage report covers when it names no start
 DEFAULT_USAGE_ROWS, MAX_USAGE_ROWS = 1000, 10_000  # groups in one answer (the largest first); totals cover all
+DEFAULT_PENDING_ROWS, MAX_PENDING_ROWS = 100, 1000  # queue entries in one answer (the first in order); total counts all
 # The currency prices are given in: an ISO 4217 code.
 CURRENCY = Name(r"^[A-Z]{3}$", "3 upper-case letters, an ISO 4217 code (e.g. USD, EUR)")
 

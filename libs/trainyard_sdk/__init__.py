@@ -22,6 +22,7 @@ from trainyard_gateway.schemas.health import Health
 from trainyard_gateway.schemas.jobs import Job, JobList, JobSubmit
 from trainyard_gateway.schemas.logs import EndEvent, LineEvent, WarningEvent
 from trainyard_gateway.schemas.nodes import Node
+from trainyard_gateway.schemas.pending import PendingJob, PendingList
 from trainyard_gateway.schemas.queues import Queue, QueuePut
 from trainyard_gateway.schemas.quotas import Quota, QuotaPut
 from trainyard_gateway.schemas.streams import JobEnd
@@ -59,7 +60,7 @@ __all__ = [
     "CheckpointManifest", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "EndEvent", "EventStream",
     "FailedPrecondition", "Health", "IdempotencyKeyReused", "InsufficientStorage", "InvalidArgument",
     "InvalidPageToken", "Job", "JobCheckpoint", "JobEnd", "JobList", "JobSubmit", "LineEvent", "Node", "NotFound",
-    "PermissionDenied", "ProtocolError", "Queue", "QueuePut", "Quota", "QuotaPut", "RateLimited", "Reconnect",
-    "Retry", "SdkError", "Target", "Token", "TokenCreated", "Unauthenticated", "Unavailable", "UsageReport",
-    "WarningEvent", "__version__",
+    "PendingJob", "PendingList", "PermissionDenied", "ProtocolError", "Queue", "QueuePut", "Quota", "QuotaPut",
+    "RateLimited", "Reconnect", "Retry", "SdkError", "Target", "Token", "TokenCreated", "Unauthenticated",
+    "Unavailable", "UsageReport", "WarningEvent", "__version__",
 ]

@@ -47,6 +47,7 @@ class Operations:
     uncordon_node = Operation(ops.uncordon_node)
     set_gpu_health = Operation(ops.set_gpu_health)
     # queues and quotas
+    list_pending = Operation(ops.list_pending)
     list_queues = Operation(ops.list_queues)
     put_queue = Operation(ops.put_queue)
     delete_queue = Operation(ops.delete_queue)

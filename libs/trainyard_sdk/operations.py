@@ -22,6 +22,7 @@ from trainyard_gateway.schemas.health import Health
 from trainyard_gateway.schemas.job_operations import HoldRequest, JobUpdate, RequeueRequest, ResubmitRequest
 from trainyard_gateway.schemas.jobs import CancelRequest, Job, JobList, JobSubmit
 from trainyard_gateway.schemas.nodes import CordonRequest, GpuHealthRequest, Node, NodeList
+from trainyard_gateway.schemas.pending import PendingList
 from trainyard_gateway.schemas.queues import Queue, QueueList, QueuePut
 from trainyard_gateway.schemas.quotas import Quota, QuotaList, QuotaPut
 from trainyard_gateway.schemas.streams import JobEvents
@@ -286,6 +287,15 @@ def list_tokens(*, team: str = "") -> Call[list[Token]]:
 def revoke_token(token_id: str) -> Call[Token]:
     """DELETE /v1/tokens/{token_id}."""
     return Call(Request("DELETE", f"/v1/tokens/{segment('token_id', token_id)}"), model(Token))
+
+
+# --- the queue --------------------------------------------------------------------------------------------
+
+def list_pending(*, queue: str = "", job_id: str = "", team: str = "", limit: int | None = None) -> Call[PendingList]:
+    """GET /v1/pending: pending jobs in queue order as the scheduler's last cycle considered them, each with its
+    place in its queue and why it waits (held jobs last, place 0)."""
+    params = query(queue=queue, job_id=job_id, team=team, limit=limit)
+    return Call(Request("GET", "/v1/pending", params=tuple(params)), model(PendingList))
 
 
 # --- audit and usage --------------------------------------------------------------------------------------

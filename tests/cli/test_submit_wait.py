@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tests.gateway.support import Cluster, RunningGateway, python
-from trainyard_cli.output import progress
+from trainyard_cli.output import ordinal, progress, queue_place
 from trainyard_core.testing.wait import eventually
 
 SLEEP = python("import time; time.sleep(120)")
@@ -30,6 +30,8 @@ async def test_submit_wait_prints_progress_until_the_job_runs(cli: Any, gateway:
     job_id = r.out.split()[2]
     notes = [line for line in r.err.splitlines() if line.startswith(f"[trainyard] job {job_id} ")]
     assert notes[0].startswith(f"[trainyard] job {job_id} pending for "), r.err
+    # Once the leader's cycle has ordered the queue (it writes why the job waits: no node yet), its place shows.
+    assert any(n.endswith("(1st of 1 in queue default)") for n in notes), r.err
     assert notes[-1].startswith(f"[trainyard] job {job_id} running"), r.err
     r = await cli("submit", "--wait", "--json", "--name", "x", "--", "true")
     assert r.rc == 2 and "--wait" in r.err
@@ -45,3 +47,11 @@ def test_the_progress_line() -> None:
     restarting = {**job, "state": "restarting", "queued_at": None, "not_before": "2026-12-02T12:00:30Z",
                   "message": ""}
     assert progress(restarting, now).startswith("restarting for 1h, not placed again before 2026-12-02 ")
+
+
+def test_the_place_in_the_queue() -> None:
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+    entry = {"position": 3, "queue_length": 12, "queue": "gpu"}
+    assert queue_place(entry) == "3rd of 12 in queue gpu"
+    assert queue_place({**entry, "position": 0}) == ""  # held: no place

@@ -105,6 +105,7 @@ ROUTES: list[tuple[str, str, Any, Action]] = [
     ("POST", "/v1/jobs/job-missing:resubmit", None, Action.JOBS_SUBMIT),
     ("GET", "/v1/jobs/job-missing/logs", None, Action.JOBS_READ),
     ("GET", "/v1/jobs/job-missing/events", None, Action.JOBS_READ),
+    ("GET", "/v1/pending", None, Action.JOBS_READ),
     ("GET", "/v1/jobs/job-missing/checkpoints", None, Action.CHECKPOINTS_READ),
     ("GET", "/v1/jobs/job-missing/checkpoints/ckpt-missing", None, Action.CHECKPOINTS_READ),
     ("GET", "/v1/jobs/job-missing/checkpoints/ckpt-missing/manifest", None, Action.CHECKPOINTS_READ),

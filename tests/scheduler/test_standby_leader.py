@@ -123,3 +123,30 @@ async def test_a_standby_names_the_new_leader_after_a_failover_it_waited_through
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_queue_order_is_the_leaders_a_standby_names_it(replicas: Replicas) -> None:
+    leader, _ = await replicas.start()
+    await eventually(lambda: _true(leader.leadership.is_leader), timeout=10, what="the first replica to lead")
+    standby, _ = await replicas.start()
+
+    async def names_leader() -> bool:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{standby.grpc_port}") as channel:
+            try:
+                await scheduler_pb2_grpc.JobServiceStub(channel).ListPending(scheduler_pb2.ListPendingRequest(),
+                                                                             timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                assert "is not the leader" in (exc.details() or "")
+                return dict(exc.trailing_metadata() or ()).get("trainyard-leader") == identity(leader)
+        raise AssertionError("a standby answered ListPending")
+
+    await eventually(names_leader, timeout=NAMED_WITHIN_S, what="the standby's refusal to name the leader")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{leader.grpc_port}") as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        bad = scheduler_pb2.ListPendingRequest(limit=1001)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await jobs.ListPending(bad, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "limit must be from 1 to 1000" in (refused.value.details() or "")
+        assert list((await jobs.ListPending(scheduler_pb2.ListPendingRequest(), timeout=5)).jobs) == []

@@ -114,7 +114,7 @@ RULES: Mapping[str, Rule] = {
     **_methods(NODES, ("ListNodes", "GetNode", "CordonNode"), rule("gateway", "tool")),
     # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
     **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "HoldJob", "ReleaseJob",
-                      "SetJobPriority", "RequeueJob"), rule("gateway", "tool")),
+                      "SetJobPriority", "RequeueJob", "ListPending"), rule("gateway", "tool")),
     # Every team's live jobs, for the gateway's read view (which scopes them to its users' teams itself).
     "/trainyard.scheduler.v1.JobWatchService/WatchJobs": rule("gateway"),
     **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",

@@ -46,7 +46,20 @@ from .deps import GatewayDeps
 from .job_view import JobView
 from .job_view_feed import JobFeed
 from .rate_limit import TokenBuckets
-from .routers import audit, checkpoints, health, job_operations, job_streams, jobs, nodes, queues, quotas, tokens, usage
+from .routers import (
+    audit,
+    checkpoints,
+    health,
+    job_operations,
+    job_streams,
+    jobs,
+    nodes,
+    pending,
+    queues,
+    quotas,
+    tokens,
+    usage,
+)
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
 from .tokens import TokenStore
@@ -73,8 +86,8 @@ def create_app(deps: GatewayDeps) -> FastAPI:
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
     audit_http.install(app, getattr(deps, "audit", None))  # outermost: the answer waits for its audit entry
-    for module in (health, jobs, job_streams, job_operations, checkpoints, nodes, queues, quotas, usage, tokens,
-                   audit):
+    for module in (health, jobs, job_streams, job_operations, checkpoints, pending, nodes, queues, quotas, usage,
+                   tokens, audit):
         app.include_router(module.router)
     openapi.install(app)
     return app

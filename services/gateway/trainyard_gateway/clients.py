@@ -40,6 +40,7 @@ from trainyard_core.security.identity import InvalidPrincipal, Principal
 from . import convert
 from .schemas.jobs import Job, JobList, JobQuery, JobSubmit
 from .schemas.nodes import Node
+from .schemas.pending import PendingList
 from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
 from .schemas.usage import UsageReport
@@ -48,8 +49,6 @@ T = TypeVar("T")
 S = TypeVar("S")
 W = TypeVar("W", scheduler_pb2.SubmitJobResponse, scheduler_pb2.CancelJobResponse, scheduler_pb2.HoldJobResponse,
             scheduler_pb2.ReleaseJobResponse, scheduler_pb2.SetJobPriorityResponse, scheduler_pb2.RequeueJobResponse)
-# A NodeService call, given the stub to send it on and the seconds it may take.
-NodeCall = Callable[[scheduler_pb2_grpc.NodeServiceStub, float], Awaitable[T]]
 LEADER_METADATA = "trainyard-leader"
 # The etcd revision of the last job write the scheduler answered in this request (0: none): the routes send it
 # back as X-Trainyard-Revision. Set by the client's call, read by the route that awaited it (one context).
@@ -91,6 +90,10 @@ class _SchedulerStubs:
         self.health = health_pb2_grpc.HealthStub(channel)
 
 
+# A call that must reach the leader, given the stubs of a replica and the seconds left of its deadline.
+LeaderCall = Callable[[_SchedulerStubs, float], Awaitable[T]]
+
+
 class SchedulerClient:
     """JobService, NodeService and PolicyService of the scheduler. `team` empty means: every team (admin
     callers)."""
@@ -106,7 +109,7 @@ class SchedulerClient:
         self._leader_channel = leader_channel
         # Every configured replica, asked in turn when a refusal does not say who leads.
         self._replicas = list(replicas) if leader_channel is not None else []
-        self._stubs: dict[str, _Stubs[scheduler_pb2_grpc.NodeServiceStub]] = {}
+        self._stubs: dict[str, _Stubs[_SchedulerStubs]] = {}
         # The leader's address, once a replica named it and it answered; '': use the main channel.
         self._leader = ""
         # Told the etcd revision of every job write the scheduler answered (the read view's floor: job_view.py).
@@ -151,10 +154,6 @@ class SchedulerClient:
         return self._jobs
 
     @property
-    def _nodes(self) -> scheduler_pb2_grpc.NodeServiceStub:
-        return self._main.on(self._channel()).nodes
-
-    @property
     def _policy(self) -> policy_pb2_grpc.PolicyServiceStub:
         return self._main.on(self._channel()).policy
 
@@ -170,22 +169,23 @@ class SchedulerClient:
     def _health(self) -> health_pb2_grpc.HealthStub:
         return self._main.on(self._channel()).health
 
-    def _stub(self, address: str) -> scheduler_pb2_grpc.NodeServiceStub:
+    def _stub(self, address: str) -> _SchedulerStubs:
         assert self._leader_channel is not None
         stubs = self._stubs.get(address)
         if stubs is None:
-            stubs = self._stubs[address] = _Stubs(scheduler_pb2_grpc.NodeServiceStub)
+            stubs = self._stubs[address] = _Stubs(_SchedulerStubs)
         return stubs.on(self._leader_channel(address))
 
-    async def _on_leader(self, call: NodeCall[T]) -> T:
-        """NodeService calls must reach the leader (only it hears the agents' heartbeats). Any replica
-        answers job calls, so the main channel may be on a standby, and a standby refuses node calls with
-        UNAVAILABLE, naming the leader when it knows it (`trainyard-leader` metadata).
+    async def _on_leader(self, call: LeaderCall[T]) -> T:
+        """NodeService calls and ListPending must reach the leader (only it hears the agents' heartbeats and
+        orders the queue). Any replica answers the other job calls, so the main channel may be on a standby, and
+        a standby refuses leader calls with UNAVAILABLE, naming the leader when it knows it (`trainyard-leader`
+        metadata).
 
         Asked in order, each at most once, all within one call's deadline: the leader remembered from an
         earlier call, the main channel, then whoever a refusal names, and — when a refusal names nobody (a
         replica that does not know yet, or one that is down) — every configured replica in turn, so a
-        leader that exists is found whatever the replica in front of it knows. Node calls are reads and
+        leader that exists is found whatever the replica in front of it knows. Leader calls are reads and
         the idempotent cordon, so sending one to several replicas is safe; only the leader acts on it."""
         deadline = time.monotonic() + self._timeout
         queue: list[str | None] = [self._leader] if self._leader else []
@@ -203,7 +203,7 @@ class SchedulerClient:
             if left <= 0:
                 break
             try:
-                result = await call(self._nodes if target is None else self._stub(target), left)
+                result = await call(self._main.on(self._channel()) if target is None else self._stub(target), left)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise from_rpc_error(exc, "scheduler") from exc
@@ -271,19 +271,25 @@ class SchedulerClient:
         return convert.job_from_pb(reply.job)
 
     async def list_nodes(self) -> list[Node]:
-        reply = await self._on_leader(lambda nodes, left: nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
-                                                                          timeout=left))
+        reply = await self._on_leader(lambda s, left: s.nodes.ListNodes(scheduler_pb2.ListNodesRequest(),
+                                                                        timeout=left))
         return [convert.node_from_pb(n) for n in reply.nodes]
 
     async def get_node(self, node_id: str) -> Node:
-        reply = await self._on_leader(lambda nodes, left: nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
-                                                                        timeout=left))
+        reply = await self._on_leader(lambda s, left: s.nodes.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id),
+                                                                      timeout=left))
         return convert.node_from_pb(reply.node)
 
     async def cordon_node(self, node_id: str, *, cordoned: bool, reason: str) -> Node:
         request = scheduler_pb2.CordonNodeRequest(node_id=node_id, cordoned=cordoned, reason=reason)
-        reply = await self._on_leader(lambda nodes, left: nodes.CordonNode(request, timeout=left))
+        reply = await self._on_leader(lambda s, left: s.nodes.CordonNode(request, timeout=left))
         return convert.node_from_pb(reply.node)
+
+    async def list_pending(self, *, team: str, queue: str, job_id: str, limit: int) -> PendingList:
+        """The leader's queue order (only it has one)."""
+        request = scheduler_pb2.ListPendingRequest(team=team, queue=queue, job_id=job_id, limit=limit)
+        reply = await self._on_leader(lambda s, left: s.jobs.ListPending(request, timeout=left))
+        return convert.pending_from_pb(reply)
 
     async def list_queues(self) -> list[Queue]:
         reply = await self._scheduler(lambda: self._policy.ListQueues(policy_pb2.ListQueuesRequest(),

@@ -20,6 +20,7 @@ from .schemas import nodes as ns
 from .schemas import queues as qs
 from .schemas import quotas
 from .schemas.logs import LogLine
+from .schemas.pending import PendingJob, PendingList
 from .schemas.tokens import Token
 from .schemas.usage import UsageAmount, UsageReport, UsageRow
 from .tokens import TokenRecord
@@ -267,3 +268,11 @@ def audit_page_from_pb(pb: audit_pb2.ListAuditEntriesResponse) -> audit.AuditPag
         id=e.id, time=e.time.seconds + e.time.nanos / 1e9, principal=e.principal, role=e.role, service=e.service,
         action=e.action, target=e.target, team=e.team, result=e.result, message=e.message, request_id=e.request_id,
         detail=dict(e.detail)) for e in pb.entries], next_page_token=pb.next_page_token)
+
+
+def pending_from_pb(pb: scheduler_pb2.ListPendingResponse) -> PendingList:
+    return PendingList(
+        jobs=[PendingJob(job_id=j.job_id, team=j.team, user=j.user, queue=j.queue, position=j.position,
+                         queue_length=j.queue_length, reason=j.reason, held=j.held,
+                         queued_at=_time(j.queued_at)) for j in pb.jobs],
+        total=pb.total, as_of=_time(pb.as_of))

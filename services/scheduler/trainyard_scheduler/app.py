@@ -35,6 +35,8 @@ from .archive import Archiver, ArchiveSettings
 from .audit_archive import AuditMover, AuditReader, MoveSettings
 from .credential_renewal import CredentialRenewer, RenewalSettings, RenewPort
 from .domain.models import Node
+from .domain.pending import EMPTY as EMPTY_ORDER
+from .domain.pending import PendingOrder
 from .grpc.agent_client import GrpcAgents
 from .grpc.audit_servicer import AuditServicer
 from .grpc.job_watch_servicer import JobWatchServicer
@@ -134,7 +136,8 @@ class SchedulerApp:
                                      fleet=fleet_view)
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
-                                   tool_teams=s.tool_team_map(), fleet=mirrored_nodes.nodes)
+                                   tool_teams=s.tool_team_map(), fleet=mirrored_nodes.nodes,
+                                   leadership=self.leadership, pending=self._pending_order)
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed,
                                          holdings=MirroredAllocations(self._mirror, self.keys).current)
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),
@@ -172,6 +175,9 @@ class SchedulerApp:
         self._node_servicer = node_servicer
         self._leader_task = asyncio.create_task(self._lead(election, repo), name="leadership")
         log.info("scheduler serving", extra={"grpc_port": self.grpc_port, "identity": identity})
+
+    def _pending_order(self) -> PendingOrder:
+        return self.reconciler.pending if self.reconciler is not None else EMPTY_ORDER
 
     async def _lead(self, election: LeaderElection, repo: Repository) -> None:
         s = self.settings

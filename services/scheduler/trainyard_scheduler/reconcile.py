@@ -27,6 +27,8 @@ from . import metrics
 from .domain.jobs import admit, due_for_requeue, transition, with_event
 from .domain.models import Allocation, Job, JobState, Node
 from .domain.operations import restand
+from .domain.pending import EMPTY as EMPTY_ORDER
+from .domain.pending import PendingOrder, pending_order
 from .domain.progress import progress
 from .domain.queues import (
     DEFAULT_QUEUE,
@@ -39,7 +41,7 @@ from .launch import NodeLaunch, node_launches
 from .liveness import NodeLiveness
 from .policy.api import Profile
 from .policy.index import ClusterIndex
-from .policy.place import Decision, Preemption, Unplaced, place
+from .policy.place import Decision, PlacementResult, Preemption, Unplaced, place
 from .state.holdings import HeldElsewhere, decode_holding
 from .state.repository import Repository
 from .state.snapshots import PolicyState, SnapshotBuilder
@@ -120,6 +122,8 @@ class Reconciler:
         self._holdings_checked = False
         self.cycles = 0
         self.last_result_size = 0
+        # The queue as the last cycle ordered it, built when first asked for (`pending`).
+        self._pending: PendingOrder | Callable[[], PendingOrder] = EMPTY_ORDER
 
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle until `stop` is set. Wakes on any change in etcd and at least every interval.
@@ -269,9 +273,11 @@ class Reconciler:
 
     async def _place(self, snap: ClusterSnapshot, config: PolicyConfig, now: float) -> None:
         if not snap.jobs:
+            self._pending = replace(EMPTY_ORDER, as_of=now)
             return
         result = place(snap, self._profile, config, now, self._settings.port_range, index=self._index)
         self.last_result_size = len(result.decisions)
+        self._pending = functools.partial(_order_of, snap, result, now)
         for p in result.preemptions:
             await self._preempt(snap, p, now)
         gate = asyncio.Semaphore(self._settings.commit_concurrency)
@@ -283,6 +289,13 @@ class Reconciler:
         await asyncio.gather(*(commit(d) for d in result.decisions))
         for u in result.unplaced:
             await self._explain(snap, u)
+
+    @property
+    def pending(self) -> PendingOrder:
+        """The queue as the last cycle ordered it (ListPending answers from it while this replica leads)."""
+        if callable(self._pending):
+            self._pending = self._pending()
+        return self._pending
 
     async def _commit(self, snap: ClusterSnapshot, config: PolicyConfig, d: Decision, now: float) -> None:
         job = snap.jobs[d.job_id]
@@ -477,3 +490,9 @@ class Reconciler:
         await self._repo.modify_allocation(
             alloc.job_id, alloc.attempt,
             lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))
+
+
+def _order_of(snap: ClusterSnapshot, result: PlacementResult, now: float) -> PendingOrder:
+    reasons = {u.job_id: u.reason for u in result.unplaced}
+    reasons.update((p.preemptor, f"preempting {', '.join(p.victims)}") for p in result.preemptions)
+    return pending_order(snap.jobs, result.considered, (d.job_id for d in result.decisions), reasons, now)

@@ -29,6 +29,7 @@ from ..domain.models import (
     TopologyRequest,
     WorkerExit,
 )
+from ..domain.pending import PendingEntry, PendingOrder
 from ..domain.queues import QueueConfig, QuotaLimit, TeamQuota
 from ..launch import NodeLaunch
 
@@ -261,3 +262,11 @@ def launch_to_pb(launch: NodeLaunch, epoch: int) -> agent_pb2.LaunchWorkersReque
         working_dir=launch.working_dir, leader_epoch=epoch, team=launch.team,
         workers=[agent_pb2.WorkerSpec(rank=w.rank, local_rank=w.local_rank, gpu_indices=list(w.gpu_indices))
                  for w in launch.workers])
+
+
+def pending_to_pb(order: PendingOrder, entries: list[PendingEntry], total: int) -> scheduler_pb2.ListPendingResponse:
+    return scheduler_pb2.ListPendingResponse(
+        jobs=[scheduler_pb2.PendingJob(job_id=e.job_id, team=e.team, user=e.user, queue=e.queue, position=e.position,
+                                       queue_length=order.lengths.get(e.queue, 0), reason=e.reason, held=e.held,
+                                       queued_at=_ts(e.queued_at)) for e in entries],
+        total=total, as_of=_ts(order.as_of or None))

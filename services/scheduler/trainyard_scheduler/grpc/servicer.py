@@ -29,10 +29,11 @@ from trainyard_core.rpc import pulse
 from trainyard_core.security import authz
 from trainyard_core.store.api import WatchCompacted
 
-from ..domain import listing, operations
+from ..domain import listing, operations, pending
 from ..domain.health import apply_gpu_health, cordon_for_health
 from ..domain.jobs import request_cancel
 from ..domain.models import Gpu, Job, JobState, Node
+from ..domain.pending import PendingOrder
 from ..domain.queues import DEFAULT_CLASSES
 from ..domain.validation import (
     FleetFit,
@@ -90,7 +91,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                  priority_classes: Collection[str] | None = None, policy: PolicyRepository | None = None,
                  max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
                  tool_teams: Mapping[str, frozenset[str]] | None = None,
-                 fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None, history: History | None = None) -> None:
+                 fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None, history: History | None = None,
+                 leadership: Leadership | None = None, pending: Callable[[], PendingOrder] | None = None) -> None:
+        # The queue order, which only the leader has (its last cycle's; ListPending).
+        self._leadership = leadership
+        self._pending = pending
         self._max_gang_nodes = max_gang_nodes(max_txn_ops)
         # Finished jobs that have left etcd are read from here (None: no history store, they never leave).
         self._history = history
@@ -285,6 +290,26 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         job, revision = await self._operate(request.job_id, request.team, "requeue",
                                   lambda j, now: operations.request_requeue(j, now, by, request.reason))
         return scheduler_pb2.RequeueJobResponse(job=job, revision=revision)
+
+    async def ListPending(self, request: scheduler_pb2.ListPendingRequest,
+                          context: grpc.aio.ServicerContext) -> scheduler_pb2.ListPendingResponse:
+        team = self._team(request.team)
+        if team:
+            validate_team(team)
+        if request.queue and not contract.QUEUE_NAME.matches(request.queue):
+            raise InvalidArgument(f"queue must be {contract.QUEUE_NAME.rule}")
+        if request.job_id:
+            _check_job_id(request.job_id)
+        limit = request.limit or contract.DEFAULT_PENDING_ROWS
+        if not 1 <= limit <= contract.MAX_PENDING_ROWS:
+            raise InvalidArgument(f"limit must be from 1 to {contract.MAX_PENDING_ROWS} (or 0 for "
+                                  f"{contract.DEFAULT_PENDING_ROWS}), not {request.limit}")
+        if self._leadership is None or self._pending is None:
+            raise Unavailable("this scheduler replica keeps no queue order")
+        self._leadership.require()
+        order = self._pending()
+        entries, total = pending.select(order, team=team, queue=request.queue, job_id=request.job_id, limit=limit)
+        return convert.pending_to_pb(order, entries, total)
 
     async def _operate(self, job_id: str, team: str, what: str,
                        change: Callable[[Job, float], Job]) -> tuple[types_pb2.Job, int]:

@@ -72,6 +72,8 @@ class PlacementResult:
     preemptions: list[Preemption] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     unplaced: list[Unplaced] = field(default_factory=list)
+    # Every job the session considered, in the order it did (the queue order: domain/pending.py).
+    considered: list[str] = field(default_factory=list)
     # (job id, seconds) per job considered, when a timer was passed (benchmarks).
     timings: list[tuple[str, float]] = field(default_factory=list)
 
@@ -187,6 +189,7 @@ class _Session:
             _, job_id, i = heapq.heappop(heap)
             team = heads.pop(job_id)
             job = by_team[team][i]
+            self.result.considered.append(job.id)
             started = timer() if timer else 0.0
             self._consider(job)
             if timer:
