@@ -11,7 +11,7 @@ from tests.gateway.support import Cluster, RunningGateway
 from trainyard_core.testing.wait import eventually
 from trainyard_gateway.schemas.nodes import Node
 from trainyard_gateway.schemas.quotas import QuotaPut
-from trainyard_sdk import FailedPrecondition, Health, NotFound, Unauthenticated
+from trainyard_sdk import FailedPrecondition, Health, NotFound, PendingList, PermissionDenied, Unauthenticated
 
 from .support import Sdk
 
@@ -101,3 +101,20 @@ async def test_usage(sdk: Sdk, live_gateway: RunningGateway) -> None:
     assert (report.group_by, report.team, report.rows, report.total.gpu_hours) == ("user", "vision", [], 0.0)
     assert report.from_ == end - timedelta(days=1) and report.to == end
     assert report.currency
+
+
+async def test_list_pending(sdk: Sdk, live_gateway: RunningGateway, scheduler: Cluster) -> None:
+    job = await scheduler.submit(["true"], name="waits", team="vision", user="alice")  # no nodes: it waits
+    member = sdk(live_gateway.url, await live_gateway.create_token("vision", "alice"))
+
+    async def listed() -> PendingList | None:
+        found = await member(lambda c: c.list_pending(job_id=job.id))
+        return found if found.jobs else None
+
+    found = await eventually(listed, timeout=20, what="the job in the leader's order")
+    assert isinstance(found, PendingList) and found.total == 1 and found.as_of is not None
+    entry = found.jobs[0]
+    assert (entry.job_id, entry.position, entry.queue_length, entry.queue, entry.held) == (job.id, 1, 1, "default",
+                                                                                           False)
+    with pytest.raises(PermissionDenied):
+        await member(lambda c: c.list_pending(team="nlp"))
