@@ -9,6 +9,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON
 
 from .settings import BaseSettings
 
@@ -19,16 +20,22 @@ _configured = False
 def setup_tracing(service: str, exporter: str) -> None:
     """Install a tracer provider and instrument grpc.aio servers and clients.
 
-    `exporter`: "none" (spans still propagate trace context), "console", or a file path (JSON lines).
+    `exporter`: "none", "console", or a file path (JSON lines). With "none" no span is recorded (the sampler
+    drops every one: nothing would read them, and building them cost the gateway a fifth of a request's CPU,
+    bench/gateway); trace ids are still made and propagated to the services called, so a request keeps one
+    trace id across them. With an exporter, a span is recorded unless the caller's trace context says it
+    was not sampled (the SDK's default, parent-based).
     """
     global _configured
     if _configured:
         return
     _configured = True
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    exporting = exporter not in ("", "none")
+    provider = TracerProvider(resource=Resource.create({"service.name": service}),
+                              sampler=DEFAULT_ON if exporting else ALWAYS_OFF)
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-    elif exporter not in ("", "none"):
+    elif exporting:
         out = open(exporter, "a")  # noqa: SIM115 - lives as long as the process
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(
             out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))

@@ -81,7 +81,11 @@ any path answers 204 with `Allow`; a method a path does not have answers 405 wit
 
 
 def create_app(deps: GatewayDeps) -> FastAPI:
-    app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None)
+    # FastAPI's own telemetry: a span per request (traced with the services it calls), not one per dependency,
+    # endpoint and serialization step (operation_spans: most of a read's telemetry cost, bench/gateway); no
+    # OpenTelemetry metrics or logs (the gateway's metrics are Prometheus', its logs its own formatter's).
+    app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None,
+                  telemetry={"operation_spans": False, "metrics": False, "logs": False})
     app.state.deps = deps
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
