@@ -128,8 +128,10 @@ def test_since_after_seq_and_tail_select_lines(tmp_path: Path) -> None:
     def texts(**query: object) -> list[str]:
         return [f"{ln.rank}:{ln.text}" for ln in read(tmp_path, **query)]
 
-    # since: lines at or after; the line of unknown time is kept.
-    assert texts(since_ms=4000) == ["0:old", "0:t4", "0:t5", "0:t6"]
+    # since: lines at or after. The line of unknown time is older than t2 (2 s): left out when t2 is before
+    # `since`, kept when it is not (it may be at or after `since`).
+    assert texts(since_ms=4000) == ["0:t4", "0:t5", "0:t6"]
+    assert texts(since_ms=1500) == ["0:old", "0:t2", "0:t3", "0:t4", "0:t5", "0:t6", "1:u2", "1:u3"]
     # after_seq is per rank; a rank not named starts from its first line.
     assert texts(attempt=1, after_seq={0: 4}) == ["0:t5", "0:t6", "1:u1", "1:u2", "1:u3"]
     assert texts(attempt=1, after_seq={0: 6, 1: 2}) == ["1:u3"]
@@ -137,6 +139,20 @@ def test_since_after_seq_and_tail_select_lines(tmp_path: Path) -> None:
     assert texts(since_ms=2000, tail_lines=2) == ["0:t5", "0:t6", "1:u2", "1:u3"]
     # All three: the old line is before seq 2, rank 1's lines before the time.
     assert texts(attempt=1, after_seq={0: 2}, since_ms=5000, tail_lines=10) == ["0:t5", "0:t6"]
+
+
+def test_since_keeps_lines_of_unknown_time_only_where_no_later_line_places_them_before_it(tmp_path: Path) -> None:
+    adir = adir_of(tmp_path)
+    # Rank 0: a file of the format before only (no time anywhere). Rank 1: two old lines, then timed ones.
+    logs.rank_log_path(adir, 0).write_bytes(b"O a\nE b\n")
+    logs.rank_log_path(adir, 1).write_bytes(b"O c\nO d\n" + b"o 3 3000 t3\no 4 9000 t9\n")
+
+    def texts(**query: object) -> list[str]:
+        return [f"{ln.rank}:{ln.text}" for ln in read(tmp_path, **query)]
+
+    assert texts(since_ms=5000) == ["0:a", "0:b", "1:t9"]  # nothing places rank 0's; rank 1's predate 3 s
+    assert texts(since_ms=3000) == ["0:a", "0:b", "1:c", "1:d", "1:t3", "1:t9"]
+    assert texts(since_ms=5000, tail_lines=1) == ["0:b", "1:t9"]
 
 
 def test_a_follow_with_a_tail_takes_the_tail_of_everything_retained(tmp_path: Path) -> None:

@@ -53,8 +53,9 @@ send again lines the client already has.
 
 Attempts: the current one by default, `attempt=N` one of them, `attempt=0` every one, each read from the nodes
 it ran on (an earlier attempt's logs are on its own nodes, for as long as their agents keep them). `since`:
-only the lines written at or after it (lines of unknown time, from files an agent wrote before it kept a time
-per line, are kept), and no attempt that ended before it. `tail=N`: the last N lines of each rank (of those
+only the lines written at or after it (a line of unknown time, from files an agent wrote before it kept a time
+per line, is kept unless a later line of its rank was written before `since`), and no attempt that ended
+before it. `tail=N`: the last N lines of each rank (of those
 `since` selects; with `follow`, then the new ones). `rank` (repeatable): only these ranks."""
 
 EVENTS_DESCRIPTION = """\
@@ -84,7 +85,8 @@ async def get_job_logs(
     rank: Annotated[list[Rank] | None, Query(max_length=MAX_RANK_FILTERS,
                                              description="only this rank (repeatable)")] = None,
     since: Annotated[Time | None, Query(description="only the lines written at or after this time (RFC 3339, "
-                                                    "with a time zone); lines of unknown time are kept")] = None,
+                                                    "with a time zone); a line of unknown time is kept unless a later "
+                                                    "line of its rank was written before it")] = None,
     last_event_id: Annotated[str, Query(max_length=MAX_ID_LENGTH, pattern=POSITIONS_PATTERN,
                                         description="with follow: resume after this event (for clients that "
                                                     "cannot send the Last-Event-ID header)")] = "",

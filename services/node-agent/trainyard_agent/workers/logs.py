@@ -6,10 +6,11 @@ sequence number and the time it was written, so the stream of every line survive
 lines of both streams stay in the order the shim read them); the agent only reads, so it reads the logs of
 workers of a previous agent life alike, and files of the format before (numbered by position, time unknown).
 
-Selecting (`select`, pure, the same for a read and a follow): a rank's lines after `after_seq[rank]`, of
-those the ones written at or after `since_ms` (lines of unknown time are kept: `since` cannot place them),
-of those the last `tail_lines`. A follow applies the tail once, to what is retained when it first sees a
-rank (read to the end of the current file, however large), then sends every new line.
+Selecting (`select`, pure, the same for a read and a follow): a rank's lines after `after_seq[rank]`, of those the
+ones written at or after `since_ms`, of those the last `tail_lines`. A line of unknown time (the format before) is
+older than every line after it: it is left out when a later line of the rank was written before `since_ms`, and kept
+when none shows that (`since` cannot place it). A follow applies the tail once, to what is retained when it first
+sees a rank (read to the end of the current file, however large), then sends every new line.
 """
 
 from __future__ import annotations
@@ -62,9 +63,20 @@ def select(lines: Iterable[LogLine], query: LogQuery, rank: int, *, tail: bool =
     """One rank's lines that `query` asks for (see the module's docstring); `tail=False` ignores its tail. Pure."""
     after, since = query.after_seq.get(rank, 0), query.since_ms
     keep: deque[LogLine] | list[LogLine] = deque(maxlen=query.tail_lines) if tail and query.tail_lines else []
+    untimed: list[LogLine] = []  # lines of unknown time since the last timed one, until a timed one places them
     for line in lines:
-        if line.seq > after and (not since or not line.time_ms or line.time_ms >= since):
+        if line.seq <= after:
+            continue
+        if not since:
             keep.append(line)
+        elif not line.time_ms:
+            untimed.append(line)
+        else:
+            if line.time_ms >= since:
+                keep.extend(untimed)  # written before this line: maybe at or after `since`, so kept
+                keep.append(line)
+            untimed.clear()  # otherwise written before a line older than `since`: older too
+    keep.extend(untimed)
     return list(keep)
 
 
