@@ -86,6 +86,7 @@ class AsyncClient(Configured, Operations, AsyncRunner):
 
     def _stream(self, call: StreamCall[T]) -> AsyncEventStream[T]:
         return AsyncEventStream(call, self._connect, url=self.url, reconnect=self.options.reconnect, failed=self._raise,
+                           on_reconnect=self.options.on_reconnect,
                                 sleep=asyncio.sleep)
 
     @contextlib.asynccontextmanager

@@ -85,6 +85,7 @@ class Client(Configured, Operations, SyncRunner):
 
     def _stream(self, call: StreamCall[T]) -> EventStream[T]:
         return EventStream(call, self._connect, url=self.url, reconnect=self.options.reconnect, failed=self._raise,
+                           on_reconnect=self.options.on_reconnect,
                            sleep=time.sleep)
 
     @contextlib.contextmanager

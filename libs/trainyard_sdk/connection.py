@@ -16,6 +16,7 @@ import httpx
 
 from .config import Target, check_url, resolve, ssl_context
 from .errors import ConnectionFailed, SdkError
+from .streaming import OnReconnect
 from .wire import NO_RETRY, REQUEST_ID_HEADER, Answer, Reconnect, Request, Retry, lower_headers, reads_at, revision_of
 
 try:
@@ -42,6 +43,7 @@ class Options:
     retry: Retry = field(default_factory=Retry)
     reconnect: Reconnect = field(default_factory=Reconnect)
     user_agent: str = USER_AGENT
+    on_reconnect: OnReconnect | None = None
 
     def httpx_kwargs(self) -> dict[str, Any]:
         headers = {"User-Agent": self.user_agent, "Accept": "application/json"}
@@ -122,6 +124,8 @@ class Configured:
       before it is taken for dead and reconnected.
     - `retry`: automatic retries of reads and of writes with an Idempotency-Key (`wire.Retry`); None: none.
     - `reconnect`: how streams reconnect (`wire.Reconnect`).
+    - `on_reconnect(error, delay_s)`: told before a stream reconnects, with why its connection ended and how
+      long it waits first (a progress line, a metric); it returns nothing and should not block.
     - `transport`: an httpx transport of the client's kind (sync or async), e.g. a proxy's or a test's.
     """
 
@@ -129,14 +133,15 @@ class Configured:
                  verify: bool | ssl.SSLContext = True, timeout_s: float = DEFAULT_TIMEOUT_S,
                  stream_idle_s: float = DEFAULT_STREAM_IDLE_S, retry: Retry | None = DEFAULT_RETRY,
                  reconnect: Reconnect = DEFAULT_RECONNECT, user_agent: str = USER_AGENT,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, on_reconnect: OnReconnect | None = None) -> None:
         if isinstance(url, Target):
             target = replace(url, url=check_url(url.url, url.url_source), token=token or url.token,
                              ca_bundle=ca_bundle or url.ca_bundle)
         else:
             target = Target(url=check_url(url), token=token, ca_bundle=ca_bundle)
         self.options = Options(target=target, verify=verify, timeout_s=timeout_s, stream_idle_s=stream_idle_s,
-                               retry=retry or NO_RETRY, reconnect=reconnect, user_agent=user_agent)
+                               retry=retry or NO_RETRY, reconnect=reconnect, user_agent=user_agent,
+                               on_reconnect=on_reconnect)
         self.revision = 0  # the highest X-Trainyard-Revision answered so far (wire.reads_at)
         self._open(transport)
 

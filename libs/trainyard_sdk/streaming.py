@@ -29,6 +29,8 @@ T = TypeVar("T")
 # ConnectionFailed for a transport failure (at connect time or while reading).
 SyncConnect = Callable[[Request], contextlib.AbstractContextManager[Iterator[bytes]]]
 AsyncConnect = Callable[[Request], contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]]
+# Told before each reconnect: why the connection ended, and the seconds the stream waits before the next one.
+OnReconnect = Callable[[SdkError, float], None]
 
 
 def _reraise(error: SdkError) -> NoReturn:
@@ -51,12 +53,14 @@ async def _aevents(decoder: SseDecoder, chunks: AsyncIterator[bytes]) -> AsyncGe
 
 class EventStream(Generic[T]):
     def __init__(self, call: StreamCall[T], connect: SyncConnect, *, url: str, reconnect: Reconnect,
-                 sleep: Callable[[float], None], failed: Callable[[SdkError], NoReturn] = _reraise) -> None:
+                 sleep: Callable[[float], None], failed: Callable[[SdkError], NoReturn] = _reraise,
+                 on_reconnect: OnReconnect | None = None) -> None:
         self._url = url
         self._failed = failed
         self._call = call
         self._connect = connect
         self._sleep = sleep
+        self._on_reconnect = on_reconnect
         self.resume = Resume(reconnect, last_event_id=call.last_event_id)
         self._events = self._run()
 
@@ -85,6 +89,8 @@ class EventStream(Generic[T]):
                 delay = resume.dropped(error)
                 if delay is None:
                     self._failed(error)
+                if self._on_reconnect is not None:
+                    self._on_reconnect(error, delay)
             self._sleep(delay)
 
     def __iter__(self) -> Iterator[T]:
@@ -105,12 +111,14 @@ class EventStream(Generic[T]):
 
 class AsyncEventStream(Generic[T]):
     def __init__(self, call: StreamCall[T], connect: AsyncConnect, *, url: str, reconnect: Reconnect,
-                 sleep: Callable[[float], Awaitable[None]], failed: Callable[[SdkError], NoReturn] = _reraise) -> None:
+                 sleep: Callable[[float], Awaitable[None]], failed: Callable[[SdkError], NoReturn] = _reraise,
+                 on_reconnect: OnReconnect | None = None) -> None:
         self._url = url
         self._failed = failed
         self._call = call
         self._connect = connect
         self._sleep = sleep
+        self._on_reconnect = on_reconnect
         self.resume = Resume(reconnect, last_event_id=call.last_event_id)
         self._events = self._run()
 
@@ -139,6 +147,8 @@ class AsyncEventStream(Generic[T]):
                 delay = resume.dropped(error)
                 if delay is None:
                     self._failed(error)
+                if self._on_reconnect is not None:
+                    self._on_reconnect(error, delay)
             await self._sleep(delay)
 
     def __aiter__(self) -> AsyncIterator[T]:

@@ -79,12 +79,14 @@ class Scripted:
 
 
 async def read(flavour: str, scripted: Scripted, call: StreamCall[Any] = CALL,
-               reconnect: Reconnect = Reconnect(max_failures=3, backoff_s=0.5, max_delay_s=10)) -> list[Any]:
+               reconnect: Reconnect = Reconnect(max_failures=3, backoff_s=0.5, max_delay_s=10),
+               on_reconnect: Any = None) -> list[Any]:
     if flavour == "sync":
-        with EventStream(call, scripted.connect, url="http://gw", reconnect=reconnect, sleep=scripted.sleep) as s:
+        with EventStream(call, scripted.connect, url="http://gw", reconnect=reconnect, sleep=scripted.sleep,
+                         on_reconnect=on_reconnect) as s:
             return list(s)
     async with AsyncEventStream(call, scripted.aconnect, url="http://gw", reconnect=reconnect,
-                                sleep=scripted.asleep) as stream:
+                                sleep=scripted.asleep, on_reconnect=on_reconnect) as stream:
         return [item async for item in stream]
 
 
@@ -118,6 +120,20 @@ async def test_failures_in_a_row_give_up_and_an_event_starts_the_count_again(fla
     # The backoff, started again after p1 and doubling; a 503's Retry-After; the fourth failure in a row is raised.
     assert scripted.slept == [0.5, 0.5, 1.0, 1.0]
     assert not scripted.scripts
+
+
+@FLAVOURS
+async def test_on_reconnect_is_told_why_and_how_long_before_each_reconnect_and_not_before_giving_up(
+        flavour: str) -> None:
+    busy = Unavailable(503, "unavailable", "no scheduler", retry_after=1)
+    scripted = Scripted([line(1), DROP], busy, DROP, DROP)
+    told: list[tuple[SdkError, float, int]] = []
+    with pytest.raises(ConnectionFailed):
+        await read(flavour, scripted,
+                   on_reconnect=lambda error, delay: told.append((error, delay, len(scripted.slept))))
+    # Each before its wait (nothing slept yet for it); the fourth failure in a row is raised, not announced.
+    assert told == [(DROP, 0.5, 0), (busy, 1.0, 1), (DROP, 2.0, 2)]
+    assert scripted.slept == [0.5, 1.0, 2.0]
 
 
 @FLAVOURS

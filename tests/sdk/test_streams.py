@@ -141,7 +141,9 @@ async def test_follow_logs_to_the_end_through_a_dropped_connection(
                                             "command": python(PRINT_RANKS.format(start=0, stop=10), wait_for_file(go),
                                                               PRINT_RANKS.format(start=10, stop=15))}))
     async with relay_to(cluster_gateway) as relay:
-        relayed = sdk(relay.url, api.client.target.token, reconnect=Reconnect(backoff_s=0.05))
+        told: list[tuple[str, float]] = []
+        relayed = sdk(relay.url, api.client.target.token, reconnect=Reconnect(backoff_s=0.05),
+                      on_reconnect=lambda error, delay: told.append((type(error).__name__, delay)))
         seen = 0
 
         def on_item(item: Any) -> None:
@@ -161,6 +163,7 @@ async def test_follow_logs_to_the_end_through_a_dropped_connection(
         assert [t for r, t in got if r == rank] == [f"r{rank} line{i}" for i in range(15)]  # in order
     assert isinstance(items[-1], EndEvent) and (items[-1].state, items[-1].exit_code) == ("succeeded", 0)
     assert read.reconnects == 1
+    assert told == [("ConnectionFailed", 0.05)]  # the client's on_reconnect, told once, before the wait
     assert len(relay.heads) == 2 and "last-event-id:" not in relay.heads[0].lower()
     assert "last-event-id: " in relay.heads[1].lower()  # resumed after the last event the client had
 
