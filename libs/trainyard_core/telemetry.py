@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 _configured = False
 
 
+def exporting(exporter: str) -> bool:
+    """Whether the `trace_exporter` setting sends spans anywhere ("none" and "" do not)."""
+    return exporter not in ("", "none")
+
+
 def setup_tracing(service: str, exporter: str) -> None:
     """Install a tracer provider and instrument grpc.aio servers and clients.
 
@@ -30,12 +35,11 @@ def setup_tracing(service: str, exporter: str) -> None:
     if _configured:
         return
     _configured = True
-    exporting = exporter not in ("", "none")
     provider = TracerProvider(resource=Resource.create({"service.name": service}),
-                              sampler=DEFAULT_ON if exporting else ALWAYS_OFF)
+                              sampler=DEFAULT_ON if exporting(exporter) else ALWAYS_OFF)
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-    elif exporting:
+    elif exporting(exporter):
         out = open(exporter, "a")  # noqa: SIM115 - lives as long as the process
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(
             out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))

@@ -297,3 +297,29 @@ async def test_options_and_405_carry_allow(gateway: RunningGateway) -> None:
             assert reply.json()["error"]["code"] == "method_not_allowed"
             assert method in reply.json()["error"]["message"]
         assert (await http.options("/v1/no-such-route")).status_code == 404
+
+
+def test_the_index_of_templates_answers_as_trying_every_one() -> None:
+    from trainyard_gateway.app import create_app
+    from trainyard_gateway.http_methods import Templates, _templates
+
+    everything = _templates(create_app(None).openapi())  # type: ignore[arg-type]  # the document needs no deps
+    indexed = Templates(everything)
+
+    def brute(path: str) -> frozenset[str] | None:
+        matching = [t for t in everything if t.regex.match(path)]
+        if not matching:
+            return None
+        best = max(t.literal for t in matching)
+        return frozenset().union(*(t.methods for t in matching if t.literal == best))
+
+    paths = [p.replace("{job_id}", "job-1").replace("{checkpoint_id}", "ckpt-1").replace("{tag}", "best")
+             .replace("{node_id}", "n-1").replace("{gpu_index}", "0").replace("{name}", "q").replace("{team}", "t")
+             .replace("{token_id}", "tok-1") for p in {t.regex.pattern for t in everything}]
+    paths = [p.strip("^$").replace("\\", "").replace("[^/]+", "x") for p in paths]
+    paths += ["/v1/jobs/x:cancel", "/v1/jobs/x/logs", "/v1/nowhere", "/", "/healthz", "/v1/jobs/a/b/c/d/e"]
+    assert len(paths) > 30
+    for path in paths:
+        assert indexed.allowed_methods(path) == brute(path), path
+    assert indexed.allowed_methods("/v1/jobs/x:cancel") == frozenset({"POST"})
+    assert indexed.allowed_methods("/v1/nowhere") is None

@@ -29,6 +29,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from trainyard.gateway.v1 import gateway_pb2_grpc
+from trainyard_core import telemetry
 from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock
 from trainyard_core.contract import Role
@@ -80,20 +81,24 @@ any path answers 204 with `Allow`; a method a path does not have answers 405 wit
 """
 
 
-def create_app(deps: GatewayDeps) -> FastAPI:
-    # FastAPI's own telemetry: a span per request (traced with the services it calls), not one per dependency,
-    # endpoint and serialization step (operation_spans: most of a read's telemetry cost, bench/gateway); no
-    # OpenTelemetry metrics or logs (the gateway's metrics are Prometheus', its logs its own formatter's).
+def create_app(deps: GatewayDeps, *, traced: bool = True) -> FastAPI:
+    """`traced`: FastAPI's span per request, which is worth its cost only when spans are exported (the
+    trace_exporter setting; off, the request's calls to the services still carry one trace context)."""
+    # FastAPI's own telemetry: at most a span per request (traced with the services it calls), never one per
+    # dependency, endpoint and serialization step (operation_spans: most of a read's telemetry cost,
+    # bench/gateway); no OpenTelemetry metrics or logs (the gateway's metrics are Prometheus', its logs its own
+    # formatter's).
     app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None,
-                  telemetry={"operation_spans": False, "metrics": False, "logs": False})
+                  telemetry={"tracing": traced, "operation_spans": False, "metrics": False, "logs": False})
     app.state.deps = deps
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app)
     audit_http.install(app, getattr(deps, "audit", None))  # outermost: the answer waits for its audit entry
-    for module in (health, jobs, job_streams, job_operations, checkpoints, pending, nodes, queues, quotas, usage,
-                   tokens, audit):
-        app.include_router(module.router)
-    openapi.install(app)
+    routers = [m.router for m in (health, jobs, job_streams, job_operations, checkpoints, pending, nodes, queues,
+                                  quotas, usage, tokens, audit)]
+    for router in routers:
+        app.include_router(router)
+    openapi.install(app, routers)
     return app
 
 
@@ -182,7 +187,7 @@ class GatewayApp:
                            audit=AuditLog(self._store, s.etcd_prefix, retention_s=s.audit_retention_s(),
                                           clock=self._clock),
                            checkpoints=self._checkpoint_store(channels))
-        self.app = create_app(deps)
+        self.app = create_app(deps, traced=telemetry.exporting(s.trace_exporter))
 
         servicer = TokenServicer(token_store)
         self._grpc = await start_grpc_server(

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 
 from trainyard_core.errors import Unauthenticated
 
@@ -24,25 +24,30 @@ from .http_errors import InvalidToken
 from .roles import Action
 from .tokens import TokenRecord
 
-# Declares the scheme in the OpenAPI document; the header itself is parsed below for precise messages.
+# The scheme the OpenAPI document declares for every route that authenticates (openapi.py finds them by
+# AUTHENTICATES). Not a FastAPI dependency: each dependency level costs a request more than the work it does
+# (bench/gateway), and the header is parsed below anyway, for precise messages.
 bearer_scheme = HTTPBearer(auto_error=False, scheme_name="bearerToken",
                            description="An API token: `Authorization: Bearer ty_...`")
+AUTHENTICATES = "__trainyard_authenticates__"
 
 MISSING_TOKEN = ("missing bearer token: send the header 'Authorization: Bearer <token>' "
                  "(a team admin or an operator creates tokens with `trainyard tokens create`)")
 
 
-async def current_principal(
-    request: Request,
-    deps: Annotated[GatewayDeps, Depends(get_deps)],
-    _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
-) -> TokenRecord:
+async def _authenticate(request: Request) -> TokenRecord:
+    """The caller's token record; once per request (a second dependency asking gets the first answer, and the
+    rate limit is spent once)."""
+    found = getattr(request.state, "principal", None)
+    if isinstance(found, TokenRecord):
+        return found
     header = request.headers.get("authorization", "")
     if not header.strip():
         raise Unauthenticated(MISSING_TOKEN)
     scheme, _sep, secret = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise InvalidToken("the Authorization header must be 'Bearer <token>'")
+    deps = await get_deps(request)
     try:
         principal = await deps.tokens.authenticate(secret.strip())
     except Unauthenticated as exc:
@@ -52,12 +57,22 @@ async def current_principal(
     return principal
 
 
-def _requiring(action: Action) -> Callable[[TokenRecord], Awaitable[TokenRecord]]:
-    async def allowed(principal: Annotated[TokenRecord, Depends(current_principal)]) -> TokenRecord:
+async def current_principal(request: Request) -> TokenRecord:
+    return await _authenticate(request)
+
+
+setattr(current_principal, AUTHENTICATES, True)
+
+
+def _requiring(action: Action) -> Callable[[Request], Awaitable[TokenRecord]]:
+    """One dependency that authenticates and checks `action` (not two chained: see bearer_scheme)."""
+    async def allowed(request: Request) -> TokenRecord:
+        principal = await _authenticate(request)
         roles.check(principal, action)
         return principal
 
     allowed.__name__ = f"requires_{action.name.lower()}"
+    setattr(allowed, AUTHENTICATES, True)
     return allowed
 
 

@@ -34,6 +34,7 @@ class _Template:
     regex: re.Pattern[str]
     literal: int  # characters of the template that are not parameters
     methods: frozenset[str]
+    head: str
 
 
 _HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
@@ -48,17 +49,36 @@ def _templates(document: dict[str, Any]) -> list[_Template]:
         pattern = "".join(re.escape(part) if i % 2 == 0 else "[^/]+" for i, part in enumerate(parts))
         regex = re.compile(f"^{pattern}$")
         methods = frozenset(m.upper() for m in item if m in _HTTP_METHODS)
-        out.append(_Template(regex, len(_PARAM.sub("", path)), methods))
+        out.append(_Template(regex, len(_PARAM.sub("", path)), methods, _head(path)))
     return out
 
 
-def allowed_methods(templates: list[_Template], path: str) -> frozenset[str] | None:
-    """The methods of the operation `path` names, or None when no route serves it."""
-    matching = [t for t in templates if t.regex.match(path)]
-    if not matching:
-        return None
-    best = max(t.literal for t in matching)
-    return frozenset().union(*(t.methods for t in matching if t.literal == best))
+def _head(path: str) -> str:
+    """The first two segments of a path ("/v1/jobs" of "/v1/jobs/x:cancel"): a template whose head has no
+    parameter can match only paths of the same head."""
+    return "/".join(path.split("/", 3)[:3])
+
+
+class Templates:
+    """The templates by head, so a request is matched against its own resource's few, not every one."""
+
+    def __init__(self, templates: list[_Template]) -> None:
+        self._by_head: dict[str, list[_Template]] = {}
+        self._anywhere: list[_Template] = []  # a parameter in the head: tried for every path
+        for t in templates:
+            if "{" in t.head:
+                self._anywhere.append(t)
+            else:
+                self._by_head.setdefault(t.head, []).append(t)
+
+    def allowed_methods(self, path: str) -> frozenset[str] | None:
+        """The methods of the operation `path` names, or None when no route serves it."""
+        candidates = self._by_head.get(_head(path), [])
+        matching = [t for t in (*candidates, *self._anywhere) if t.regex.match(path)]
+        if not matching:
+            return None
+        best = max(t.literal for t in matching)
+        return frozenset().union(*(t.methods for t in matching if t.literal == best))
 
 
 class AllowedMethods:
@@ -66,7 +86,7 @@ class AllowedMethods:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._templates: list[_Template] | None = None
+        self._templates: Templates | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,9 +94,9 @@ class AllowedMethods:
             return
         if self._templates is None:  # routes are all added by the first request
             app = scope.get("app")
-            self._templates = _templates(app.openapi()) if isinstance(app, FastAPI) else []
+            self._templates = Templates(_templates(app.openapi()) if isinstance(app, FastAPI) else [])
         method = str(scope["method"]).upper()
-        methods = allowed_methods(self._templates, str(scope["path"]))
+        methods = self._templates.allowed_methods(str(scope["path"]))
         if methods is None or method in methods:
             await self.app(scope, receive, send)
             return
