@@ -38,7 +38,9 @@ MISSING_TOKEN = ("missing bearer token: send the header 'Authorization: Bearer <
 async def _authenticate(request: Request) -> TokenRecord:
     """The caller's token record; once per request (a second dependency asking gets the first answer, and the
     rate limit is spent once)."""
-    found = getattr(request.state, "principal", None)
+    # The scope's state dict, not getattr(request.state, ...): Starlette's State raises (and getattr catches)
+    # AttributeError for a name not set yet, which is every request's first ask.
+    found = request.scope.get("state", {}).get("principal")
     if isinstance(found, TokenRecord):
         return found
     header = request.headers.get("authorization", "")
