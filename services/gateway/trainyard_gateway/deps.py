@@ -33,6 +33,15 @@ class GatewayDeps:
     job_view: JobView | None = None
 
 
+def deps_of(request: Request) -> GatewayDeps:
+    """The app's dependencies, read in the route: the two reads the view answers (GET /v1/jobs/{id} and the
+    list) take them so, since a FastAPI dependency level costs about a tenth of such a read (bench/gateway);
+    the other routes declare `Deps`."""
+    deps = request.app.state.deps
+    assert isinstance(deps, GatewayDeps)
+    return deps
+
+
 async def get_deps(request: Request) -> GatewayDeps:
     # async, though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
     # on every request (measured: the largest single cost of a GET answered from the read view).

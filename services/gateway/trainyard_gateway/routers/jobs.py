@@ -19,6 +19,7 @@ from trainyard_core.errors import InvalidArgument, Unavailable
 from .. import job_view_reads, roles, sse
 from ..auth import Deps, JobCanceller, JobReader, JobSubmitter, team_scope
 from ..clients import WRITE_REVISION
+from ..deps import GatewayDeps, deps_of
 from ..job_view_events import watch as watch_events
 from ..schemas.common import OneOf, error_responses
 from ..schemas.jobs import CancelRequest, Job, JobList, JobQuery, JobSubmit
@@ -96,7 +97,6 @@ async def submit_job(
 async def list_jobs(
     request: Request,
     principal: JobReader,
-    deps: Deps,
     page_size: Annotated[int, Query(ge=1, le=c.MAX_PAGE_SIZE, description="jobs per page")] = c.DEFAULT_PAGE_SIZE,
     page_token: Annotated[str, Query(pattern=c.PAGE_TOKEN.or_empty.pattern,
                                      description="next_page_token of the previous page")] = "",
@@ -122,6 +122,7 @@ async def list_jobs(
     watch: Annotated[bool, Query(include_in_schema=False)] = False,
     last_event_id: Annotated[str, Query(pattern="^([0-9]{1,19})?$", include_in_schema=False)] = "",
 ) -> JobList | Response:
+    deps = deps_of(request)
     scope = team_scope(principal)
     labels = tuple(sorted({_label_pair(pair) for pair in label or []}))
     # Another team than the caller's, or one label key with two values (no job has both): nothing matches.
@@ -156,7 +157,7 @@ def _revision(text: str) -> int:
     return int(text)
 
 
-async def _watch(deps: Deps, query: JobQuery | None, *, resume_after: int | None) -> Response:
+async def _watch(deps: GatewayDeps, query: JobQuery | None, *, resume_after: int | None) -> Response:
     """The watch of `query` (None: of a filter nothing matches)."""
     flt = job_view_reads.job_filter(query) if query is not None else None
     view = deps.job_view
@@ -175,7 +176,9 @@ def _label_pair(text: str) -> tuple[str, str]:
 
 @router.get("/{job_id}", response_model=Job, summary="Get a job",
             responses=error_responses(400, 401, 403, 404, 429, 503))
-async def get_job(job_id: JobId, principal: JobReader, deps: Deps, revision: MinRevision = 0) -> Job | Response:
+async def get_job(job_id: JobId, principal: JobReader, request: Request,
+                  revision: MinRevision = 0) -> Job | Response:
+    deps = deps_of(request)
     team = team_scope(principal)
     if deps.job_view is not None:
         answered = await job_view_reads.get_job(deps.job_view, job_id, team=team, revision=revision)
