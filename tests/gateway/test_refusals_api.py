@@ -8,12 +8,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.core.test_etcd_nospace import QUOTA, fill
+from tests.core.test_etcd_nospace import fill, small_etcd  # noqa: F401 - the fixture
 from tests.gateway.support import running_cluster, running_gateway
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
@@ -24,16 +23,7 @@ from trainyard_sdk import AsyncClient, Conflict, InsufficientStorage
 SPEC: dict[str, Any] = {"name": "it", "command": ["true"], "resources": {"nodes": 1, "gpus_per_node": 1}}
 
 
-@pytest.fixture
-def small_etcd() -> Iterator[etcd_proc.EtcdProcess]:
-    member = etcd_proc.start_single(extra_args=["--quota-backend-bytes", str(QUOTA)])
-    try:
-        yield member
-    finally:
-        etcd_proc.stop_and_clean(member)
-
-
-async def test_a_full_etcd_answers_507_to_a_submit_and_reads_go_on(small_etcd: etcd_proc.EtcdProcess,
+async def test_a_full_etcd_answers_507_to_a_submit_and_reads_go_on(small_etcd: etcd_proc.EtcdProcess,  # noqa: F811
                                                                      tmp_path: Any) -> None:
     etcd = settings_of(EtcdOptions(endpoints=small_etcd.endpoint))
     async with running_cluster(etcd=etcd, prefix="/nospace", state_root=tmp_path / "nodes") as cluster, \
