@@ -23,7 +23,8 @@ Sinks:
   entry, rotated by size.
 
 Writing: `record(sink, entry)` is awaited by the interceptor (gRPC) or middleware (HTTP) before the answer
-leaves, and survives the call being cancelled. A sink retries a failed write a few times; if it still fails,
+leaves, and survives the call being cancelled. Concurrent appends to etcd share transactions
+(`store/batch.py`): each entry is still its own compare and put, and is acknowledged only once stored. A sink retries a failed write a few times; if it still fails,
 the caller gets the true result of its call anyway (the action happened, or did not, whatever the audit
 write did), the failure is logged at ERROR and `trainyard_audit_write_failures_total` is counted.
 """
@@ -49,6 +50,7 @@ from . import contract
 from .clock import Clock, SystemClock
 from .errors import FailedPrecondition, InvalidArgument, Unavailable
 from .store.api import Put, Store, absent
+from .store.batch import TxnBatcher
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +338,8 @@ class AuditLog:
         if retention_s <= 0 or bucket_s <= 0:
             raise ValueError("retention_s and bucket_s must be positive")
         self._store = store
+        # Entries are independent writes: appended concurrently, they share etcd transactions (store/batch.py).
+        self._batch = TxnBatcher(store)
         self.prefix = prefix.rstrip("/") + "/audit/"
         self._retention_s = retention_s
         self._bucket_s = bucket_s
@@ -364,7 +368,7 @@ class AuditLog:
             lease = await self._lease(bucket)
             try:
                 # absent(key): a retry after a write whose answer was lost finds its own entry, never doubles it.
-                await self._store.txn([absent(key)], [Put(key, value, lease)])
+                await self._batch.txn([absent(key)], [Put(key, value, lease)])
             except FailedPrecondition:  # the bucket's lease is gone (revoked, or etcd lost it): a new one next try
                 async with self._lease_lock:
                     if self._leases.get(bucket) == lease:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.gateway.support import Cluster, RunningGateway
+from trainyard.common.v1 import types_pb2
 
 
 async def test_json_and_yaml_are_the_same_answer(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
@@ -38,6 +39,8 @@ async def test_wide_adds_columns(cli: Any, gateway: RunningGateway, scheduler: C
     assert plain[0].split() == ["ID", "NAME", "STATE", "GPUS", "TEAM/USER", "AGE"]
     assert wide[0].split() == [*plain[0].split(), "QUEUE", "PRIORITY", "ATTEMPT", "NODES", "MESSAGE"]
     assert wide[1].split()[:2] == [job.id, "wide"] and wide[1].split()[6:8] == ["default", "0"]
+    # The two node listings are compared column by column: the job must not hold a GPU in one and not the other.
+    await scheduler.wait_state(job.id, types_pb2.JOB_STATE_SUCCEEDED)
     plain = (await cli("nodes")).out.splitlines()
     wide = (await cli("nodes", "list", "--output", "wide")).out.splitlines()
     assert wide[0].startswith(plain[0]) and "HEARTBEAT" in wide[0] and "CORDON REASON" in wide[0]

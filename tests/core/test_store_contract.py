@@ -147,6 +147,16 @@ async def test_lease_revoke_and_keepalive(store: Store, key_prefix: str) -> None
     await store.revoke_lease(lease)  # idempotent
 
 
+async def test_a_put_under_a_gone_lease_fails_the_whole_transaction(store: Store, key_prefix: str) -> None:
+    lease = await store.grant_lease(30)
+    await store.revoke_lease(lease)
+    before = await store.put(key_prefix + "before", b"0")
+    with pytest.raises(FailedPrecondition):
+        await store.txn([absent(key_prefix + "a")], [Put(key_prefix + "a", b"1"), Put(key_prefix + "b", b"2", lease)])
+    assert await store.get(key_prefix + "a") is None and await store.get(key_prefix + "b") is None
+    assert await store.put(key_prefix + "after", b"0") == before + 1  # the failed transaction made no revision
+
+
 async def test_unreachable_etcd_is_unavailable() -> None:
     from trainyard_core.testing.etcd import free_port
 

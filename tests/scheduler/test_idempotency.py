@@ -3,6 +3,8 @@ written by an earlier version (the job id alone) still answers any retry."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from trainyard_core.errors import IdempotencyKeyReused
@@ -48,3 +50,30 @@ async def test_a_create_leaves_its_revision_for_the_submit_answer_and_a_replay_d
     again = make_job("job-r2")
     stored, created = await repo.create_job(again, "key-r1", "digest")
     assert (stored.id, created) == (job.id, False) and repo.created_revision == found[1]
+
+
+async def test_concurrent_submits_with_one_key_create_one_job() -> None:
+    """Creates share etcd transactions (store/batch.py): two writes of one key never share one, so of twenty
+    concurrent retries of a submit exactly one creates the job and the others answer it."""
+    repo = Repository(MemoryStore(), KEYS)
+    results = await asyncio.gather(*(repo.create_job(make_job(f"job-r{i}"), "k-retry", "d") for i in range(20)))
+    created = [job.id for job, new in results if new]
+    assert len(created) == 1
+    assert {job.id for job, _ in results} == set(created)
+    stored = [await repo.get_job(f"job-r{i}") for i in range(20)]
+    assert sum(found is not None for found in stored) == 1
+
+
+async def test_concurrent_submits_that_find_the_hours_lease_gone_share_one_new_lease() -> None:
+    store = MemoryStore()
+    repo = Repository(store, KEYS)
+    await repo.create_job(make_job("job-l0"), "k-l0", "d")
+    (old,) = repo._idem_leases.values()
+    await store.revoke_lease(old)  # takes k-l0 with it, as etcd would
+    results = await asyncio.gather(*(repo.create_job(make_job(f"job-l{i}"), f"k-l{i}", "d") for i in range(1, 11)))
+    assert all(created for _, created in results)
+    (new,) = repo._idem_leases.values()
+    assert new != old
+    for i in range(1, 11):
+        kv = await store.get(KEYS.idempotency("team-a", f"k-l{i}"))
+        assert kv is not None and kv.lease == new

@@ -74,14 +74,18 @@ class MemoryStore:
             return actual < c.value  # type: ignore[operator]
         return actual > c.value  # type: ignore[operator]
 
+    def _check_leases(self, ops: Sequence[Op]) -> None:
+        # As etcd: a put under a lease that does not exist fails the whole transaction, before any change.
+        for op in ops:
+            if isinstance(op, Put) and op.lease and op.lease not in self._leases:
+                from ..errors import FailedPrecondition
+
+                raise FailedPrecondition(f"lease {op.lease} not found")
+
     def _apply(self, ops: Sequence[Op]) -> list[WatchEvent]:
         events: list[WatchEvent] = []
         for op in ops:
             if isinstance(op, Put):
-                if op.lease and op.lease not in self._leases:
-                    from ..errors import FailedPrecondition
-
-                    raise FailedPrecondition(f"lease {op.lease} not found")
                 old = self._data.get(op.key)
                 if old is None:
                     bisect.insort(self._keys, op.key)
@@ -143,6 +147,7 @@ class MemoryStore:
         self._expire()
         ok = all(self._holds(c) for c in compares)
         ops = success if ok else failure
+        self._check_leases(ops)
         writes = any(isinstance(o, Put) or (isinstance(o, Delete) and (
             o.key in self._data or (o.prefix and any(k.startswith(o.key) for k in self._keys))))
             for o in ops)

@@ -287,8 +287,9 @@ class Reconciler:
                 await self._commit(snap, config, d, now)
         # Decisions of one session never share a GPU, so their transactions are independent.
         await asyncio.gather(*(commit(d) for d in result.decisions))
-        for u in result.unplaced:
-            await self._explain(snap, u)
+        # The reasons of the jobs left waiting, written together (one transaction for a burst of submits).
+        notes = [n for n in (self._explanation(snap, u) for u in result.unplaced) if n is not None]
+        await asyncio.gather(*(self._try(self._repo.annotate(job, rev)) for job, rev in notes))
 
     @property
     def pending(self) -> PendingOrder:
@@ -337,18 +338,19 @@ class Reconciler:
                               f"stopping {len(stopping)} gang(s) to make room: {', '.join(stopping)}")
             await self._try(self._repo.write(job=note, job_rev=snap.job_revisions[p.preemptor]))
 
-    async def _explain(self, snap: ClusterSnapshot, u: Unplaced) -> None:
-        """Tell the user why a job waits; rate-limited, since the reason moves with the cluster."""
+    def _explanation(self, snap: ClusterSnapshot, u: Unplaced) -> tuple[Job, int] | None:
+        """The record that tells the user why a job waits, and the revision it replaces; None when it says so
+        already or said otherwise too recently (rate-limited, since the reason moves with the cluster)."""
         job = snap.jobs.get(u.job_id)
         if job is None or job.message == u.reason:
-            return
+            return None
         mono = self._clock.monotonic()
         if mono - self._reason_written.get(job.id, -math.inf) < self._settings.reason_interval_s:
-            return
+            return None
         self._reason_written[job.id] = mono
         while len(self._reason_written) > 100_000:
             self._reason_written.pop(next(iter(self._reason_written)))
-        await self._try(self._repo.write(job=replace(job, message=u.reason), job_rev=snap.job_revisions[job.id]))
+        return replace(job, message=u.reason), snap.job_revisions[job.id]
 
     async def _requeue(self, snap: ClusterSnapshot, now: float) -> None:
         for job in snap.jobs.values():

@@ -16,6 +16,11 @@ Points, in the order a placement session uses them:
 - VictimCost  (victim job, allocation, now) → sort key, cheapest first. Preemption picks victims by it.
 
 Plugins are pure and keep no state across calls: a session may call them in any order, many times.
+A plugin's answer about a pending job (ModelFilter, ModelScore, NodeFilter, NodeScore, Admission) depends only
+on the job's `placement_shape` (its team, queue, priority, resources, topology, time limit) and the other
+arguments, never on its id, name, user or times: two waiting jobs of one shape get the same answers, and a
+session decides the second as it decided the first while nothing was taken meanwhile (place.py). QueueOrder
+and VictimCost may read anything.
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ from typing import Protocol
 
 from ..domain.models import Allocation, Job, Node
 from ..domain.queues import PolicyConfig
+
+
+def placement_shape(job: Job) -> tuple[object, ...]:
+    """What placement reads of a pending job, besides the order it is taken in: jobs of equal shape are
+    interchangeable to every plugin but QueueOrder and VictimCost (see above)."""
+    spec, r = job.spec, job.spec.resources
+    return (job.team, spec.queue, spec.priority_class, spec.priority, spec.time_limit_s, spec.topology, r.nodes,
+            r.gpus_per_node, r.accelerator, r.accelerators, r.min_memory_gb, r.min_compute_capability, r.vendor,
+            r.allow_mixed, r.cpus_per_node, tuple(sorted(r.speed_hints.items())), tuple(job.preempted_by))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ..domain.models import TIERS, Allocation, Job, JobState, NodeAssignment
 from ..domain.queues import PolicyConfig, standing
 from ..domain.snapshot import ClusterSnapshot
-from .api import Ledger, NodeView, Profile
+from .api import Ledger, NodeView, Profile, placement_shape
 from .capacity import Found, Pool, select_by_leaves
 from .index import ClusterIndex
 from .topology import CLUSTER, NODE, TIER_INDEX, gang_tier, islands_of, pick_gpus
@@ -100,10 +100,16 @@ def expected_end(alloc: Allocation, now: float) -> float:
 
 def place(snapshot: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
           port_range: tuple[int, int] = (29500, 29999), timer: Callable[[], float] | None = None,
-          index: ClusterIndex | None = None) -> PlacementResult:
+          index: ClusterIndex | None = None, *, reuse_verdicts: bool = True) -> PlacementResult:
     """Decide for every pending job. `index`, when given, is the one the caller kept from its previous call
-    (same profile): it is brought up to date from `snapshot` instead of rebuilt — the result is the same."""
-    session = _Session(snapshot, profile, config, now, port_range, index)
+    (same profile): it is brought up to date from `snapshot` instead of rebuilt — the result is the same.
+
+    `reuse_verdicts`: a job that could not be placed, and whose consideration changed nothing in the session
+    (nothing taken, reserved or preempted, no counter moved), leaves its reason for the later jobs of its
+    `placement_shape`: while the session stays unchanged, they wait for the same reason without being
+    looked at again (a burst of a thousand like submits on a full fleet costs one look, not a thousand, every
+    cycle). The result is the same either way (tests/scheduler/test_placement_reuse.py)."""
+    session = _Session(snapshot, profile, config, now, port_range, index, reuse_verdicts)
     try:
         return session.run(timer)
     finally:
@@ -124,8 +130,10 @@ Release = tuple[str, tuple[int, ...]]
 
 class _Session:
     def __init__(self, snap: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
-                 port_range: tuple[int, int], index: ClusterIndex | None) -> None:
+                 port_range: tuple[int, int], index: ClusterIndex | None, reuse_verdicts: bool = True) -> None:
         self.snap = snap
+        # placement shape (and tier) → (the session's state when it was judged, why such a job waits)
+        self._verdicts: dict[tuple[object, ...], tuple[tuple[int, ...], str]] | None = {} if reuse_verdicts else None
         self.profile = profile
         self.config = config
         self.now = now
@@ -139,7 +147,7 @@ class _Session:
         self.reservation_tries = 0
         self._rel_cache: dict[str, dict[str, list[Release]]] = {}
         self._victims: list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]] | None = None
-        self._models_cache: dict[tuple[object, ...], list[str]] = {}
+        self._models_cache: dict[tuple[object, ...], tuple[list[str], str]] = {}
         if index is None:
             index = ClusterIndex.of(snap, profile.gates)
         else:
@@ -180,25 +188,54 @@ class _Session:
                 by_team.setdefault(job.team, []).append(job)
         order = self.profile.order
         heap: list[tuple[tuple[float, ...], str, int]] = []
-        for jobs in by_team.values():
+        ranked: dict[str, list[tuple[tuple[float, ...], str, Job]]] = {}
+        for team, jobs in by_team.items():
             # Within a team the key differs only by standing and submission time, so sort once.
-            jobs.sort(key=lambda j: (order.key(j, self.ledger, self.config), j.id))
-            heapq.heappush(heap, (order.key(jobs[0], self.ledger, self.config), jobs[0].id, 0))
-        heads = {jobs[0].id: team for team, jobs in by_team.items()}
+            ranked[team] = sorted(((order.key(j, self.ledger, self.config), j.id, j) for j in jobs),
+                                  key=lambda e: (e[0], e[1]))
+            heapq.heappush(heap, (*ranked[team][0][:2], 0))
+        heads = {jobs[0][1]: team for team, jobs in ranked.items()}
+        # A key reads the ledger, which only a decision changes: until the first, the sort's keys still hold.
+        charged = len(self.result.decisions)
         while heap:
             _, job_id, i = heapq.heappop(heap)
             team = heads.pop(job_id)
-            job = by_team[team][i]
+            job = ranked[team][i][2]
             self.result.considered.append(job.id)
             started = timer() if timer else 0.0
-            self._consider(job)
+            self._consider_or_reuse(job)
             if timer:
                 self.result.timings.append((job.id, timer() - started))
-            if i + 1 < len(by_team[team]):
-                nxt = by_team[team][i + 1]
-                heads[nxt.id] = team
-                heapq.heappush(heap, (order.key(nxt, self.ledger, self.config), nxt.id, i + 1))
+            if i + 1 < len(ranked[team]):
+                key, nxt_id, nxt = ranked[team][i + 1]
+                heads[nxt_id] = team
+                if len(self.result.decisions) != charged:
+                    key = order.key(nxt, self.ledger, self.config)
+                heapq.heappush(heap, (key, nxt_id, i + 1))
         return self.result
+
+    def _state(self) -> tuple[int, ...]:
+        """Changes with everything a consideration can change in the session (what it took, reserved,
+        preempted, and the counters that bound reservations and preemptions)."""
+        r = self.result
+        return (len(r.decisions), len(r.reservations), len(r.preemptions), self.reservation_tries, self.preemptors,
+                len(self.victims_taken))
+
+    def _consider_or_reuse(self, job: Job) -> None:
+        if self._verdicts is None or job.id in self.nominated:
+            self._consider(job)
+            return
+        key = (*placement_shape(job), self._max_tier(job))
+        state = self._state()
+        seen = self._verdicts.get(key)
+        if seen is not None and seen[0] == state:
+            self.result.unplaced.append(Unplaced(job.id, seen[1]))
+            return
+        before = len(self.result.unplaced)
+        self._consider(job)
+        out = self.result.unplaced
+        if len(out) == before + 1 and out[-1].job_id == job.id and self._state() == state:
+            self._verdicts[key] = (state, out[-1].reason)
 
     def _consider(self, job: Job) -> None:
         if job.spec.resources.cpu_only:
@@ -249,7 +286,7 @@ class _Session:
                  tuple(sorted(r.speed_hints.items())))
         hit = self._models_cache.get(shape)
         if hit is not None:
-            return hit, ""
+            return hit
         ok: list[tuple[float, str]] = []
         reasons: list[str] = []
         for model, info in self.catalog.items():
@@ -258,9 +295,9 @@ class _Session:
                 ok.append((-self.profile.model_score.score(job, info, self.config), model))
             else:
                 reasons.append(f"{model}: {rejected}")
-        models = [m for _, m in sorted(ok)]
-        self._models_cache[shape] = models
-        return models, "; ".join(reasons) or "no GPUs registered"
+        found = [m for _, m in sorted(ok)], "; ".join(reasons) or "no GPUs registered"
+        self._models_cache[shape] = found
+        return found
 
     def _admit(self, job: Job, model: str) -> tuple[bool, bool, str]:
         borrowed = False

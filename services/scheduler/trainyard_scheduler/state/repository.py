@@ -11,6 +11,7 @@ watch-fed copy can wait until that copy includes them (read-your-writes).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
+from trainyard_core.store.batch import TxnBatcher
 
 from ..domain.models import Allocation, Job, Node, WorkerExit
 from ..domain.queues import FairShareUsage
@@ -86,6 +88,10 @@ class Repository:
         self.keys = keys
         self._fence = fence
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
+        # New jobs are independent writes (each compares only its own absent keys): submitted concurrently, they
+        # share etcd transactions (store/batch.py).
+        self._creates = TxnBatcher(store)
+        self._annotations = TxnBatcher(store)
         self.holdings_writes = HoldingsCommitter(self.holdings, self._txn, lambda: self._fenced([]), max_txn_ops)
         self.written_revision = 0
         # The newest revision at which this repository created a job: at or after any job it created, and a
@@ -93,6 +99,7 @@ class Repository:
         self.created_revision = 0
         self.idempotency_ttl_s = idempotency_ttl_s
         self._idem_leases: dict[int, int] = {}
+        self._idem_lock = asyncio.Lock()
 
     def _fenced(self, compares: Sequence[Compare]) -> list[Compare]:
         return [self._fence(), *compares] if self._fence is not None else list(compares)
@@ -104,16 +111,18 @@ class Repository:
         return res
 
     # -- jobs ----------------------------------------------------------------------------------------
-    async def _idempotency_lease(self, now: float, fresh: bool = False) -> int:
+    async def _idempotency_lease(self, now: float, gone: int = 0) -> int:
         """The lease an idempotency key written at `now` is bound to: one per hour of writes, lasting
         `idempotency_ttl_s` past that hour's end, so a key lives at least that long and at most an hour more,
-        at the cost of one lease grant an hour."""
+        at the cost of one lease grant an hour. `gone`: a lease etcd no longer has (one new lease replaces it,
+        however many submits found it gone at once)."""
         bucket = int(now // IDEMPOTENCY_BUCKET_S)
-        lease = self._idem_leases.get(bucket)
-        if lease is None or fresh:
-            lease = await self.store.grant_lease(int(self.idempotency_ttl_s + IDEMPOTENCY_BUCKET_S))
-            self._idem_leases = {bucket: lease}
-        return lease
+        async with self._idem_lock:
+            lease = self._idem_leases.get(bucket)
+            if lease is None or lease == gone:
+                lease = await self.store.grant_lease(int(self.idempotency_ttl_s + IDEMPOTENCY_BUCKET_S))
+                self._idem_leases = {bucket: lease}
+            return lease
 
     async def create_job(self, job: Job, idempotency_key: str = "", request_digest: str = "") -> tuple[Job, bool]:
         """Store a new job. Returns (job, created); with an idempotency key already used by this team for the
@@ -122,22 +131,24 @@ class Repository:
         IdempotentJobGone when it names a job that has left etcd since (the history has it)."""
         key = self.keys.job(job.id)
         idem = self.keys.idempotency(job.team, idempotency_key) if idempotency_key else ""
+        lease = 0
         for attempt in range(2):
             compares = [absent(key)]
             ops: list[Put | Delete] = [Put(key, encode_job(job))]
             if idem:
-                lease = await self._idempotency_lease(job.created_at, fresh=attempt > 0)
+                lease = await self._idempotency_lease(job.created_at, gone=lease if attempt else 0)
                 compares.append(absent(idem))
                 record = json.dumps({"job": job.id, "request": request_digest}, separators=(",", ":"))
                 ops.append(Put(idem, record.encode(), lease))
             try:
-                res = await self._txn(compares, ops)
+                res = await self._creates.txn(compares, ops)
             except FailedPrecondition:  # the hour's lease is gone (revoked, or etcd lost it): take a new one
                 if not idem or attempt:
                     raise
                 continue
             break
         if res.succeeded:
+            self.written_revision = max(self.written_revision, res.revision)
             self.created_revision = max(self.created_revision, res.revision)
             return job, True
         if idem:
@@ -233,6 +244,17 @@ class Repository:
             res = await self.holdings_writes.submit(compares, ops, holdings.give_back(release))
         if not res.succeeded:
             raise Conflict("record changed concurrently or leadership lost")
+        return res.revision
+
+    async def annotate(self, job: Job, job_rev: int) -> int:
+        """Write a job record that changed only in what it tells its user (a waiting job's reason), read at
+        `job_rev`: like `write(job=...)`, but sent in one transaction with the other annotations of the moment
+        (one cycle explains every job it could not place). Conflict as `write`."""
+        key = self.keys.job(job.id)
+        res = await self._annotations.txn(self._fenced([mod_revision_is(key, job_rev)]), [Put(key, encode_job(job))])
+        if not res.succeeded:
+            raise Conflict("record changed concurrently or leadership lost")
+        self.written_revision = max(self.written_revision, res.revision)
         return res.revision
 
     async def drop_orphan_holdings(self, node_id: str, job_ids: Sequence[str]) -> bool:
