@@ -24,9 +24,10 @@ Sinks:
 
 Writing: `record(sink, entry)` is awaited by the interceptor (gRPC) or middleware (HTTP) before the answer
 leaves, and survives the call being cancelled. Concurrent appends to etcd share transactions
-(`store/batch.py`): each entry is still its own compare and put, and is acknowledged only once stored. A sink retries a failed write a few times; if it still fails,
-the caller gets the true result of its call anyway (the action happened, or did not, whatever the audit
-write did), the failure is logged at ERROR and `trainyard_audit_write_failures_total` is counted.
+(`store/batch.py`): each entry is still its own compare and put, and is acknowledged only once stored. A
+sink retries a failed write a few times; if it still fails, the caller gets the true result of its call
+anyway (the action happened, or did not, whatever the audit write did), the failure is logged at ERROR and
+`trainyard_audit_write_failures_total` is counted.
 """
 
 from __future__ import annotations
