@@ -126,7 +126,8 @@ class LocalCluster:
     def __init__(self, workdir: Path, *, gateway_port: int = 8080, nodes: Sequence[tuple[str, str]] = DEFAULT_NODES,
                  stop_grace_s: float = 5.0, node_timeout_s: float = 2.5, log_format: str = "json",
                  etcd_members: int = 1, schedulers: int = 1, heartbeat_interval_ms: int = 30_000,
-                 tls: bool = True, netns: bool = False, control_plane_netns: bool = False) -> None:
+                 tls: bool = True, netns: bool = False, control_plane_netns: bool = False,
+                 trace_dir: Path | None = None) -> None:
         """`etcd_members` 1 (one member on 127.0.0.1) or 3 (127.0.0.1/.2/.3, a quorum that survives one
         loss); `schedulers` replicas (the first to win the election leads, the others stand by; agents
         and the gateway are given every replica's address). `tls=False` runs every service with
@@ -135,7 +136,8 @@ class LocalCluster:
         the scheduler and checkpoint-store then listen on the bridge address, etcd stays on loopback.
         `control_plane_netns=True` (implies `netns`) gives each scheduler replica, the checkpoint-store and the
         gateway a host of its own too, and puts etcd on addresses of the bridge (the root namespace), so that
-        the chaos suite can cut any of them from any other (tests/chaos/netfaults.py)."""
+        the chaos suite can cut any of them from any other (tests/chaos/netfaults.py). `trace_dir`: every process
+        appends its spans there (trace_exporter <trace_dir>/<name>.spans.jsonl); None: no spans recorded."""
         if etcd_members not in (1, 3):
             raise ValueError("etcd_members must be 1 or 3")
         if schedulers < 1:
@@ -163,6 +165,7 @@ class LocalCluster:
         self.netns = netns or control_plane_netns
         self.control_plane_netns = control_plane_netns
         self.network: HostNetwork | None = None
+        self.trace_dir = trace_dir.resolve() if trace_dir is not None else None
 
     def _principals(self) -> list[Principal]:
         return [identity.SCHEDULER, identity.GATEWAY, identity.CHECKPOINT_STORE, self.tool,
@@ -238,6 +241,8 @@ class LocalCluster:
         env.update({f"{env_prefix}{k.upper()}": v for k, v in settings.items()})
         env[f"{env_prefix}READY_FILE"] = str(run / f"{name}.ready")
         env[f"{env_prefix}LOG_FORMAT"] = self.log_format
+        if self.trace_dir is not None:
+            env[f"{env_prefix}TRACE_EXPORTER"] = str(self.trace_dir / f"{name}.spans.jsonl")
         env["PYTHONUNBUFFERED"] = "1"
         return Proc(name=name, args=[sys.executable, "-m", module], env=env, log_path=logs / f"{name}.log",
                     ready_path=run / f"{name}.ready")
@@ -254,6 +259,8 @@ class LocalCluster:
         find_etcd()
         for sub in ("logs", "run", "etcd", "checkpoints", "agents"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        if self.trace_dir is not None:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
         pki.ensure(self.pki_dir, self._principals(), job_issuer=True)
         self.pki_dir.chmod(0o700)
         # etcd as production runs it (docs/security.md, etcd): TLS only, client certificates required, auth on,

@@ -7,6 +7,11 @@ library raises KeyError from inside the call, so one badly named field turned a 
 formatter never fails on a value it cannot serialise. tests/core/test_logging.py also refuses any such
 key in the tree's `extra={...}` literals, and the tests' own handler fails a test whose log call needed
 the guard, so production gets the rename and the code gets fixed.
+
+Each line written inside an OpenTelemetry span names it (`trace_id`, `span_id`: the W3C ids in hex), whether
+or not spans are exported: the services propagate trace ids either way (telemetry.py), so one request's or
+one job's lines can be found in every service's log. Outside a span, a `trace_id` in the log context (the
+job's trace, which the scheduler binds while it works on the job) stands.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from opentelemetry import trace
+
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("trainyard_log_context",
                                                                             default={})
 
@@ -32,6 +39,8 @@ RESERVED_RECORD_KEYS: frozenset[str] = (frozenset(vars(logging.makeLogRecord({})
 RENAMED_EXTRA_ATTR = "_trainyard_renamed_extra"
 # The JSON line's own fields, which neither context nor extras may overwrite.
 _JSON_FIELDS = frozenset({"ts", "level", "service", "logger", "msg", "exc"})
+TRACE_ID = "trace_id"
+SPAN_ID = "span_id"
 
 
 @contextlib.contextmanager
@@ -90,6 +99,21 @@ def _as_text(value: object) -> str:
         return f"<{type(value).__name__} that cannot be printed>"
 
 
+def _fields(record: logging.LogRecord, *, span_id: bool) -> dict[str, Any]:
+    """What a line adds to its message: the log context, the call's extras, and the current span's trace (and
+    span) id, which win over a context or extra of the same name."""
+    fields = {**_context.get()}
+    for key, value in record.__dict__.items():
+        if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
+            fields[key] = value
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        fields[TRACE_ID] = f"{ctx.trace_id:032x}"
+        if span_id:
+            fields[SPAN_ID] = f"{ctx.span_id:016x}"
+    return fields
+
+
 def _dumps(out: dict[str, Any]) -> str:
     """The line as strict JSON, whatever the values: a value json cannot take (a dict with tuple keys, a
     cycle, NaN, an object whose str() raises) is written as its str() rather than losing the line."""
@@ -120,10 +144,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        fields = {**_context.get()}
-        for key, value in record.__dict__.items():
-            if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
-                fields[key] = value
+        fields = _fields(record, span_id=True)
         for key, value in fields.items():
             out[_free_key(key, out.keys() | fields.keys()) if key in _JSON_FIELDS else key] = value
         if record.exc_info:
@@ -137,10 +158,7 @@ class TextFormatter(logging.Formatter):
         self._service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = {**_context.get()}
-        for key, value in record.__dict__.items():
-            if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
-                extras[key] = value
+        extras = _fields(record, span_id=False)
         tail = " ".join(f"{k}={_as_text(v)}" for k, v in extras.items())
         line = (f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<7} "
                 f"{self._service} {record.getMessage()}" + (f" {tail}" if tail else ""))

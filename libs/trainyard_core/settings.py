@@ -9,7 +9,9 @@ builds the settings and passes them in.
 Each settings class names its own prefix (`env_prefix`), so the documented names and the loader cannot
 disagree. A variable under that prefix that names no setting stops the service with a message naming the
 closest settings: a typo must not silently fall back to a default. Variables outside the prefix (those
-meant for workers or the CLI, such as `TRAINYARD_CHECKPOINT_STORE` or `TRAINYARD_URL`) are never looked at.
+meant for workers or the CLI, such as `TRAINYARD_CHECKPOINT_STORE` or `TRAINYARD_URL`) are never looked at,
+but for the standard ones a settings class names in `standard_env` (OpenTelemetry's
+`OTEL_EXPORTER_OTLP_ENDPOINT`), which rank below the file.
 
 Maps and lists (`--labels rack=r1,switch=s3`) are repeatable flags and comma-separated in a variable. A map
 whose values are a model (the scheduler's priority classes) takes `NAME=VALUE[,field=value...]` per flag,
@@ -44,6 +46,10 @@ class SettingsError(InvalidArgument):
     """Settings could not be built; the message names the setting and the source."""
 
 
+# The trace_exporter values that export nothing (telemetry.py says what the others do).
+TRACES_OFF = frozenset({"", "none"})
+
+
 class BaseSettings(BaseModel):
     """Fields common to every service."""
 
@@ -54,14 +60,23 @@ class BaseSettings(BaseModel):
     # Earlier prefixes still honoured for the exact names of settings, each with a warning at start-up.
     # Names under them that are no setting are left alone: they may be other programs' variables.
     legacy_env_prefixes: ClassVar[tuple[str, ...]] = ()
+    # Standard variables outside the prefix that set a setting when neither the file, the service's own
+    # variable nor a flag does, as (variable, setting); a later one wins over an earlier one.
+    standard_env: ClassVar[tuple[tuple[str, str], ...]] = (("OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"),
+                                                           ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "otlp_endpoint"))
 
     log_level: typing.Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
     log_format: typing.Literal["json", "text"] = Field("json", description="one JSON object per line, or text")
     metrics_port: int = Field(-1, ge=-1, le=65535, description="port of the Prometheus /metrics endpoint; "
                               "-1 (the default): off; 0: a free port")
     metrics_host: str = Field("127.0.0.1", description="address the /metrics endpoint binds")
-    trace_exporter: str = Field("none", description="OpenTelemetry spans: none, console (stderr, JSON) or a "
-                                "file path to append them to")
+    trace_exporter: str = Field("none", description="OpenTelemetry spans: none, console (stderr, JSON), otlp (to "
+                                "the collector at otlp_endpoint) or a file path to append them to (JSON lines)")
+    otlp_endpoint: str = Field("", description="the OpenTelemetry collector's OTLP/gRPC receiver for "
+                               "trace_exporter=otlp: http://HOST:PORT (plaintext) or https://HOST:PORT (default: "
+                               "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT)")
+    otlp_ca_file: str = Field("", description="CA bundle (PEM) an https otlp_endpoint's certificate is checked "
+                              "against (default: the system's)")
     ready_file: str = Field("", description="once serving, write the bound ports here as JSON (launchers, "
                             "tests)")
     tls_cert_file: str = Field("", description="this service's certificate (PEM) for mTLS on its gRPC server "
@@ -70,6 +85,18 @@ class BaseSettings(BaseModel):
     tls_ca_file: str = Field("", description="the CA bundle (PEM) that signs every certificate of this deployment")
     insecure_plaintext: bool = Field(False, description="serve and call gRPC without TLS or authorization: "
                                      "development only, refused unless set explicitly, logged as a warning")
+
+    @model_validator(mode="after")
+    def _trace_export_valid(self) -> BaseSettings:
+        # otlp_endpoint and otlp_ca_file are looked at only with trace_exporter=otlp: the standard variables may
+        # be set for other programs (an OTLP/HTTP endpoint with a path, say) where this service exports nowhere.
+        if self.trace_exporter not in TRACES_OFF:
+            from .telemetry import trace_export_problem  # not at the top: it loads OpenTelemetry's SDK
+
+            problem = trace_export_problem(self)
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _tls_complete(self) -> BaseSettings:
@@ -359,12 +386,20 @@ def load_settings(
     from_env = _environment(cls, prefix, env)
 
     values: dict[str, Any] = {}
+    standard: dict[str, str] = {}  # setting → the standard variable that set it
+    for var, name in cls.standard_env:
+        if env.get(var):
+            values[name], standard[name] = env[var], var
     config_path = args.config or (from_env["config"][1] if "config" in from_env else "")
     if config_path:
-        values.update(_read_file(config_path, cls))
+        from_file = _read_file(config_path, cls)
+        values.update(from_file)
+        standard = {name: var for name, var in standard.items() if name not in from_file}
 
     for name, field in cls.model_fields.items():
         kind = _kind(field.annotation)
+        if name in from_env or getattr(args, name) is not None:
+            standard.pop(name, None)
         if name in from_env:
             var, raw = from_env[name]
             values[name] = _parse(kind, field, [raw], f"environment variable {var}", name)
@@ -383,6 +418,7 @@ def load_settings(
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "settings"
             problems.append(f"{loc}: {err['msg']}")
+        problems += [f"({name} is {var}'s value)" for name, var in standard.items()]
         raise SettingsError(f"invalid {prog} settings: " + "; ".join(problems)) from None
 
 

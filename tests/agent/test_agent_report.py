@@ -118,11 +118,12 @@ async def test_heartbeats_reach_the_scheduler_and_are_answered(agent: AgentApp, 
                 "the counters to be read")
     beat = convert.heartbeat_request(node_id="node-a", seq=1, sent_at=0.0, changed_gpus=[], running=[])
     assert not beat.gpu_metrics
-    exported = {name: REGISTRY.get_sample_value(name, {"node": "node-a", "gpu": "2"})
-                for name in ("trainyard_agent_gpu_pcie_replays", "trainyard_agent_gpu_nvlink_errors",
-                             "trainyard_agent_gpu_ecc_uncorrected_volatile", "trainyard_agent_gpu_sm_clock_mhz")}
-    assert exported == {"trainyard_agent_gpu_pcie_replays": 4.0, "trainyard_agent_gpu_nvlink_errors": 3.0,
-                        "trainyard_agent_gpu_ecc_uncorrected_volatile": 1.0, "trainyard_agent_gpu_sm_clock_mhz": 1980.0}
+    exported = {s.name: s.value for m in REGISTRY.collect() for s in m.samples
+                if s.name in ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                              "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_SM_CLOCK")
+                and (s.labels["node"], s.labels["gpu"]) == ("node-a", "2")}
+    assert exported == {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 4.0, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 3.0,
+                        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 1.0, "DCGM_FI_DEV_SM_CLOCK": 1980.0}
 
 
 async def test_reregister_keeps_workers_running(agent: AgentApp, scheduler: Scheduler,

@@ -62,9 +62,11 @@ class Api:
 
 
 @contextlib.contextmanager
-def local_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any) -> Iterator[LocalCluster]:
-    """A started LocalCluster (free gateway port, short stop grace, text logs), stopped at exit."""
-    c = LocalCluster(Path(tmp_path_factory.mktemp(name)), gateway_port=0, stop_grace_s=2.0, log_format="text",
+def local_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, *, log_format: str = "text",
+                  **options: Any) -> Iterator[LocalCluster]:
+    """A started LocalCluster (free gateway port, short stop grace, text logs unless `log_format` says json),
+    stopped at exit."""
+    c = LocalCluster(Path(tmp_path_factory.mktemp(name)), gateway_port=0, stop_grace_s=2.0, log_format=log_format,
                      **options)
     try:
         c.start()

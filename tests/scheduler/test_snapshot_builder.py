@@ -101,8 +101,6 @@ async def test_a_kept_snapshot_is_the_one_a_fresh_build_would_give_after_any_wri
             want, want_policy = SnapshotBuilder(mirror, KEYS).build(live, {})
             assert got == want, f"step {step}"
             assert got_policy == want_policy, f"step {step}"
-            assert kept.healthy_gpus(frozenset(got.nodes)) == sum(
-                1 for n in got.nodes.values() for g in n.gpus if g.healthy)
         assert any(j.state is JobState.RUNNING for j in got.jobs.values()) or got.jobs == {}
     finally:
         await mirror.stop()

@@ -23,6 +23,7 @@ from ..security.tls import ClientTls, server_credentials, target_name_option
 from .audit import AuditInterceptor, RequestIdClientInterceptor
 from .errors import ErrorMappingInterceptor
 from .liveness import merged
+from .metrics import RpcMetricsInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ async def start_grpc_server(
     audit_service: str = "",
     options: Sequence[tuple[str, int | str]] = (),
 ) -> GrpcServer:
-    """Start a server with the error-mapping interceptor, health and reflection; port 0 picks a free one.
+    """Start a server with the metrics and error-mapping interceptors, health and reflection; port 0 picks a
+    free one.
 
     `register` adds the service's servicers; `service_names` are their full names (for health and
     reflection); `job_binding` checks the table's `as_job` rules (the checkpoint-store's). With `tls`, the
@@ -91,7 +93,8 @@ async def start_grpc_server(
     every mutating call (`authz.AUDITED`), refused ones included, is recorded there as `audit_service`.
     `options`: gRPC server options on top of (and replacing) the shared ones, e.g. the scheduler's keepalive.
     """
-    chain: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor()]
+    # Metrics outermost: they count the status the caller gets, after the error mapping (rpc/metrics.py).
+    chain: list[grpc.aio.ServerInterceptor] = [RpcMetricsInterceptor(), ErrorMappingInterceptor()]
     if audit is not None:
         chain.append(AuditInterceptor(audit, audit_service))
     if tls is not None:

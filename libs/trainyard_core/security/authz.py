@@ -105,6 +105,8 @@ RULES: Mapping[str, Rule] = {
     **_methods(AGENT, ("GetWorkerLogs", "StreamWorkerLogs"), rule("gateway", "scheduler", "tool")),
     # Operator actions on a GPU arrive through the gateway (the operator's user is recorded there).
     **_methods(AGENT, ("SetGpuHealth",), rule("gateway", "tool")),
+    # GPU telemetry and health history: the gateway (its console and API) and operators' tools.
+    **_methods(AGENT, ("GetGpuMetrics",), rule("gateway", "tool")),
     # Fault injection is a test and drill facility: tools only.
     **_methods(AGENT, ("InjectFault",), rule("tool")),
     # A node speaks only for itself.

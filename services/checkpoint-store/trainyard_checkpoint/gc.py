@@ -27,12 +27,14 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections import defaultdict
 
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, TrainyardError
 from trainyard_core.store import Put, absent
 
+from . import metrics
 from .domain.gc import ActionKind, GcAction, GcTiming, JobSnapshot, StoredLocation, VersionedCheckpoint, plan
 from .manager import CheckpointManager
 from .repository import LeaseState, StoredCheckpoint
@@ -62,9 +64,18 @@ class GarbageCollector:
             if dry_run:
                 jobs, stored, records = await self._snapshot()
                 return plan(jobs, stored, self._first_seen, self._timing, self._clock.now())
-            lease = await self._lock()
+            try:
+                lease = await self._lock()
+            except Conflict:
+                metrics.GC_RUNS.labels("skipped").inc()
+                raise
+            except BaseException:
+                metrics.GC_RUNS.labels("failed").inc()
+                raise
+            started = time.perf_counter()
             lost = asyncio.Event()
             keeper = asyncio.create_task(self._keep_lock(lease, lost), name="gc lock keepalive")
+            ran = False
             try:
                 jobs, stored, records = await self._snapshot()
                 actions = plan(jobs, stored, self._first_seen, self._timing, self._clock.now())
@@ -76,10 +87,13 @@ class GarbageCollector:
                     if await self._apply(action, records):
                         done.append(action)
                 self.passes += 1
+                ran = True
+                metrics.GC_SECONDS.observe(time.perf_counter() - started)
                 if done:
                     log.info("GC pass", extra={"actions": len(done), "planned": len(actions)})
                 return done
             finally:
+                metrics.GC_RUNS.labels("ok" if ran else "failed").inc()
                 keeper.cancel()
                 try:
                     await self._repo.store.revoke_lease(lease)
@@ -120,6 +134,7 @@ class GarbageCollector:
             log.warning("GC action %s on %s failed: %s", action.kind.value, action.location, e.message)
             return False
         if done:
+            metrics.GC_REMOVED.labels(metrics.action_label(action.kind)).inc()
             log.info("GC", extra={"action": action.kind.value, "job_id": action.job_id,
                                   "checkpoint_id": action.checkpoint_id, "reason": action.reason})
         return done
@@ -145,6 +160,7 @@ class GarbageCollector:
         if deleted is None:
             return False
         await self._storage.remove(deleted.location)
+        metrics.GC_REMOVED_BYTES.inc(rec.checkpoint.total_bytes)
         return True
 
     # -- the lock -----------------------------------------------------------------------------------

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, FailedPrecondition, NotFound
 
+from . import metrics
 from .domain import Checkpoint, CheckpointState
 from .domain.validation import validate_checkpoint_id, validate_lease_id, validate_lease_request
-from .repository import CheckpointRepository
+from .repository import CheckpointRepository, RestoreLease
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +60,26 @@ class RestoreLeases:
                 log.info("restore lease acquired", extra={"job_id": ckpt.job_id, "checkpoint_id": ckpt.id,
                                                           "lease_id": f"{lease_id:x}", "ttl_s": ttl_s,
                                                           "holder": holder})
+                metrics.LOADS.inc()
+                metrics.LOAD_BYTES.inc(ckpt.total_bytes)
                 return Lease(f"{lease_id:x}", ttl_s, ckpt)
             # The record changed (a tag, a deletion): give the unused lease back and decide again.
             await self._repo.store.revoke_lease(lease_id)
         raise Conflict(f"acquiring a restore lease on {checkpoint_id} lost {self._max_attempts} concurrent "
                        "updates in a row; retry")
 
-    async def _find(self, checkpoint_id: str, lease_id: str) -> tuple[Checkpoint, int] | None:
+    async def _find(self, checkpoint_id: str, lease_id: str) -> RestoreLease | None:
         validate_checkpoint_id(checkpoint_id)
         validate_lease_id(lease_id)
         stored = await self._repo.load(checkpoint_id)
         if stored is None:
             raise NotFound(f"checkpoint {checkpoint_id} not found")
-        number = int(lease_id, 16)
-        lease = await self._repo.lease(stored.checkpoint.job_id, checkpoint_id, number)
-        return None if lease is None else (stored.checkpoint, number)
+        return await self._repo.lease(stored.checkpoint.job_id, checkpoint_id, int(lease_id, 16))
 
     async def renew(self, checkpoint_id: str, lease_id: str) -> int:
         """Restart the lease's TTL; returns it. NotFound when the lease expired or was released."""
         found = await self._find(checkpoint_id, lease_id)
-        ttl = 0 if found is None else await self._repo.store.keepalive(found[1])
+        ttl = 0 if found is None else await self._repo.store.keepalive(found.lease_id)
         if ttl <= 0:
             raise NotFound(f"restore lease {lease_id} on checkpoint {checkpoint_id} has expired or was "
                            "released; acquire a new one")
@@ -88,5 +89,7 @@ class RestoreLeases:
         """Idempotent: releasing an expired or released lease succeeds."""
         found = await self._find(checkpoint_id, lease_id)
         if found is not None:
-            await self._repo.store.revoke_lease(found[1])
+            await self._repo.store.revoke_lease(found.lease_id)
+            if found.acquired_at > 0:  # the load it covered is over
+                metrics.LOAD_SECONDS.observe(max(0.0, self._clock.now() - found.acquired_at))
             log.info("restore lease released", extra={"checkpoint_id": checkpoint_id, "lease_id": lease_id})

@@ -11,6 +11,7 @@ Idempotency: Begin is not (each call reserves a new id); Commit, Abort, Delete, 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,7 +21,7 @@ from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument,
 from trainyard_core.ids import new_id
 from trainyard_core.logs import log_context
 
-from . import domain
+from . import domain, metrics
 from .domain import Checkpoint, CheckpointState, RetentionPolicy, Shard
 from .domain.validation import (
     CHECKPOINT_ID_PREFIX,
@@ -136,6 +137,7 @@ class CheckpointManager:
             return ckpt if await self._repo.create(ckpt, fence) else None
 
         ckpt = await self._retry("begin", attempt)
+        metrics.BEGUN.inc()
         with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
             log.info("checkpoint begun", extra={"step": ckpt.step, "world_size": ckpt.world_size,
                                                 "location": ckpt.location})
@@ -161,6 +163,18 @@ class CheckpointManager:
         if stored.checkpoint.state is not CheckpointState.WRITING:
             # Either the idempotent answer or the refusal; storage need not be looked at.
             return domain.commit(stored.checkpoint, shards, self._clock.now())
+        try:
+            return await self._commit_writing(stored, shards)
+        except FailedPrecondition:
+            metrics.COMMITS.labels("refused").inc()
+            raise
+        except Exception:
+            metrics.COMMITS.labels("failed").inc()
+            raise
+
+    async def _commit_writing(self, stored: StoredCheckpoint, shards: Sequence[Shard]) -> Checkpoint:
+        checkpoint_id = stored.checkpoint.id
+        started = time.perf_counter()
         await self._verify_storage(stored.checkpoint, shards)
         # The manifest does not depend on the commit time, so a retried commit writes the same bytes.
         draft = domain.commit(stored.checkpoint, shards, self._clock.now())
@@ -188,6 +202,7 @@ class CheckpointManager:
                         "step": committed.step, "shards": len(committed.shards),
                         "total_bytes": committed.total_bytes, "moved_latest": move,
                         "verified": self._verifier.mode})
+                _committed(committed, time.perf_counter() - started)
                 return committed
             stored = await self._load(checkpoint_id)
             return None
@@ -219,6 +234,7 @@ class CheckpointManager:
             return ckpt
         if not await self._repo.update(aborted, expected_revision=stored.mod_revision):
             return None
+        metrics.ABORTED.inc()
         with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
             log.info("checkpoint aborted", extra={"reason": aborted.abort_reason})
         return aborted
@@ -302,6 +318,7 @@ class CheckpointManager:
             if await self._repo.mark_damaged(damaged, expected_revision=stored.mod_revision, latest_guard=pointer,
                                              fallback=fallback, move_latest=move):
                 latest_id = (fallback.checkpoint.id if fallback else None) if move else pointer.checkpoint_id
+                metrics.DAMAGED.inc()
                 with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
                     log.warning("checkpoint marked damaged", extra={
                         "step": ckpt.step, "damage": damage, "was_latest": move, "latest": latest_id})
@@ -382,3 +399,14 @@ class CheckpointManager:
         validate_page_token(page_token)
         items, more = await self._repo.list(job_id, after=page_token or None, limit=size)
         return Page(items, items[-1].id if more and items else "")
+
+
+def _committed(ckpt: Checkpoint, work_s: float) -> None:
+    """A checkpoint became COMMITTED: its save (Begin to Commit, on the service's clock), its size, and the
+    Commit's own work."""
+    metrics.COMMITS.labels("committed").inc()
+    metrics.COMMIT_SECONDS.observe(work_s)
+    if ckpt.committed_at is not None:
+        metrics.SAVE_SECONDS.observe(max(0.0, ckpt.committed_at - ckpt.created_at))
+    metrics.SAVED_BYTES.inc(ckpt.total_bytes)
+    metrics.SIZE_BYTES.observe(ckpt.total_bytes)

@@ -63,6 +63,7 @@ class RestoreLease:
     lease_id: int
     holder: str
     ttl_s: int
+    acquired_at: float = 0.0  # the service's clock when it was acquired (0: a record written without it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +295,8 @@ class CheckpointRepository:
         if kv is None or kv.lease != lease_id:
             return None
         doc = json.loads(kv.value)
-        return RestoreLease(job_id, checkpoint_id, lease_id, str(doc.get("holder", "")), int(doc.get("ttl_s", 0)))
+        return RestoreLease(job_id, checkpoint_id, lease_id, str(doc.get("holder", "")), int(doc.get("ttl_s", 0)),
+                            float(doc.get("acquired_at", 0.0)))
 
     # -- writes -------------------------------------------------------------------------------------
     async def create(self, ckpt: Checkpoint, fence: AttemptFence) -> bool:

@@ -40,10 +40,13 @@ from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
 
-from . import audit_http, http_errors, http_methods, openapi
+from . import audit_http, http_errors, http_methods, http_tracing, openapi
 from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
+from .console.router import make_router as console_router
 from .deps import GatewayDeps
+from .fleet_metrics import FleetHistory, LatestGpus
+from .http_metrics import HttpMetrics
 from .job_view import JobView
 from .job_view_feed import JobFeed
 from .rate_limit import TokenBuckets
@@ -54,12 +57,14 @@ from .routers import (
     job_operations,
     job_streams,
     jobs,
+    metrics,
     nodes,
     pending,
     queues,
     quotas,
     tokens,
     usage,
+    whoami,
 )
 from .settings import GatewaySettings
 from .token_service import SERVICE_NAME, TokenServicer
@@ -82,22 +87,25 @@ any path answers 204 with `Allow`; a method a path does not have answers 405 wit
 
 
 def create_app(deps: GatewayDeps, *, traced: bool = True) -> FastAPI:
-    """`traced`: FastAPI's span per request, which is worth its cost only when spans are exported (the
-    trace_exporter setting; off, the request's calls to the services still carry one trace context)."""
-    # FastAPI's own telemetry: at most a span per request (traced with the services it calls), never one per
-    # dependency, endpoint and serialization step (operation_spans: most of a read's telemetry cost,
-    # bench/gateway); no OpenTelemetry metrics or logs (the gateway's metrics are Prometheus', its logs its own
-    # formatter's).
+    """`traced`: a recorded span per request, which is worth its cost only when spans are exported (the
+    trace_exporter setting; off, the request still has a trace id, which its log lines and its calls to the
+    services carry: http_tracing.py)."""
+    # FastAPI's own telemetry off: http_tracing.py makes the request's span (or its bare trace context), and the
+    # gateway's metrics are Prometheus', its logs its own formatter's.
     app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None,
-                  telemetry={"tracing": traced, "operation_spans": False, "metrics": False, "logs": False})
+                  telemetry={"tracing": False, "operation_spans": False, "metrics": False, "logs": False})
     app.state.deps = deps
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
-    http_errors.install(app)
-    audit_http.install(app, getattr(deps, "audit", None))  # outermost: the answer waits for its audit entry
-    routers = [m.router for m in (health, jobs, job_streams, job_operations, checkpoints, pending, nodes, queues,
-                                  quotas, usage, tokens, audit)]
+    http_errors.install(app, HttpMetrics())  # the access log records each request's latency (http_metrics.py)
+    audit_http.install(app, getattr(deps, "audit", None))  # the answer waits for its audit entry
+    http_tracing.install(app, telemetry.tracer(__name__) if traced else None)  # outermost: all of it in the trace
+    routers = [m.router for m in (health, jobs, job_streams, job_operations, checkpoints, pending, nodes, metrics,
+                                  queues, quotas, usage, tokens, whoami, audit)]
     for router in routers:
         app.include_router(router)
+    # The web console's files, outside the OpenAPI document (deps may be None: the document alone).
+    settings = getattr(deps, "settings", None)
+    app.include_router(console_router(prometheus_url=getattr(settings, "console_prometheus_url", "")))
     openapi.install(app, routers)
     return app
 
@@ -148,6 +156,7 @@ class GatewayApp:
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
         self._job_feed: JobFeed | None = None
+        self._fleet_history: FleetHistory | None = None
         self._http: _EmbeddedServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self.app: FastAPI | None = None
@@ -181,12 +190,14 @@ class GatewayApp:
         # leave the requests' connection in a reconnect backoff that fails the first reads after it is back.
         feed_channels = self._feed_channels = Channels(s.tls, options=OWN_CONNECTIONS)
         view = self._job_view(scheduler, lambda: feed_channels.get(target, identity.SCHEDULER))
+        fleet = self._fleet_history = FleetHistory(s.fleet_sample_interval_s, scheduler.list_nodes, clock=self._clock)
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store, job_view=view,
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
                                                                      clock=self._clock),
                            audit=AuditLog(self._store, s.etcd_prefix, retention_s=s.audit_retention_s(),
                                           clock=self._clock),
-                           checkpoints=self._checkpoint_store(channels))
+                           checkpoints=self._checkpoint_store(channels), fleet_history=fleet,
+                           latest_gpus=LatestGpus(self._agents, clock=self._clock))
         self.app = create_app(deps, traced=telemetry.exporting(s.trace_exporter))
 
         servicer = TokenServicer(token_store)
@@ -263,6 +274,9 @@ class GatewayApp:
         if self._job_feed is not None:
             await self._job_feed.stop()
             self._job_feed = None
+        if self._fleet_history is not None:
+            await self._fleet_history.stop()
+            self._fleet_history = None
         if self._agents is not None:
             self._agents.forget()
             self._agents = None

@@ -384,6 +384,15 @@ class AgentClients:
         await _call(f"node agent of {node_id} at {address}",
                     self._stub(address, node_id).SetGpuHealth(request, timeout=self._timeout))
 
+    async def gpu_metrics(self, address: str, *, node_id: str, window_s: int, max_points: int,
+                          timeout_s: float | None = None) -> agent_pb2.GetGpuMetricsResponse:
+        """The node's GPU telemetry over the window and its GPUs' XID and health history (GetGpuMetrics)."""
+        request = agent_pb2.GetGpuMetricsRequest(window_s=window_s, max_points=max_points)
+        reply: agent_pb2.GetGpuMetricsResponse = await _call(
+            f"node agent of {node_id} at {address}",
+            self._stub(address, node_id).GetGpuMetrics(request, timeout=timeout_s or self._timeout))
+        return reply
+
     def forget(self) -> None:
         """Drop the stubs (the channels are the pool's, closed by its owner)."""
         self._stubs.clear()

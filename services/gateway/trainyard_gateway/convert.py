@@ -16,6 +16,7 @@ from trainyard_core import audit
 from trainyard_core.contract import DEFAULT_RESTART_BACKOFF_S, JobState, Role
 
 from .schemas import jobs as js
+from .schemas import metrics as ms
 from .schemas import nodes as ns
 from .schemas import queues as qs
 from .schemas import quotas
@@ -28,6 +29,7 @@ from .tokens import TokenRecord
 _JOB_STATES = frozenset(js.JOB_STATE_NAMES)
 _NODE_STATES = frozenset(get_args(ns.NodeState))
 _GPU_HEALTH = frozenset(get_args(ns.GpuHealth))
+_GPU_EVENT_KINDS = frozenset(get_args(ms.GpuEventKind))
 TERMINAL_EXIT_STATES = frozenset({JobState.SUCCEEDED.value, JobState.FAILED.value})
 
 
@@ -163,6 +165,29 @@ def node_from_pb(node: types_pb2.Node) -> ns.Node:
         models=sorted({g.model for g in gpus if g.model}), gpus=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
         labels=dict(node.labels), driver_version=node.driver_version, simulated=node.simulated,
         registered_at=_time(node.registered_at), last_heartbeat=_time(node.last_heartbeat))
+
+
+def _gpu_health_name(value: int) -> ns.GpuHealth:
+    return cast(ns.GpuHealth, _enum_name(value, "GPU_HEALTH", _GPU_HEALTH, types_pb2.GpuHealth.DESCRIPTOR))
+
+
+def _unix_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def node_metrics_from_pb(node_id: str, window_s: int, reply: agent_pb2.GetGpuMetricsResponse) -> ms.NodeMetrics:
+    return ms.NodeMetrics(
+        node_id=node_id, window_s=window_s, interval_s=reply.interval_ms / 1000, as_of=_unix_ms(reply.now_unix_ms),
+        retained_since=_unix_ms(reply.retained_since_unix_ms) if reply.retained_since_unix_ms else None,
+        gpus=[ms.GpuSeries(index=g.gpu_index, samples=[
+            ms.GpuSample(time=_unix_ms(p.time_unix_ms), utilization_percent=p.utilization_percent,
+                         memory_used_mb=p.memory_used_mb, temperature_c=p.temperature_c, power_w=p.power_w,
+                         sm_clock_mhz=p.sm_clock_mhz) for p in g.samples]) for g in reply.gpus],
+        # A kind of event this gateway does not know yet (a newer agent's) is left out.
+        events=[ms.GpuHealthEvent(time=_unix_ms(e.time_unix_ms), gpu=e.gpu_index,
+                                  kind=cast(ms.GpuEventKind, e.kind), xid=e.xid,
+                                  health=_gpu_health_name(e.health), reason=e.reason)
+                for e in reply.events if e.kind in _GPU_EVENT_KINDS])
 
 
 def log_line_from_pb(line: agent_pb2.LogLine) -> LogLine:

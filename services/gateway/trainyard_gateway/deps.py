@@ -11,6 +11,7 @@ from trainyard_core.store import Store
 
 from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
+from .fleet_metrics import FleetHistory, LatestGpus
 from .job_view import JobView
 from .rate_limit import TokenBuckets
 from .settings import GatewaySettings
@@ -31,6 +32,10 @@ class GatewayDeps:
     checkpoints: CheckpointStoreClient | None = None
     # The read view of the live jobs (None: the job_view setting is off; every read asks the scheduler).
     job_view: JobView | None = None
+    # GET /v1/fleet/metrics (fleet_metrics.py): the allocation the gateway records, every GPU's latest poll (None:
+    # not kept; the answer's lists are empty).
+    fleet_history: FleetHistory | None = None
+    latest_gpus: LatestGpus | None = None
 
 
 def deps_of(request: Request) -> GatewayDeps:

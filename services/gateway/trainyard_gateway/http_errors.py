@@ -48,6 +48,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from trainyard_core import contract, errors
 from trainyard_core.rpc.errors import from_rpc_error
 
+from .http_metrics import HttpMetrics
+
 log = logging.getLogger("trainyard_gateway.http")
 
 _STATUS: list[tuple[type[errors.TrainyardError], int, str]] = [
@@ -158,8 +160,9 @@ def describe_validation_errors(problems: Sequence[Any]) -> str:
     return "; ".join(parts)
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers and the catch-all middleware on `app`."""
+def install(app: FastAPI, metrics: HttpMetrics | None = None) -> None:
+    """Register the handlers and the catch-all middleware on `app`; with `metrics`, the access log records each
+    request in them too (http_metrics.py)."""
 
     async def on_domain_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, errors.TrainyardError)
@@ -187,15 +190,17 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(grpc.aio.AioRpcError, on_rpc_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_middleware(AccessLogAndCatchAll)
+    app.add_middleware(AccessLogAndCatchAll, metrics=metrics)
 
 
 class AccessLogAndCatchAll:
     """Logs one line per request (method, path, status, duration, caller; never headers, so never the
-    token) and turns an unhandled exception into a generic 500 after logging its traceback once."""
+    token), records it in the HTTP metrics when given, and turns an unhandled exception into a generic 500
+    after logging its traceback once."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics | None = None) -> None:
         self.app = app
+        self._metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -203,6 +208,9 @@ class AccessLogAndCatchAll:
             return
         start = time.monotonic()
         status = 0
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.began()
 
         async def tracking_send(message: Message) -> None:
             nonlocal status
@@ -219,7 +227,11 @@ class AccessLogAndCatchAll:
             status = 500
             await error_response(500, "internal", "internal error; see the gateway log")(scope, receive, send)
         finally:
+            elapsed = time.monotonic() - start
+            if metrics is not None:
+                # No status: the request was cancelled (its caller went away) before an answer began.
+                metrics.observe(scope, status or 499, elapsed)
             principal = scope.get("state", {}).get("principal")
             log.info("%s %s %s", scope.get("method"), scope.get("path"), status, extra={
-                "http_status": status, "duration_ms": round((time.monotonic() - start) * 1000, 1),
+                "http_status": status, "duration_ms": round(elapsed * 1000, 1),
                 "team": getattr(principal, "team", ""), "user": getattr(principal, "user", "")})

@@ -27,12 +27,14 @@ from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_se
 from trainyard_core.security import identity
 from trainyard_core.security.tls import ClientTls, target_name_option
 
+from .gpu_history import GpuHistory
 from .grpc.servicer import SERVICE_NAME, AgentServicer
 from .health.book import HealthBook, read_boot_id
 from .health.faults import FaultInjector
 from .health.monitor import GpuMonitor
 from .health.operator import AUDIT_FILE, AuditLog, HealthOverrides
 from .health.policy import HealthPolicy, load_policy
+from .metrics import metrics_hostname
 from .model import Health, HealthCounters, Inventory, NodeInfo, Vendor
 from .nvml.adapter import NvmlAdapter, NvmlModule
 from .nvml.fake import FakeNvml
@@ -122,6 +124,7 @@ class AgentApp:
         self.policy: HealthPolicy | None = None
         self.health: HealthBook | None = None
         self.monitor: GpuMonitor | None = None
+        self.history: GpuHistory | None = None
         self.overrides: HealthOverrides | None = None
         self.fence = LeaderFence()
         self.supervisor: Supervisor | None = None
@@ -155,8 +158,11 @@ class AgentApp:
         # Topology reads every GPU pair through the driver: seconds on a big host, so off the event loop.
         self.inventory = await asyncio.to_thread(self.adapter.inventory)
         self.health = HealthBook(self.inventory.accelerators, store=state_dir / HEALTH_FILE, boot_id=read_boot_id())
+        self.history = GpuHistory(self._clock, interval_s=s.heartbeat_interval_s)
         self.monitor = GpuMonitor(self.adapter, self.health, self.policy, node_id=self.node_id,
-                                  interval_s=s.heartbeat_interval_s, counters_interval_s=s.health_counters_interval_s)
+                                  interval_s=s.heartbeat_interval_s, counters_interval_s=s.health_counters_interval_s,
+                                  history=self.history,
+                                  hostname=metrics_hostname(self.node_id, simulated=self.simulated))
         if len(self.health):
             await self.monitor.poll_once()  # GPUs already lost are known before the first registration
         self.overrides = HealthOverrides(self.health, AuditLog(state_dir / AUDIT_FILE), node_id=self.node_id,
@@ -180,7 +186,8 @@ class AgentApp:
         self.exit_reporter.on_done = self.supervisor.mark_reported
         await self.supervisor.recover()
 
-        servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides)
+        servicer = AgentServicer(self.supervisor, FaultInjector(self.fake, self.health, self.monitor), self.overrides,
+                                 self.history)
         # No etcd here: the agent's side of each mutating call goes to a local file (docs/security.md).
         self.audit = AuditFile(state_dir / AUDIT_LOG_FILE, max_bytes=s.audit_max_bytes, backups=s.audit_backups,
                                clock=self._clock)

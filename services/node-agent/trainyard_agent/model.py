@@ -122,6 +122,13 @@ class HealthCounters:
     # Sum of the NVLink data-link error counters (replay, recovery, CRC, ECC) over the active links.
     nvlink_errors: int = 0
     pcie_replays: int = 0
+    # The same NVLink errors by kind (nvmlNvLinkErrorCounter_t), summed over the active links: what the
+    # metrics export under DCGM's names. The thresholds look at the sum above.
+    nvlink_replay_errors: int = 0
+    nvlink_recovery_errors: int = 0
+    nvlink_crc_flit_errors: int = 0
+    nvlink_crc_data_errors: int = 0
+    nvlink_ecc_data_errors: int = 0
 
     def since(self, baseline: HealthCounters) -> HealthCounters:
         """Counts above `baseline`. A count below its baseline was restarted (a GPU reset or a driver reload
@@ -140,7 +147,12 @@ class HealthCounters:
             retired_pages=grown(self.retired_pages, baseline.retired_pages),
             retired_pages_pending=self.retired_pages_pending and not baseline.retired_pages_pending,
             nvlink_errors=grown(self.nvlink_errors, baseline.nvlink_errors),
-            pcie_replays=grown(self.pcie_replays, baseline.pcie_replays))
+            pcie_replays=grown(self.pcie_replays, baseline.pcie_replays),
+            nvlink_replay_errors=grown(self.nvlink_replay_errors, baseline.nvlink_replay_errors),
+            nvlink_recovery_errors=grown(self.nvlink_recovery_errors, baseline.nvlink_recovery_errors),
+            nvlink_crc_flit_errors=grown(self.nvlink_crc_flit_errors, baseline.nvlink_crc_flit_errors),
+            nvlink_crc_data_errors=grown(self.nvlink_crc_data_errors, baseline.nvlink_crc_data_errors),
+            nvlink_ecc_data_errors=grown(self.nvlink_ecc_data_errors, baseline.nvlink_ecc_data_errors))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from trainyard_core import telemetry
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, InvalidArgument, TrainyardError, Unavailable
 from trainyard_core.logs import log_context
@@ -47,6 +48,8 @@ from .state.repository import Repository
 from .state.snapshots import PolicyState, SnapshotBuilder
 
 log = logging.getLogger(__name__)
+# A job's decision, commit, launch and stop are spans of the trace its submit began (Job.trace_parent).
+_tracer = telemetry.tracer(__name__)
 
 # Added to the worker fence before a lost node's workers are presumed gone: the agent renews its lease while
 # the leader acknowledged a pulse it sent within ACK_WINDOW_S (the leader's last proof of life from it is no
@@ -112,9 +115,14 @@ class Reconciler:
         self._reason_written: dict[str, float] = {}
         self._usage_written = -math.inf
         self._observed_at = -math.inf
+        # Metrics: the label values allowed (configured queues, teams with a quota), events, the cluster's gauges.
+        self._bounds = metrics.Bounds()
+        self._events = metrics.Events(self._bounds)
+        self._gauges = metrics.ClusterGauges(self._bounds)
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
         # a fresh build, a fraction of the cost at 10k nodes).
         self._index = ClusterIndex(profile.gates)
+        self._index_of: ClusterSnapshot | None = None  # the snapshot the index was last synced from
         self._node_ids: tuple[str, ...] = ()
         self._recheck_at = math.inf
         # When this leader last asked an agent to stop stray workers, per (job, attempt, node).
@@ -132,6 +140,14 @@ class Reconciler:
         and the first only once the mirror has reached the revision at which this leader won (its epoch):
         decisions are never taken on a view that misses this leader's own placements."""
         self._repo.holdings.reset()  # what a former term expected may have been overwritten since
+        try:
+            await self._loop(stop)
+        finally:
+            self._gauges.clear()  # the cluster's gauges are the leader's to report (metrics.py)
+        for task in list(self._inflight.values()):
+            task.cancel()
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if not await self._caught_up(stop):
                 continue
@@ -150,8 +166,6 @@ class Reconciler:
                                return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             stopper.cancel()
-        for task in list(self._inflight.values()):
-            task.cancel()
 
     async def _caught_up(self, stop: asyncio.Event) -> bool:
         """Wait (up to one interval) until the mirror includes this leader's epoch and its own writes."""
@@ -218,8 +232,9 @@ class Reconciler:
         self._recheck_at = math.inf
         config = replace(self._settings.policy, queues={"default": DEFAULT_QUEUE, **policy.queues},
                          quotas=policy.quotas, usage=policy.usage)
-        self._observe(snap)
+        self._bounds.update(config.queues, config.quotas)
         await self._place(snap, config, now)
+        self._observe(snap, now)
         await self._requeue(snap, now)
         await self._account_usage(snap, config, policy, now)
         for job_id, alloc in snap.allocations.items():
@@ -230,7 +245,7 @@ class Reconciler:
                 log.error("allocation without an active job; releasing", extra={"job_id": job_id})
                 await self._try(self._repo.write(release=alloc, alloc_rev=snap.allocation_revisions[job_id]))
                 continue
-            with log_context(job_id=job_id):
+            with log_context(job_id=job_id, trace_id=telemetry.trace_id_of(job.trace_parent)):
                 restood = restand(job, alloc)
                 if restood is not None:
                     # The job's priority changed while it runs: its gang's standing follows (preemption reads
@@ -254,37 +269,36 @@ class Reconciler:
                     self._orphan_stops.pop(next(iter(self._orphan_stops)))
                 self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
 
-    def _observe(self, snap: ClusterSnapshot) -> None:
+    def _observe(self, snap: ClusterSnapshot, now: float) -> None:
         # Gauges for a scrape every few seconds: set at most once a second, not on every cycle (a cycle runs on
-        # every change, and counting the fleet's healthy GPUs walks every node).
+        # every change, and the gauges walk every active job and allocation).
         mono = self._clock.monotonic()
         if mono - self._observed_at < OBSERVE_EVERY_S:
             return
         self._observed_at = mono
-        by_state: dict[str, int] = {}
-        for job in snap.jobs.values():
-            by_state[job.state.value] = by_state.get(job.state.value, 0) + 1
-        for state in ("pending", "admitted", "running", "preempted", "restarting"):
-            metrics.JOBS.labels(state).set(by_state.get(state, 0))
-        metrics.GPUS_ALLOCATED.set(sum(len(a.gpu_indices) for al in snap.allocations.values() for a in al.assignments))
-        metrics.GPUS_TOTAL.set(self._snapshots.healthy_gpus(snap.alive))
-        metrics.NODES.labels("true").set(len(snap.alive))
-        metrics.NODES.labels("false").set(len(snap.nodes) - len(snap.alive))
+        if self._index_of is not snap:  # no placement this cycle (nothing to place): sync it here
+            self._index.sync(snap)
+            self._index_of = snap
+        self._gauges.observe(snap, self._index, now)
 
     async def _place(self, snap: ClusterSnapshot, config: PolicyConfig, now: float) -> None:
         if not snap.jobs:
             self._pending = replace(EMPTY_ORDER, as_of=now)
             return
+        decided_from = telemetry.now_ns()
         result = place(snap, self._profile, config, now, self._settings.port_range, index=self._index)
+        self._index_of = snap
+        decided = (decided_from, telemetry.now_ns())
         self.last_result_size = len(result.decisions)
         self._pending = functools.partial(_order_of, snap, result, now)
+        self._events.decided(len(result.decisions), len(result.preemptions))
         for p in result.preemptions:
-            await self._preempt(snap, p, now)
+            await self._preempt(snap, config, p, now)
         gate = asyncio.Semaphore(self._settings.commit_concurrency)
 
         async def commit(d: Decision) -> None:
             async with gate:
-                await self._commit(snap, config, d, now)
+                await self._commit(snap, config, d, now, decided)
         # Decisions of one session never share a GPU, so their transactions are independent.
         await asyncio.gather(*(commit(d) for d in result.decisions))
         # The reasons of the jobs left waiting, written together (one transaction for a burst of submits).
@@ -298,7 +312,10 @@ class Reconciler:
             self._pending = self._pending()
         return self._pending
 
-    async def _commit(self, snap: ClusterSnapshot, config: PolicyConfig, d: Decision, now: float) -> None:
+    async def _commit(self, snap: ClusterSnapshot, config: PolicyConfig, d: Decision, now: float,
+                      decided: tuple[int, int]) -> None:
+        """Commit one decision of the cycle's placement; `decided`: when the placement ran (ns), a span of the
+        job's trace as the commit is."""
         job = snap.jobs[d.job_id]
         master = snap.nodes[d.assignments[0].node_id]
         spec = job.spec
@@ -307,17 +324,27 @@ class Reconciler:
                            team=job.team, priority=standing(spec.queue, spec.priority_class, spec.priority, config),
                            borrowed=d.borrowed, preemptible=config.priority_class(spec.priority_class).preemptible,
                            expected_end=now + spec.time_limit_s if spec.time_limit_s > 0 else None)
-        with log_context(job_id=job.id):
+        attributes: telemetry.SpanAttributes = {telemetry.JOB_ID: job.id, telemetry.ATTEMPT: job.attempt,
+                                                telemetry.NODE_IDS: list(alloc.node_ids)}
+        telemetry.record_span(_tracer, "reconcile.decide", job.trace_parent, *decided,
+                              {**attributes, "trainyard.model": d.model, "trainyard.borrowed": d.borrowed,
+                               "trainyard.tier": d.tier})
+        with log_context(job_id=job.id), telemetry.continued(_tracer, "reconcile.commit", job.trace_parent,
+                                                             attributes):
             if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
                                                            snap.job_revisions[job.id], alloc)):
                 metrics.GANGS_PLACED.inc()
+                self._events.placed(job, now)
                 log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size,
                                                "model": d.model, "borrowed": d.borrowed, "tier": d.tier})
 
-    async def _preempt(self, snap: ClusterSnapshot, p: Preemption, now: float) -> None:
+    async def _preempt(self, snap: ClusterSnapshot, config: PolicyConfig, p: Preemption, now: float) -> None:
         """Each victim in one transaction: its job becomes PREEMPTED and its allocation gets the stop reason
         and the preemptor; progress() then stops it with the job's own signal and grace."""
         stopping: list[str] = []
+        preemptor = snap.jobs.get(p.preemptor)
+        mine = (standing(preemptor.spec.queue, preemptor.spec.priority_class, preemptor.spec.priority, config)
+                if preemptor is not None else None)
         for victim_id in p.victims:
             job = snap.jobs.get(victim_id)
             alloc = snap.allocations.get(victim_id)
@@ -326,13 +353,14 @@ class Reconciler:
             marked = replace(alloc, stop_reason=p.reason, preempted_by=p.preemptor,
                              stop_signal=job.spec.preemption.signal, stop_grace_s=job.spec.preemption.grace_s)
             new_job = job if job.state is JobState.PREEMPTED else transition(job, JobState.PREEMPTED, now, p.reason)
-            with log_context(job_id=victim_id):
+            with log_context(job_id=victim_id, trace_id=telemetry.trace_id_of(job.trace_parent)):
                 if await self._try(self._repo.write(job=new_job, job_rev=snap.job_revisions[victim_id], alloc=marked,
                                                     alloc_rev=snap.allocation_revisions[victim_id])):
-                    metrics.PREEMPTIONS.inc()
+                    # As placement chose it: outranked, or on borrowed GPUs its owner's team reclaims.
+                    self._events.preempted("priority" if mine is not None and mine > alloc.priority else "reclaim",
+                                           alloc.team or job.team)
                     stopping.append(victim_id)
                     log.info("gang preempted", extra={"preemptor": p.preemptor})
-        preemptor = snap.jobs.get(p.preemptor)
         if stopping and preemptor is not None:
             note = with_event(replace(preemptor, message=f"preempting {', '.join(stopping)}"), now, "preempting",
                               f"stopping {len(stopping)} gang(s) to make room: {', '.join(stopping)}")
@@ -357,7 +385,7 @@ class Reconciler:
             if job.state is JobState.RESTARTING and job.id not in snap.allocations:
                 nxt = due_for_requeue(job, now)
                 if nxt is not None:
-                    with log_context(job_id=job.id):
+                    with log_context(job_id=job.id, trace_id=telemetry.trace_id_of(job.trace_parent)):
                         if await self._try(self._repo.write(job=nxt, job_rev=snap.job_revisions[job.id])):
                             log.info("job requeued", extra={"attempt": nxt.attempt})
 
@@ -396,6 +424,10 @@ class Reconciler:
                 self._released[(job.id, alloc.attempt)] = self._clock.monotonic()
                 while len(self._released) > 10_000:
                     self._released.pop(next(iter(self._released)))
+                restart = (metrics.restart_reason(job, step.job, alloc, snap.alive, snap.nodes)
+                           if step.job is not None else None)
+                if restart is not None:
+                    self._events.restarted(restart, job.team)
             if step.job is not None and step.job.state != job.state:
                 log.info("job %s", step.job.state.value, extra={"reason": step.job.message})
                 if step.job.state.terminal:
@@ -405,10 +437,10 @@ class Reconciler:
             launch = next(x for x in node_launches(job, current, self._settings.checkpoint_store)
                           if x.node_id == node_id)
             self._spawn((job.id, current.attempt, node_id, "launch"),
-                        functools.partial(self._launch, snap.nodes[node_id], launch, job.team))
+                        functools.partial(self._launch, snap.nodes[node_id], launch, job.team, job.trace_parent))
         for node_id in step.stop:
             self._spawn((job.id, current.attempt, node_id, "stop"),
-                        functools.partial(self._stop, snap.nodes[node_id], current))
+                        functools.partial(self._stop, snap.nodes[node_id], current, job.trace_parent))
 
     async def _try(self, write: Awaitable[int]) -> bool:
         try:
@@ -448,7 +480,13 @@ class Reconciler:
 
         self._inflight[key] = asyncio.create_task(runner(), name=f"{key[3]} {key[0]} on {key[2]}")
 
-    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "") -> None:
+    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "", trace_parent: str = "") -> None:
+        """Launch the gang's workers on `node`, a span of the job's trace (the agent's side joins it)."""
+        with telemetry.continued(_tracer, "reconcile.launch", trace_parent, {
+                telemetry.JOB_ID: launch.job_id, telemetry.ATTEMPT: launch.attempt, telemetry.NODE_ID: node.node_id}):
+            await self._launch_on(node, launch, team)
+
+    async def _launch_on(self, node: Node, launch: NodeLaunch, team: str) -> None:
         if self._worker_env is not None:
             # One mint per attempt (under 1 ms), shared by its nodes: cheap enough for the event loop.
             launch = replace(launch, env={**launch.env, **self._worker_env(launch.job_id, launch.attempt, team)})
@@ -480,7 +518,13 @@ class Reconciler:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("orphan stop on %s failed, will retry: %s", node.node_id, exc)
 
-    async def _stop(self, node: Node, alloc: Allocation) -> None:
+    async def _stop(self, node: Node, alloc: Allocation, trace_parent: str = "") -> None:
+        """Stop the gang's workers on `node`, a span of the job's trace (the agent's side joins it)."""
+        with telemetry.continued(_tracer, "reconcile.stop", trace_parent, {
+                telemetry.JOB_ID: alloc.job_id, telemetry.ATTEMPT: alloc.attempt, telemetry.NODE_ID: node.node_id}):
+            await self._stop_on(node, alloc)
+
+    async def _stop_on(self, node: Node, alloc: Allocation) -> None:
         try:
             grace = alloc.stop_grace_s or self._settings.stop_grace_s
             await self._agents.stop(node, alloc.job_id, alloc.attempt, grace, alloc.stop_reason, self._epoch(),

@@ -12,6 +12,7 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.errors import InvalidArgument
 
+from ..gpu_history import HistoryWindow
 from ..model import Accelerator, GpuLink, Health, NodeInfo, RunningAllocation
 from ..workers.credentials import Credential
 from ..workers.model import LaunchRequest, LaunchResult, LogLine, LogQuery, WorkerExit, WorkerSpec, WorkerStatus
@@ -144,3 +145,15 @@ def log_lines_to_pb(lines: Iterable[LogLine]) -> list[agent_pb2.LogLine]:
     return [agent_pb2.LogLine(rank=line.rank, stream=line.stream, text=line.text, attempt=line.attempt,
                               seq=line.seq, time_unix_ms=line.time_ms)
             for line in lines]
+
+
+def gpu_history_to_pb(w: HistoryWindow) -> agent_pb2.GetGpuMetricsResponse:
+    return agent_pb2.GetGpuMetricsResponse(
+        gpus=[agent_pb2.GpuSeries(gpu_index=index, samples=[
+            agent_pb2.GpuSample(time_unix_ms=p.time_ms, utilization_percent=p.utilization_percent,
+                                memory_used_mb=p.memory_used_mb, temperature_c=p.temperature_c, power_w=p.power_w,
+                                sm_clock_mhz=p.sm_clock_mhz) for p in points])
+              for index, points in w.gpus.items()],
+        events=[agent_pb2.GpuHealthEvent(time_unix_ms=e.time_ms, gpu_index=e.gpu, kind=e.kind, xid=e.xid,
+                                         health=_HEALTH[e.health], reason=e.reason) for e in w.events],
+        interval_ms=round(w.interval_s * 1000), retained_since_unix_ms=w.retained_since_ms, now_unix_ms=w.now_ms)

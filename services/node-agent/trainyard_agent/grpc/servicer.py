@@ -10,6 +10,7 @@ import grpc.aio
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_core.logs import log_context
 
+from ..gpu_history import GpuHistory
 from ..health.faults import FaultInjector
 from ..health.operator import HealthOverrides
 from ..workers.model import LogLine
@@ -23,10 +24,12 @@ SERVICE_NAME = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, supervisor: Supervisor, faults: FaultInjector, overrides: HealthOverrides) -> None:
+    def __init__(self, supervisor: Supervisor, faults: FaultInjector, overrides: HealthOverrides,
+                 history: GpuHistory) -> None:
         self._supervisor = supervisor
         self._faults = faults
         self._overrides = overrides
+        self._history = history
 
     async def LaunchWorkers(self, request: agent_pb2.LaunchWorkersRequest,
                             context: grpc.aio.ServicerContext) -> agent_pb2.LaunchWorkersResponse:
@@ -78,6 +81,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         gpu = self._overrides.set_health(request.gpu_index, healthy=request.healthy, operator=request.operator,
                                          reason=request.reason)
         return agent_pb2.SetGpuHealthResponse(gpu=convert.gpu_to_pb(gpu))
+
+    async def GetGpuMetrics(self, request: agent_pb2.GetGpuMetricsRequest,
+                            context: grpc.aio.ServicerContext) -> agent_pb2.GetGpuMetricsResponse:
+        return convert.gpu_history_to_pb(self._history.window(request.window_s, request.max_points))
 
 
 def _chunks(lines: list[LogLine]) -> list[list[LogLine]]:

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..backend import AcceleratorBackend, DeviceEvent, EventKind, EventSource, Sample
-from ..metrics import count_xid, publish_gpu_metrics
+from ..gpu_history import GpuHistory
+from ..metrics import count_xid, forget_node, publish_gpu_metrics
 from ..model import AcceleratorMetrics, Health, HealthCounters
 from ..notify import Notifier
 from .book import HealthBook
@@ -38,11 +39,16 @@ EVENT_RETRY_S = 1.0
 
 class GpuMonitor:
     def __init__(self, backend: AcceleratorBackend, book: HealthBook, policy: HealthPolicy, *, node_id: str,
-                 interval_s: float, counters_interval_s: float = 10.0) -> None:
+                 interval_s: float, counters_interval_s: float = 10.0, history: GpuHistory | None = None,
+                 hostname: str = "") -> None:
         self._backend = backend
+        # Told every poll and XID: the recent past the console charts (gpu_history.py).
+        self._history = history
         self._book = book
         self._policy = policy
         self._node_id = node_id
+        # The metrics' `Hostname` label (metrics.metrics_hostname); the node id when not given.
+        self._hostname = hostname or node_id
         self.interval_s = interval_s
         self.counters_interval_s = counters_interval_s
         self.latest: list[AcceleratorMetrics] = []
@@ -81,7 +87,9 @@ class GpuMonitor:
         for index, counts in sample.counters.items():
             for source, verdict in self._policy.counters(counts.since(self._book.baseline(index))).items():
                 self._book.set_finding(index, source, verdict)
-        publish_gpu_metrics(self._node_id, self.latest, self._book.all())
+        publish_gpu_metrics(self._node_id, self._hostname, self.latest, self._book.all())
+        if self._history is not None:
+            self._history.record(self.latest, self._book.all())
 
     def start(self) -> None:
         if not len(self._book) or self._task is not None:
@@ -113,6 +121,8 @@ class GpuMonitor:
         if self._events is not None:
             self._events.close()
             self._events = None
+        # A stopped monitor's GPU series would only go stale.
+        forget_node(self._node_id)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -162,10 +172,14 @@ class GpuMonitor:
                                             "health": verdict.health.name, "reason": verdict.reason})
                 self._book.add_event(event.index, verdict)
                 count_xid(self._node_id, event.index, event.code)
+                if self._history is not None:
+                    self._history.xid(event.index, event.code, verdict)
                 self.xids_seen[event.index] = self.xids_seen.get(event.index, 0) + 1
             else:
                 log.info("GPU memory error event", extra={"gpu": event.index, "event": event.kind.value})
                 read_counters = True
+        # The health an XID changed is on /metrics now, not at the next poll.
+        publish_gpu_metrics(self._node_id, self._hostname, self.latest, self._book.all())
         if read_counters:
             if self._task is not None:
                 # Read the counters now rather than at the next tick: the event says they changed.

@@ -283,19 +283,22 @@ class NvmlAdapter:
                 retired += len(pages)
             retired_pending = bool(opt(index, "retired_pending",
                                        partial(n.nvmlDeviceGetRetiredPagesPendingStatus, handle), 0))
-        nvlink = 0
+        # By kind, in NVML_NVLINK_ERROR_COUNTERS' order: replay, recovery, CRC flit, CRC data, ECC data.
+        nvlink = [0] * len(api.NVML_NVLINK_ERROR_COUNTERS)
         for link in self._active_links.get(index, ()):
-            for counter in api.NVML_NVLINK_ERROR_COUNTERS:
-                nvlink += int(opt(index, f"nvlink_error_{counter}",
-                                  partial(n.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter), 0))
+            for kind, counter in enumerate(api.NVML_NVLINK_ERROR_COUNTERS):
+                nvlink[kind] += int(opt(index, f"nvlink_error_{counter}",
+                                        partial(n.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter), 0))
         return HealthCounters(
             ecc_volatile_corrected=ecc(api.NVML_MEMORY_ERROR_TYPE_CORRECTED, api.NVML_VOLATILE_ECC, "ecc_vc"),
             ecc_volatile_uncorrected=ecc(api.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, api.NVML_VOLATILE_ECC, "ecc_vu"),
             ecc_aggregate_uncorrected=ecc(api.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, api.NVML_AGGREGATE_ECC, "ecc_au"),
             remapped_rows_pending=bool(remapped[2]) if remapped is not None else False,
             remapped_rows_failure=bool(remapped[3]) if remapped is not None else False,
-            retired_pages=retired, retired_pages_pending=retired_pending, nvlink_errors=nvlink,
-            pcie_replays=int(opt(index, "pcie_replays", partial(n.nvmlDeviceGetPcieReplayCounter, handle), 0)))
+            retired_pages=retired, retired_pages_pending=retired_pending, nvlink_errors=sum(nvlink),
+            pcie_replays=int(opt(index, "pcie_replays", partial(n.nvmlDeviceGetPcieReplayCounter, handle), 0)),
+            nvlink_replay_errors=nvlink[0], nvlink_recovery_errors=nvlink[1], nvlink_crc_flit_errors=nvlink[2],
+            nvlink_crc_data_errors=nvlink[3], nvlink_ecc_data_errors=nvlink[4])
 
     def _optional(self, index: int, key: str, call: Callable[[], T], default: T) -> T:
         """Fields some GPUs or drivers do not support are reported as `default`, not as a failure, and not

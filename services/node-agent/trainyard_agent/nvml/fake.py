@@ -67,6 +67,8 @@ class FakeGpu:
     retired_pages: list[int] = field(default_factory=list)
     retired_pages_pending: bool = False
     nvlink_errors: int = 0
+    # The same errors by nvmlNvLinkErrorCounter_t (all of them on link 0).
+    nvlink_errors_by_counter: dict[int, int] = field(default_factory=dict)
     pcie_replays: int = 0
     mig_mode: int = 0
     xids: list[int] = field(default_factory=list)
@@ -327,8 +329,8 @@ class FakeNvml:
         with self._lock:
             gpu = self._gpu(device)
             self._check_link(link)
-            # All of a GPU's link errors are shown as DL replays on its link 0.
-            return gpu.nvlink_errors if (link, counter) == (0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY) else 0
+            # All of a GPU's link errors are shown on its link 0, by the kind they were added as.
+            return gpu.nvlink_errors_by_counter.get(counter, 0) if link == 0 else 0
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
         with self._lock:
@@ -414,10 +416,17 @@ class FakeNvml:
                 gpu.retired_pages_pending = pending
             self._post(index, api.EVENT_DRAM_RETIREMENT_FAILURE if failure else api.EVENT_DRAM_RETIREMENT, 0)
 
-    def add_link_errors(self, index: int, *, nvlink: int = 0, pcie_replays: int = 0) -> None:
+    def add_link_errors(self, index: int, *, nvlink: int = 0, pcie_replays: int = 0,
+                        nvlink_counter: int = pynvml.NVML_NVLINK_ERROR_DL_REPLAY) -> None:
+        """Raise the NVLink error count of kind `nvlink_counter` (an nvmlNvLinkErrorCounter_t: DL replay by
+        default, recovery, CRC flit, CRC data, ECC data) and the PCIe replay count."""
+        if nvlink_counter not in api.NVML_NVLINK_ERROR_COUNTERS:
+            raise ValueError(f"nvlink_counter {nvlink_counter} is not an NVLink error counter; use one of "
+                             f"{api.NVML_NVLINK_ERROR_COUNTERS}")
         with self._lock:
             gpu = self._by_index(index)
             gpu.nvlink_errors += nvlink
+            gpu.nvlink_errors_by_counter[nvlink_counter] = gpu.nvlink_errors_by_counter.get(nvlink_counter, 0) + nvlink
             gpu.pcie_replays += pcie_replays
 
     def set_temperature(self, index: int, celsius: int) -> None:

@@ -48,6 +48,8 @@ class AllocationRecord:
     node_id: str
     created_at: float
     workers: list[WorkerRecord] = field(default_factory=list)
+    # The job's team (the metrics label the GPUs it holds with it); "" in records of older agents.
+    team: str = ""
 
 
 def save(path: Path, record: AllocationRecord) -> None:

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from trainyard_core import telemetry
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from trainyard_core.logs import log_context
@@ -90,6 +91,9 @@ from .model import (
 )
 
 log = logging.getLogger(__name__)
+# A launch is a span of the job's trace (the scheduler's call carries its context); the workers' supervision
+# tasks start inside it, so their log lines name the job's trace too.
+_tracer = telemetry.tracer(__name__)
 
 # After a worker exits, how long its shim may still drain its output before abandoning the pipes.
 DRAIN_TIMEOUT_S = 5.0
@@ -245,7 +249,9 @@ class Supervisor:
             raise
 
     async def _launch(self, req: LaunchRequest) -> LaunchResult:
-        with log_context(job_id=req.job_id, attempt=req.attempt):
+        with log_context(job_id=req.job_id, attempt=req.attempt), _tracer.start_as_current_span(
+                "supervisor.launch", attributes={telemetry.JOB_ID: req.job_id, telemetry.ATTEMPT: req.attempt,
+                                                 telemetry.NODE_ID: self._node_id}):
             async with self._lock:
                 self.fence.check(req.leader_epoch)
                 cred = credentials.from_env(req.env)
@@ -363,7 +369,7 @@ class Supervisor:
     async def _spawn(self, req: LaunchRequest, adir: Path, cwd: str, ident: Identity | None) -> _Allocation:
         """Start every worker or none: a gang with a missing rank would hang in its first collective."""
         rec = records.AllocationRecord(job_id=req.job_id, attempt=req.attempt, node_id=self._node_id,
-                                       created_at=self._clock.now())
+                                       created_at=self._clock.now(), team=req.team)
         alloc = _Allocation(job_id=req.job_id, attempt=req.attempt, dir=adir, record=rec)
         # The shims start at once: most of a launch is their interpreters starting.
         results = await asyncio.gather(*(self._start_worker(req, spec, adir, cwd, ident) for spec in req.workers),
@@ -656,6 +662,11 @@ class Supervisor:
     def running_count(self) -> int:
         return sum(1 for a in self._allocs.values() for w in a.workers if w.running)
 
+    def gpu_holders(self) -> dict[int, metrics.GpuHolder]:
+        """The GPUs running workers hold, and whose they are (job and team)."""
+        return {gpu: metrics.GpuHolder(a.job_id, a.record.team) for a in self._allocs.values() for w in a.workers
+                if w.running for gpu in w.spec.gpu_indices}
+
     async def read_logs(self, query: LogQuery) -> list[LogLine]:
         # Reading tens of MiB must not stall the event loop (heartbeats, launches): a worker thread reads.
         return await asyncio.to_thread(logs.read_logs, self.jobs_root, query, max_bytes=MAX_LOG_ANSWER_BYTES)
@@ -697,6 +708,7 @@ class Supervisor:
 
     def _publish(self) -> None:
         metrics.WORKERS_RUNNING.labels(self._node_id).set(self.running_count())
+        metrics.set_gpu_holders(self._node_id, self.gpu_holders())
         self.changes.notify()
 
     def _prune(self) -> None:

@@ -199,6 +199,9 @@ class Job:
     hold_reason: str = ""
     # Who asked for the placed job to be stopped and queued again ("" unless a requeue was asked).
     requeue_requested_by: str = ""
+    # The submit's trace context (a W3C traceparent; "" for jobs submitted before traces were kept): the
+    # cycle's decision, commit, launch and stop of the job are spans of that trace, and its log lines name it.
+    trace_parent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,3 +302,12 @@ class Node:
 
     def unhealthy_gpus(self) -> frozenset[int]:
         return frozenset(g.index for g in self.gpus if not g.healthy)
+
+
+# A node's state as the API names it (types.proto NodeState, lower case): the node answer's `state` and the
+# scheduler's nodes_by_state metric read it from here. Cordoned wins over liveness: it says why no gang goes there.
+NODE_STATES: tuple[str, ...] = ("ready", "not_ready", "cordoned")
+
+
+def node_state(node: Node, alive: bool) -> str:
+    return "cordoned" if node.cordoned else ("ready" if alive else "not_ready")

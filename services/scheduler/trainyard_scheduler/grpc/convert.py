@@ -28,6 +28,7 @@ from ..domain.models import (
     Resources,
     TopologyRequest,
     WorkerExit,
+    node_state,
 )
 from ..domain.pending import PendingEntry, PendingOrder
 from ..domain.queues import QueueConfig, QuotaLimit, TeamQuota
@@ -235,11 +236,12 @@ def node_from_pb(pb: types_pb2.Node, now: float) -> Node:
                 cuda_version=pb.cuda_version, gpu_links=links)
 
 
+_NODE_STATE = {"ready": types_pb2.NODE_STATE_READY, "not_ready": types_pb2.NODE_STATE_NOT_READY,
+               "cordoned": types_pb2.NODE_STATE_CORDONED}
+
+
 def node_to_pb(node: Node, *, alive: bool, allocated: set[int], last_heartbeat: float | None) -> types_pb2.Node:
-    if node.cordoned:
-        state = types_pb2.NODE_STATE_CORDONED
-    else:
-        state = types_pb2.NODE_STATE_READY if alive else types_pb2.NODE_STATE_NOT_READY
+    state = _NODE_STATE[node_state(node, alive)]
     return types_pb2.Node(
         node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address,
         worker_address=node.worker_address, cpus=node.cpus, memory_mb=node.memory_mb, labels=dict(node.labels),

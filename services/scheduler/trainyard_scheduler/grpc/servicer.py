@@ -14,7 +14,7 @@ import grpc.aio
 
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from trainyard_core import contract
+from trainyard_core import contract, telemetry
 from trainyard_core.clock import Clock
 from trainyard_core.errors import (
     Conflict,
@@ -180,7 +180,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
-                  message="waiting for placement")
+                  message="waiting for placement", trace_parent=telemetry.traceparent())
         archived = False
         try:
             stored, created = await self._repo.create_job(job, request.idempotency_key,
@@ -192,6 +192,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                 raise Conflict(f"idempotency key {request.idempotency_key!r} names job {gone.job_id}, which is "
                                "neither in etcd nor in the history store; use a new key") from None
             stored, created, archived = earlier[0], False, True
+        telemetry.tag({telemetry.JOB_ID: stored.id})
         if created:
             with log_context(job_id=stored.id):
                 log.info("job submitted", extra={"team": team, "nodes": spec.resources.nodes,

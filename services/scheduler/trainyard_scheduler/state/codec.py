@@ -93,7 +93,8 @@ def encode_job(job: Job) -> bytes:
         "archived_at": job.archived_at,
         "archived_digest": job.archived_digest,
         # Written only when set, so a record without them encodes (and digests: archive.content_digest) as before.
-        **_set(held_by=job.held_by, hold_reason=job.hold_reason, requeue_requested_by=job.requeue_requested_by),
+        **_set(held_by=job.held_by, hold_reason=job.hold_reason, requeue_requested_by=job.requeue_requested_by,
+               trace_parent=job.trace_parent),
     })
 
 
@@ -142,7 +143,7 @@ def decode_job(raw: bytes) -> Job:
                attempts=tuple(_attempt_from(a) for a in d.get("attempts", ())),
                archived_at=d.get("archived_at"), archived_digest=d.get("archived_digest", ""),
                held_by=d.get("held_by", ""), hold_reason=d.get("hold_reason", ""),
-               requeue_requested_by=d.get("requeue_requested_by", ""))
+               requeue_requested_by=d.get("requeue_requested_by", ""), trace_parent=d.get("trace_parent", ""))
 
 
 def encode_allocation(a: Allocation) -> bytes:

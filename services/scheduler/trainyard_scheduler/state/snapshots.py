@@ -68,8 +68,6 @@ class SnapshotBuilder:
         # (the checkpoint-store mints it at Begin, with the record's created_at), so the pointer alone tells
         # the time and the checkpoint records need not be mirrored.
         self._latest_at: dict[str, float] = {}
-        # Healthy GPUs per node (for the cluster-capacity gauge).
-        self._healthy: dict[str, int] = {}
 
     # -- keeping the view current ---------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -106,11 +104,8 @@ class SnapshotBuilder:
             self._nodes_copy = None
             if kv is None:
                 self._nodes.pop(ident, None)
-                self._healthy.pop(ident, None)
             else:
-                node = decode_node(kv.value)
-                self._nodes[ident] = node
-                self._healthy[ident] = sum(1 for g in node.gpus if g.healthy)
+                self._nodes[ident] = decode_node(kv.value)
         elif key.startswith(k.queues):
             self._policy_record(self._queues, key[len(k.queues):], kv, decode_queue, QueueConfig)
         elif key.startswith(k.quotas):
@@ -174,8 +169,3 @@ class SnapshotBuilder:
                                silence=liveness.silence(dead))
         usage, usage_rev = self._usage
         return snap, PolicyState(dict(self._queues), dict(self._quotas), usage, usage_rev)
-
-    def healthy_gpus(self, alive: frozenset[str]) -> int:
-        """Healthy GPUs on the `alive` nodes."""
-        healthy = self._healthy
-        return sum(healthy.get(n, 0) for n in alive)
