@@ -81,3 +81,22 @@ def test_a_burst_of_like_jobs_on_a_full_fleet_is_looked_at_once() -> None:
     # session (reservation_depth + max_reservation_misses of them at most); every later one reuses.
     limit = world.config.reservation_depth + world.config.max_reservation_misses + 1
     assert looked_calls <= limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs=st.lists(st.tuples(st.sampled_from(TEAMS), st.integers(0, 3), st.sampled_from(["", "low", "high"]),
+                               st.integers(0, 50)), min_size=1, max_size=12),
+       held=st.dictionaries(st.sampled_from(TEAMS), st.integers(0, 8), max_size=3))
+def test_a_teams_keys_at_once_are_each_jobs_key(jobs, held) -> None:  # type: ignore[no-untyped-def]
+    """QueueOrder.keys (the session's sort, the team's share worked out once) equals key per job."""
+    from trainyard_scheduler.policy.api import Ledger
+    from trainyard_scheduler.policy.plugins.fairshare import FairShare, Fifo
+
+    config = PolicyConfig(quotas={"team-b": TeamQuota("team-b", {"*": QuotaLimit(4, None)}, weight=2.0)})
+    ledger = Ledger(capacity={"H100": 16, "A100": 8})
+    for team, gpus in held.items():
+        ledger.charge(team, "default", "H100", "H100", gpus, False)
+    made = [make_job(f"job-{i}", team=t, priority=p, priority_class=c, created=NOW + s)
+            for i, (t, p, c, s) in enumerate(jobs)]
+    for order in (FairShare(), Fifo()):
+        assert order.keys(made, ledger, config) == [order.key(j, ledger, config) for j in made]

@@ -25,7 +25,7 @@ and VictimCost may read anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -140,6 +140,11 @@ class QueueOrder(Protocol):
     name: str
 
     def key(self, job: Job, ledger: Ledger, config: PolicyConfig) -> tuple[float, ...]: ...
+
+    def keys(self, jobs: Sequence[Job], ledger: Ledger, config: PolicyConfig) -> list[tuple[float, ...]]:
+        """`key` of each of one team's jobs, with one ledger: what is the team's alone is worked out once (a
+        session sorts each team's waiting jobs by it, every cycle)."""
+        ...
 
 
 class VictimCost(Protocol):

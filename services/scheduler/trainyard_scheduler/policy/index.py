@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..domain.models import Allocation, Node
+from ..domain.models import Allocation, Job, Node
 from ..domain.snapshot import ClusterSnapshot
-from .api import ModelInfo, NodeGate, NodeView
+from .api import ModelInfo, NodeGate, NodeView, placement_shape
 from .capacity import Pool
 from .topology import domain_path
 
@@ -60,6 +60,8 @@ class ClusterIndex:
         self._held_by: dict[str, list[tuple[tuple[str, str, str, bool], int]]] = {}
         # job → (allocation, model → what it would give back): GPUs that are healthy on schedulable nodes.
         self._releases: dict[str, tuple[Allocation, dict[str, list[tuple[str, tuple[int, ...]]]]]] = {}
+        # job id → (the job record, its placement shape): kept while the snapshot hands the same record.
+        self._shapes: dict[str, tuple[Job, tuple[object, ...]]] = {}
 
     @classmethod
     def of(cls, snap: ClusterSnapshot, gates: Sequence[NodeGate]) -> ClusterIndex:
@@ -74,7 +76,18 @@ class ClusterIndex:
                 for m, i in self._info.items() if self._nodes_with.get(m, 0) > 0}
 
     # -- bringing the index up to date -------------------------------------------------------------------
+    def shape(self, job: Job) -> tuple[object, ...]:
+        """`placement_shape(job)`, computed once per job record (a waiting job is looked at every cycle)."""
+        hit = self._shapes.get(job.id)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        shape = placement_shape(job)
+        self._shapes[job.id] = (job, shape)
+        return shape
+
     def sync(self, snap: ClusterSnapshot) -> None:
+        if len(self._shapes) > 2 * len(snap.jobs) + 1024:
+            self._shapes = {k: v for k, v in self._shapes.items() if snap.jobs.get(k) is v[0]}
         affected = set(self.dirty)
         self.dirty.clear()
         nodes_changed = not (isinstance(snap.nodes, MappingProxyType) and snap.nodes is self._nodes_src)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ..domain.models import TIERS, Allocation, Job, JobState, NodeAssignment
 from ..domain.queues import PolicyConfig, standing
 from ..domain.snapshot import ClusterSnapshot
-from .api import Ledger, NodeView, Profile, placement_shape
+from .api import Ledger, NodeView, Profile
 from .capacity import Found, Pool, select_by_leaves
 from .index import ClusterIndex
 from .topology import CLUSTER, NODE, TIER_INDEX, gang_tier, islands_of, pick_gpus
@@ -191,8 +191,8 @@ class _Session:
         ranked: dict[str, list[tuple[tuple[float, ...], str, Job]]] = {}
         for team, jobs in by_team.items():
             # Within a team the key differs only by standing and submission time, so sort once.
-            ranked[team] = sorted(((order.key(j, self.ledger, self.config), j.id, j) for j in jobs),
-                                  key=lambda e: (e[0], e[1]))
+            ranked[team] = sorted(zip(order.keys(jobs, self.ledger, self.config), (j.id for j in jobs), jobs,
+                                      strict=True), key=lambda e: (e[0], e[1]))
             heapq.heappush(heap, (*ranked[team][0][:2], 0))
         heads = {jobs[0][1]: team for team, jobs in ranked.items()}
         # A key reads the ledger, which only a decision changes: until the first, the sort's keys still hold.
@@ -225,7 +225,7 @@ class _Session:
         if self._verdicts is None or job.id in self.nominated:
             self._consider(job)
             return
-        key = (*placement_shape(job), self._max_tier(job))
+        key = (*self.index.shape(job), self._max_tier(job))
         state = self._state()
         seen = self._verdicts.get(key)
         if seen is not None and seen[0] == state:
