@@ -170,3 +170,26 @@ async def test_writes_that_all_land_take_a_few_transactions_on_real_etcd(etcd_st
     assert len((await etcd_store.range(f"{key_prefix}/n/", limit=1000)).kvs) == 200
     # Two sent alone at once, the other 198 in groups of at most MAX_GROUP_OPS (64).
     assert batch.transactions <= 2 + 4
+
+
+async def test_a_write_whose_lease_is_gone_fails_alone() -> None:
+    """etcd refuses a whole transaction whose put names a lease it no longer has: in a group, only the write
+    that named it hears of it; the others land."""
+    from trainyard_core.errors import FailedPrecondition
+
+    store = CountingStore()
+    gone = await store.grant_lease(60)
+    await store.revoke_lease(gone)
+    store.gate = asyncio.Event()
+    batch = TxnBatcher(store, max_in_flight=1)
+    blocker = asyncio.ensure_future(_write(batch, "/blocker"))
+    await asyncio.sleep(0)
+    writes = [asyncio.ensure_future(batch.txn([absent(f"/k/{i}")], [Put(f"/k/{i}", b"v", gone if i == 5 else 0)]))
+              for i in range(12)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    await blocker
+    outcomes = await asyncio.gather(*writes, return_exceptions=True)
+    assert [i for i, o in enumerate(outcomes) if isinstance(o, FailedPrecondition)] == [5]
+    assert all(o.succeeded for i, o in enumerate(outcomes) if i != 5)  # type: ignore[union-attr]
+    assert await store.get("/k/5") is None and await store.get("/k/4") is not None

@@ -14,8 +14,11 @@ groups, as a database commits its log:
           ──▶ failed: a group of one: that write failed (its compare did not hold). More: etcd does not say
               which compare failed, so each write waits again with a cap of half the group, until the one
               whose compare failed is alone: one write's failure never fails another's
-          ──▶ raised (Unavailable: unknown outcome; FailedPrecondition: a lease is gone): every write of the
-              group gets that exception, as each would have alone
+          ──▶ refused as a whole before any change (FailedPrecondition: a write's lease is gone;
+              InvalidArgument: over etcd's limits): a group of one gets the error; a larger one is halved
+              as above, so only the write that caused it hears of it
+          ──▶ unknown outcome (Unavailable, or anything else raised): every write of the group gets that
+              exception: the transaction landed whole or not at all, the same for each of them
 
 Only independent writes belong here: a caller whose write depends on another's answer (read, then compare the
 revision read) must not be grouped behind writes that may change its keys, and gains nothing from it.
@@ -28,6 +31,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..errors import FailedPrecondition, InvalidArgument
 from .api import Compare, Delete, Put, Store, TxnResult
 
 # Transactions in flight at once: one is planned while another is in etcd.
@@ -112,16 +116,20 @@ class TxnBatcher:
                 return
             self.transactions += 1
             self.grouped += len(live) > 1
-            res = await self._store.txn([c for w in live for c in w.compares], [op for w in live for op in w.ops])
+            try:
+                res = await self._store.txn([c for w in live for c in w.compares],
+                                            [op for w in live for op in w.ops])
+            except (FailedPrecondition, InvalidArgument):
+                if len(live) == 1:
+                    raise
+                self._split(live)  # refused before any change: find the write it is about
+                return
             if res.succeeded or len(live) == 1:
                 for w in live:
                     if not w.future.done():
                         w.future.set_result(res)
                 return
-            half = -(-len(live) // 2)
-            for w in live:
-                w.cap = min(w.cap, half) if w.cap else half
-            self._waiting[:0] = live  # first in line again, in their order
+            self._split(live)
         except BaseException as exc:  # resolve every future whatever happened, then let the task end
             for w in group:
                 if w.future.done():
@@ -135,3 +143,10 @@ class TxnBatcher:
         finally:
             self._sending.discard(asyncio.current_task())
             self._dispatch()
+
+    def _split(self, group: list[_Write]) -> None:
+        """A group failed as a whole: its writes wait again, first in line, at most half of it per group."""
+        half = -(-len(group) // 2)
+        for w in group:
+            w.cap = min(w.cap, half) if w.cap else half
+        self._waiting[:0] = group
