@@ -212,11 +212,16 @@ async def test_scheduler_metrics_follow_the_cluster(running: Running, pki_dir: P
     values = {v for s in end.samples if s.name.startswith("trainyard_scheduler_") for v in s.labels.values()}
     assert not values & ids
 
-    # A replica that no longer leads reports no queue.
+    # A replica that no longer leads reports no queue, and no backlog of its own (its last value would stand
+    # beside the new leader's).
+    metrics.HISTORY_BACKLOG.set(7)
+    metrics.AUDIT_BACKLOG.set(9)
     await running.app.stop()
     stopped = await scrape(host, port)
     assert stopped.matching("trainyard_scheduler_queue_depth") == []
     assert stopped.matching("trainyard_scheduler_nodes_by_state") == []
+    assert stopped.value("trainyard_scheduler_history_backlog_jobs") == 0
+    assert stopped.value("trainyard_scheduler_audit_backlog_entries") == 0
 
 
 # --- the vocabularies, as tables -------------------------------------------------------------------------------

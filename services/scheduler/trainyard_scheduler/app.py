@@ -245,6 +245,10 @@ class SchedulerApp:
             self.leadership.step_down()
             self._node_servicer.end_streams()
             metrics.IS_LEADER.set(0)
+            # The backlogs are the leader's to measure: a former leader's last value would stand (and alert) for
+            # ever beside the new leader's.
+            metrics.HISTORY_BACKLOG.set(0)
+            metrics.AUDIT_BACKLOG.set(0)
             log.warning("leadership ended", extra={"epoch": epoch})
 
     async def stop(self) -> None:

@@ -48,7 +48,8 @@ PREEMPTIONS = Counter("trainyard_scheduler_preemptions_total",
 MIRROR_BEHIND = Counter("trainyard_scheduler_mirror_behind_total",
                         "Cycles skipped because the watch had not yet delivered this leader's own writes")
 HISTORY_BACKLOG = Gauge("trainyard_scheduler_history_backlog_jobs",
-                        "Finished jobs not yet written to the history store (they stay in etcd until they are)")
+                        "Finished jobs not yet written to the history store (they stay in etcd until they are); 0 on a "
+                        "replica that does not lead")
 HISTORY_ARCHIVED = Counter("trainyard_scheduler_history_archived_total", "Finished jobs written to the history store")
 HISTORY_ERRORS = Counter("trainyard_scheduler_history_errors_total",
                          "Archiving and pruning passes that failed because the history store could not be reached")
@@ -60,7 +61,7 @@ AUDIT_MOVED = Counter("trainyard_scheduler_audit_moved_total",
                       "Audit entries the leader moved from etcd into the history store")
 AUDIT_BACKLOG = Gauge("trainyard_scheduler_audit_backlog_entries",
                       "Audit entries in etcd at the leader's last pass, not yet moved to the history store (they "
-                      "stay there, under their retention lease, until they are)")
+                      "stay there, under their retention lease, until they are); 0 on a replica that does not lead")
 JOBS_EXPIRED = Counter("trainyard_scheduler_jobs_expired_total",
                        "Archived jobs removed from etcd once job_ttl_s had passed since they ended")
 CREDENTIAL_RENEWALS = Counter("trainyard_scheduler_credential_renewals_total",
