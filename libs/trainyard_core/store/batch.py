@@ -28,8 +28,9 @@ Concurrency contract: used from one event loop; a write's result is its transact
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import FailedPrecondition, InvalidArgument
 from .api import Compare, Delete, Put, Store, TxnResult
@@ -40,6 +41,18 @@ MAX_IN_FLIGHT = 2
 MAX_GROUP_OPS = 64
 # Under etcd's default --max-request-bytes (1.5 MiB); a single larger write is still sent, alone.
 MAX_GROUP_BYTES = 512 * 1024
+
+
+def settle_with(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:
+    """A transaction carrying these writers' futures ended in `exc`: each not yet resolved gets it (an
+    Exception), or is cancelled (a cancellation or an exit, which the sending task then raises itself)."""
+    for future in futures:
+        if future.done():
+            continue
+        if isinstance(exc, Exception):
+            future.set_exception(exc)
+        else:
+            future.cancel()
 
 
 @dataclass(eq=False)
@@ -131,13 +144,7 @@ class TxnBatcher:
                 return
             self._split(live)
         except BaseException as exc:  # resolve every future whatever happened, then let the task end
-            for w in group:
-                if w.future.done():
-                    continue
-                if isinstance(exc, Exception):
-                    w.future.set_exception(exc)
-                else:
-                    w.future.cancel()
+            settle_with((w.future for w in group), exc)
             if not isinstance(exc, Exception):
                 raise
         finally:

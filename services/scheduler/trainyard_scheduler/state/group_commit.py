@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.store import Compare, Delete, Put, TxnResult, mod_revision_is
+from trainyard_core.store.batch import settle_with
 
 from .holdings import Edit, HeldElsewhere, HoldingsLedger, Jobs, NodeHolding, encode_holding
 
@@ -154,13 +155,7 @@ class HoldingsCommitter:
         try:
             await self._commit(batch, nodes)
         except BaseException as exc:  # resolve every future whatever happened, then let the task end
-            for w in batch:
-                if w.future.done():
-                    continue
-                if isinstance(exc, Exception):
-                    w.future.set_exception(exc)
-                else:
-                    w.future.cancel()
+            settle_with((w.future for w in batch), exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
