@@ -71,6 +71,19 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def sockets(pid: int) -> int:
+    """How many sockets the process holds open (its connections, listeners and datagram sockets)."""
+    fd_dir = f"/proc/{pid}/fd"
+    count = 0
+    for name in os.listdir(fd_dir):
+        try:
+            if os.readlink(f"{fd_dir}/{name}").startswith("socket:"):
+                count += 1
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
 def host_cpu() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine since boot, from /proc/stat."""
     with open("/proc/stat") as f:

@@ -43,7 +43,9 @@ Figures:
 - `failover_false_deaths`: live nodes a census read not ready after a failover (target 0), and
   `failover_all_ready_s`, the kill to every live node ready again.
 - `leader_rss_mb_extrapolated_10k`: the leader's RSS at N/2 and N nodes, extrapolated linearly to 10,000
-  (EXTRAPOLATED, not measured, unless N is 10,000). Target <= 1,000.
+  (EXTRAPOLATED, not measured, unless N is 10,000). Target <= 1,000. Each is read once the nodes that came
+  up last have dropped their idle connections (AGENT_IDLE_S after they are ready), as in a fleet's steady
+  state; `leader_sockets_at_n` is how many sockets the leader holds open then.
 - `submit_to_admitted_p50_ms_1gpu` / `_p99_ms_1gpu`, the same `_64gpu`: as a client sees them — POST
   /v1/jobs, then GET every 5 ms until the job reads admitted (or running) — for jobs submitted in the steady
   window; `etcd_put_watch_p50_ms` beside them, and their p50s over it (targets: 1-GPU <= 3x, 64-GPU <= 10x).
@@ -76,12 +78,13 @@ from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster, tail
 from trainyard_core.contract import JobState
+from trainyard_core.rpc.liveness import AGENT_IDLE_S
 from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_scheduler.settings import SchedulerSettings
 
 from ._keepalive import floor_us_per_conn_s
-from ._swarm import Swarm, SwarmSpec, cpu_s, host_cpu, issue_certs, node_ids, pct, rss_mb, tmpdir
+from ._swarm import Swarm, SwarmSpec, cpu_s, host_cpu, issue_certs, node_ids, pct, rss_mb, sockets, tmpdir
 
 TARGET_NODES_PER_CORE = 20_000.0
 TARGET_DETECT_S = 3.0
@@ -190,6 +193,7 @@ class Outcome:
     swarm_cpu_s: float = 0.0
     host_busy_percent: float = math.nan
     rss_mb: dict[int, float] = field(default_factory=dict)          # nodes registered → leader RSS
+    sockets: dict[int, int] = field(default_factory=dict)           # nodes registered → leader's open sockets
     not_ready: dict[str, str] = field(default_factory=dict)         # never-stopped node → census that saw it
     lost_contact: dict[str, str] = field(default_factory=dict)      # never-stopped node → job stopped for it
     stream_breaks: dict[str, int] = field(default_factory=dict)     # never-stopped node → extra registrations
@@ -479,8 +483,11 @@ class Fleet:
                                    f"{self.swarms[0].spec.log_path}:\n{tail(Path(self.swarms[0].spec.log_path))}")
             await self._all_ready(expected, timeout=60)
             self._say(f"{expected:,} nodes registered and ready")
-            await asyncio.sleep(c.settle_s)
+            # Measured once the agents that came up last have dropped their idle connections (AGENT_IDLE_S):
+            # the fleet's steady state, not the ramp's handshakes.
+            await asyncio.sleep(c.settle_s + (AGENT_IDLE_S if expected >= 100 else 0.0))
             self.out.rss_mb[expected] = rss_mb(self.pid)
+            self.out.sockets[expected] = sockets(self.pid)
 
     async def _all_ready(self, count: int, timeout: float) -> None:
         assert self.view is not None
@@ -666,6 +673,7 @@ def figures(config: Config, out: Outcome) -> dict[str, float]:
         "stops_undetected": float(len(out.undetected)),
         "leader_rss_mb_at_half_n": out.rss_mb[half],
         "leader_rss_mb_at_n": out.rss_mb[full],
+        "leader_sockets_at_n": float(out.sockets[full]),
         "leader_rss_mb_extrapolated_10k": rss_10k,
         "leader_rss_extrapolated_10k_vs_target": rss_10k / TARGET_RSS_MB_10K,
         "submit_to_admitted_p50_ms_1gpu": _p(one, 0.5),

@@ -1,13 +1,13 @@
-"""Node liveness from the heartbeat stream (docs/architecture.md, "Node liveness"), against the real scheduler
-over mTLS, with the agent's connection going through a proxy that can go silent like a dead host:
+"""Node liveness on the connectionless path (docs/architecture.md, "Node liveness"), against the real
+scheduler over mTLS, with the agent's traffic going through a proxy that can go silent like a dead host:
 
-- an idle node (no beats for much longer than the node timeout) stays alive: the open stream is its liveness;
-- a node whose link goes silent (no FIN, no reset) is lost: keepalive ends the stream on both sides, the agent
-  stops renewing its worker lease, and it comes back once the link does;
-- a scheduler whose event loop is blocked for longer than the keepalive timeout keeps its nodes (the C core
-  answers pings without Python);
-- a leader that loses its term ends every stream at once;
-- an agent that stops ends its stream cleanly.
+- an idle node (no beats for much longer than the node timeout) stays alive on its pulses alone, and holds no
+  connection to the leader once its channel has been idle for AGENT_IDLE_S;
+- a node whose link goes silent (no FIN, no reset) is lost: its pulses stop, the agent stops renewing its
+  worker lease, and it comes back once the link does;
+- a scheduler whose event loop is blocked for seconds keeps its nodes (the pause is not their silence);
+- a leader that loses its term closes every pulse session, and the agents register again;
+- an agent that stops ends its session with a leaving beat.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.scheduler.test_scheduler_tls import agent_settings, sched_settings
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent.app import AgentApp, scheduler_channel
+from trainyard_core.rpc.liveness import AGENT_IDLE_S
 from trainyard_core.rpc.pulse import ACK_WINDOW_S, RECONNECT_AFTER_S
 from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
@@ -43,7 +44,7 @@ HEARTBEAT_INTERVAL_MS = SchedulerSettings.model_fields["heartbeat_interval_ms"].
 
 @pytest.fixture
 async def leader(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path) -> AsyncIterator[SchedulerApp]:
-    # The defaults of liveness: a refresh beat every 30 s, lost 2.5 s without proof of life.
+    # The defaults of liveness: a refresh beat every 5 minutes, lost 2.5 s without proof of life.
     settings = sched_settings(etcd_settings, key_prefix.rstrip("/"), pki.files_for(pki_dir, identity.SCHEDULER))
     # A lease longer than the blocked-loop test's pause, so that test pauses liveness and not the election.
     settings = settings.model_copy(update={"node_timeout_s": NODE_TIMEOUT_S,
@@ -116,20 +117,32 @@ async def until_state(leader: SchedulerApp, pki_dir: Path, want: bool, what: str
     await eventually(probe, timeout=timeout, what=what)
 
 
+def _pulsing(leader: SchedulerApp, agent: AgentApp) -> bool:
+    """The leader holds the agent's current pulse session."""
+    reporter = agent.reporter
+    return bool(reporter is not None and reporter.pulser is not None
+                and leader.pulses.holds(reporter.pulser.session, "node-1"))
+
+
 async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: SchedulerApp, agent: AgentApp,
                                                                    proxy: BlackholeProxy, pki_dir: Path) -> None:
     assert agent.reporter is not None and agent.supervisor is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     seq = agent.reporter.seq
     lease = agent.supervisor.lease_path
     renewed = lease.stat().st_mtime_ns
-    # Three node timeouts without a beat (the refresh is every 30 s): its pulses keep it alive, and the leader's
-    # acknowledgements keep its worker lease renewed.
+    # Without a change, the agent's channel drops its connection to the leader after AGENT_IDLE_S: the leader
+    # holds nothing per node but the session, and the node stays alive on its pulses alone.
+    await eventually(lambda: _true(proxy.open_connections == 0), timeout=AGENT_IDLE_S + 10,
+                     what="the agent's idle connection to the leader to close")
+    assert agent.reporter.seq == seq, "no beat was needed for that"
+    # Three node timeouts more without a beat (the refresh is every 5 minutes): its pulses keep it alive, and
+    # the leader's acknowledgements keep its worker lease renewed.
     for _ in range(6):
         await asyncio.sleep(1.0)
         assert await ready(leader, pki_dir), "an idle node that pulses must stay ready"
-    assert agent.reporter.seq == seq, "no beat was needed for that"
+    assert agent.reporter.seq == seq and proxy.open_connections == 0
     assert len(leader.pulses) == 1 and agent.reporter.pulser is not None and agent.reporter.pulser.acks >= 5
     assert lease.stat().st_mtime_ns > renewed, "the lease is renewed while the leader acknowledges pulses"
 
@@ -142,12 +155,39 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
     stopped = lease.stat().st_mtime_ns
     await asyncio.sleep(1.0)
     assert lease.stat().st_mtime_ns == stopped, "the worker lease must run down while the leader is unreachable"
-    # Its pulses unanswered, the agent ends its side of the stream: it looks for a leader again.
-    await eventually(lambda: _true(not agent.reporter.connected), what="the agent to notice the dead link",
-                     timeout=RECONNECT_AFTER_S + 3)
+    # Its pulses unanswered, the agent ends its session: it looks for a leader again.
+    registrations = agent.reporter.registrations
+    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.pulser is None),
+                     what="the agent to notice the dead link", timeout=RECONNECT_AFTER_S + 3)
 
     proxy.heal()
     await until_state(leader, pki_dir, True, "node-1 to be back once its link is", timeout=30.0)
+    assert agent.reporter.registrations > registrations
+
+
+async def test_a_health_change_reaches_the_leader_over_a_closed_connection(
+        leader: SchedulerApp, agent: AgentApp, proxy: BlackholeProxy, pki_dir: Path) -> None:
+    """The beat of a change opens a connection when none is held (a TLS handshake), well within the 1 s a
+    health event has to reach the leader."""
+    assert agent.reporter is not None and agent.overrides is not None
+    await until_state(leader, pki_dir, True, "node-1 to be ready")
+    await eventually(lambda: _true(proxy.open_connections == 0 and _pulsing(leader, agent)),
+                     timeout=AGENT_IDLE_S + 10, what="the agent's idle connection to close")
+    started = time.monotonic()
+    agent.overrides.set_health(2, healthy=False, operator="alice", reason="reseated, to be checked")
+
+    async def unhealthy() -> bool:
+        channel = secure_channel(f"127.0.0.1:{leader.grpc_port}",
+                                 ClientTls(pki.files_for(pki_dir, identity.GATEWAY)), identity.SCHEDULER)
+        try:
+            got = await scheduler_pb2_grpc.NodeServiceStub(channel).GetNode(
+                scheduler_pb2.GetNodeRequest(node_id="node-1"))
+        finally:
+            await channel.close()
+        return bool(got.node.gpus[2].health == types_pb2.GPU_HEALTH_UNHEALTHY)
+
+    await eventually(unhealthy, timeout=5.0, interval=0.05, what="the leader to store GPU 2 unhealthy")
+    assert time.monotonic() - started < 1.0
 
 
 async def test_a_blocked_scheduler_loop_keeps_its_nodes(leader: SchedulerApp, direct_agent: AgentApp,
@@ -155,40 +195,42 @@ async def test_a_blocked_scheduler_loop_keeps_its_nodes(leader: SchedulerApp, di
     agent = direct_agent
     assert agent.reporter is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(leader.liveness.connected("node-1") and agent.reporter is not None
-                                   and agent.reporter.connected), what="node-1's stream to be open")
+    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     registrations = agent.reporter.registrations
-    # The scheduler's event loop (here also the agent's) does not run for 3 s, three keepalive timeouts (a long
-    # GC pause, a CPU-starved host): pings are answered by gRPC's C core meanwhile, so the stream survives and
-    # the pause is not the node's silence.
+    # The scheduler's event loop (here also the agent's) does not run for 3 s (a long GC pause, a CPU-starved
+    # host): the pause is not the node's silence.
     time.sleep(3.0)  # noqa: ASYNC251 - blocking the loop is the point
     await asyncio.sleep(0.5)
     assert await ready(leader, pki_dir)
-    assert leader.liveness.connected("node-1")
+    assert _pulsing(leader, agent)
     assert agent.reporter.registrations == registrations, "the agent did not have to register again"
 
 
-async def test_a_lost_term_ends_every_stream(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
+async def test_a_lost_term_closes_every_session(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
     assert agent.reporter is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     registrations = agent.reporter.registrations
     leader._node_servicer.end_streams()
-    # The agent sees its stream end and registers again (with the same leader, which still leads).
+    assert len(leader.pulses) == 0
+    # Its pulses unanswered, the agent registers again (with the same leader, which still leads).
     await eventually(lambda: _true(agent.reporter is not None and agent.reporter.registrations > registrations),
-                     what="the agent to register again")
+                     what="the agent to register again", timeout=RECONNECT_AFTER_S + 5)
+    await eventually(lambda: _true(_pulsing(leader, agent)), what="a new pulse session")
 
 
-async def test_a_stopping_agent_ends_its_stream_cleanly(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
+async def test_a_stopping_agent_ends_its_session_cleanly(leader: SchedulerApp, agent: AgentApp,
+                                                         pki_dir: Path) -> None:
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(leader.liveness.connected("node-1")), what="node-1's stream to be open")
+    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     assert agent.reporter is not None
     await agent.reporter.stop()
-    await eventually(lambda: _true(not leader.liveness.connected("node-1")), what="the stream to end")
-    # A clean end counts from the end itself, not from a keepalive timeout before it.
+    assert len(leader.pulses) == 0, "the leaving beat closed the session"
+    # A clean end counts from the end itself.
     age = leader.liveness.last_seen_age("node-1")
-    assert age is not None and age < leader.liveness.timeout_s - 0.5
+    assert age is not None and age < 0.5
     assert await ready(leader, pki_dir)
+    await until_state(leader, pki_dir, False, "node-1 to be lost a node timeout after it left")
 
 
 async def _true(value: bool) -> bool:

@@ -1,4 +1,4 @@
-"""The transport half of node liveness: HTTP/2 keepalive on the agent ↔ scheduler heartbeat stream.
+"""The transport half of node liveness: HTTP/2 keepalive and idle limits on the agent ↔ scheduler connections.
 
 A node is proved alive by its liveness pulses (`pulse.py`, docs/architecture.md "Node liveness"), not by its
 connection, so keepalive here is for the connections themselves and runs at rates a leader of 10,000 nodes
@@ -35,6 +35,16 @@ SERVER_KEEPALIVE_TIMEOUT_S = 10.0
 # workers can thus outlive the leader's last proof of life by up to the lease plus pulse.ACK_WINDOW_S plus
 # this.
 LEASE_RENEW_S = 0.25
+# Connections between an agent and the leader are not held (the connectionless path, docs/architecture.md
+# "Node liveness"): each costs the leader ~96 KB of gRPC C core and BoringSSL memory while open (1 GB at
+# 10,000 agents), and the pulses, not a connection, prove a node alive. The agent's channel drops its
+# connection once no call has been made on it for AGENT_IDLE_S (a beat, a worker exit: changes come in bursts,
+# which then share one handshake), and the scheduler's channels to the agents (launch, stop) do the same after
+# LAUNCH_IDLE_S. The scheduler's server ends a connection without calls after SERVER_IDLE_S (GOAWAY: the
+# client reconnects on its next call), which also frees what a peer that does not drop its own holds.
+AGENT_IDLE_S = 15.0
+LAUNCH_IDLE_S = 60.0
+SERVER_IDLE_S = 120.0
 
 Options = Sequence[tuple[str, int | str]]
 
@@ -58,10 +68,14 @@ SERVER_OPTIONS: Options = [
     *_keepalive(SERVER_KEEPALIVE_S, SERVER_KEEPALIVE_TIMEOUT_S),
     ("grpc.http2.min_ping_interval_without_data_ms", int(AGENT_KEEPALIVE_S * 1000) // 2),
     ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_connection_idle_ms", int(SERVER_IDLE_S * 1000)),
 ]
 
 # The agent's channel to the scheduler.
-CHANNEL_OPTIONS: Options = _keepalive(AGENT_KEEPALIVE_S, KEEPALIVE_TIMEOUT_S)
+CHANNEL_OPTIONS: Options = [*_keepalive(AGENT_KEEPALIVE_S, KEEPALIVE_TIMEOUT_S),
+                            ("grpc.client_idle_timeout_ms", int(AGENT_IDLE_S * 1000))]
+# Added to the scheduler's pool of channels to the agents.
+LAUNCH_CHANNEL_OPTIONS: Options = [("grpc.client_idle_timeout_ms", int(LAUNCH_IDLE_S * 1000))]
 
 
 def merged(base: Options, override: Options) -> list[tuple[str, int | str]]:

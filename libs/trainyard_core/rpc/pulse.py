@@ -6,11 +6,13 @@ Why datagrams: a leader holding 10,000 nodes cannot afford per-connection HTTP/2
 detection needs (gRPC's C core spent ~184 µs per connection-second on 1 s pings over TLS, bench/fleet); a
 pulse costs the leader one `recvfrom`, one keyed BLAKE2s and one `sendto`.
 
-A pulse session belongs to one heartbeat stream. The leader opens it when the stream's first beat asks for
-pulses and hands the agent, inside the mTLS stream, a random 32-bit session id and a random 32-byte key. The
+A pulse session belongs to one registration of a node (or, for agents of earlier versions, to one heartbeat
+stream). The leader opens it when the first beat asks for pulses and hands the agent, in its answer over
+mTLS, a random 32-bit session id and a random 32-byte key. The
 agent then sends a PULSE every `PULSE_INTERVAL_S` to the same host and port as the stream (UDP), and once
 more `RETRY_AFTER_S` later when the first was not acknowledged by then; the leader answers each valid one with
-an ACK. The session ends with the stream (or the leader's term), and with it every pulse that names it.
+an ACK. The session ends with the agent's leaving beat, its next registration, the stream it came with, or the
+leader's term, and with it every pulse that names it.
 
     offset  size  field
     0       1     version (1)

@@ -112,6 +112,7 @@ RULES: Mapping[str, Rule] = {
     # A node speaks only for itself.
     f"/{NODES}/RegisterNode": rule("node", as_node=lambda r: str(r.node.node_id)),
     f"/{NODES}/Heartbeat": rule("node", as_node=lambda r: str(r.node_id)),
+    f"/{NODES}/Beat": rule("node", as_node=lambda r: str(r.node_id)),
     f"/{NODES}/ReportWorkerExit": rule("node", as_node=lambda r: str(r.node_id)),
     **_methods(NODES, ("ListNodes", "GetNode", "CordonNode"), rule("gateway", "tool")),
     # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
@@ -226,7 +227,7 @@ AUDITED: Mapping[str, Audited] = {
                                       detail=lambda r: {"user": r.user}),
     f"/{TOKENS}/RevokeToken": Audited(_on("token", lambda r: r.token_id)),
 }
-LIVENESS = frozenset({f"/{NODES}/Heartbeat"})
+LIVENESS = frozenset({f"/{NODES}/Heartbeat", f"/{NODES}/Beat"})
 READ_PREFIXES = ("Get", "List", "Watch", "Stream", "Check", "ServerReflection")
 
 # The caller of the RPC being served (None on a plaintext server), for servicers that bind it further.

@@ -35,6 +35,11 @@ class BlackholeProxy:
         self._udp_up: dict[tuple[str, int], socket.socket] = {}
 
     @property
+    def open_connections(self) -> int:
+        """TCP connections through the proxy whose two directions are not both closed yet."""
+        return (len(self._tasks) + 1) // 2
+
+    @property
     def address(self) -> str:
         return f"{self._listen_host}:{self.port}"
 

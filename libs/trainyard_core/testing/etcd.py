@@ -45,9 +45,19 @@ def find_etcd() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free now whose UDP port of the same number is free too: a scheduler listens for liveness
+    pulses on its gRPC port's number over UDP, and an agent's pulses leave from ephemeral UDP ports that a
+    TCP-only check does not see."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                try:
+                    u.bind((host, port))
+                except OSError:
+                    continue
+            return port
 
 
 def _tmp_root() -> str:

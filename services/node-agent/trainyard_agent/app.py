@@ -9,6 +9,7 @@ of this node only once its gRPC server is reachable at the address it registers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -72,11 +73,14 @@ def scheduler_channel(address: str, tls: ClientTls | None = None) -> ChannelFact
     targets = itertools.cycle([t.strip() for t in address.split(",") if t.strip()])
     options = [*_SCHEDULER_CHANNEL_OPTIONS, target_name_option(identity.SCHEDULER)]
 
+    def open_channel(target: str) -> grpc.aio.Channel:
+        if tls is None:
+            return grpc.aio.insecure_channel(target, options=_SCHEDULER_CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(target, tls.credentials(), options=options)
+
     def connect() -> Link:
         target = next(targets)
-        if tls is None:
-            return Link(grpc.aio.insecure_channel(target, options=_SCHEDULER_CHANNEL_OPTIONS), target)
-        return Link(grpc.aio.secure_channel(target, tls.credentials(), options=options), target)
+        return Link(open_channel(target), target, reopen=functools.partial(open_channel, target))
     return connect
 
 

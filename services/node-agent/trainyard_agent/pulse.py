@@ -1,13 +1,13 @@
-"""The agent's end of liveness pulses (`trainyard_core.rpc.pulse`): one `Pulser` per heartbeat stream that
-the leader gave a pulse session.
+"""The agent's end of liveness pulses (`trainyard_core.rpc.pulse`): one `Pulser` per session
+the leader opened for this agent.
 
-It sends a pulse every interval to the host and port the stream goes to (UDP, from a socket connected to that
+It sends a pulse every interval to the host and port the agent registered with (UDP, from a socket connected to that
 address, so only datagrams from there are read), once more RETRY_AFTER_S later when that one was not
 acknowledged by then, and reads the leader's acknowledgements. `fresh()` says
 whether the newest acknowledged pulse was sent within ACK_WINDOW_S: the worker lease is renewed only then,
 because the leader has heard from this node at least that recently. When nothing was acknowledged for
 RECONNECT_AFTER_S (since the newest acknowledged pulse was sent, or since the pulser started) it calls
-`on_silent` once: the reporter then ends the stream and looks for the leader again. A send that fails (no
+`on_silent` once: the reporter then ends the session and looks for the leader again. A send that fails (no
 route, the leader's port closed) is retried with the next pulse.
 """
 
@@ -43,7 +43,8 @@ class _Protocol(asyncio.DatagramProtocol):
         self._pulser._acked(data)
 
     def error_received(self, exc: Exception) -> None:
-        # ICMP "port unreachable" for an earlier pulse (the leader's process is gone): the stream will say so.
+        # ICMP "port unreachable" for an earlier pulse (the leader's process is gone): the pulses going
+        # unacknowledged say so.
         self._pulser.send_errors += 1
 
 
@@ -72,11 +73,15 @@ class Pulser:
     @classmethod
     def for_session(cls, target: str, answer: scheduler_pb2.HeartbeatResponse, clock: Clock,
                     on_silent: Callable[[], None] | None = None) -> Pulser:
-        """The pulser of the session a stream's first answer opened, towards the stream's own host:port."""
+        """The pulser of the session a first beat's answer opened, towards the scheduler's host:port."""
         host, port = split_target(target)
         interval = answer.pulse_interval_ms / 1000 if answer.pulse_interval_ms > 0 else pulse.PULSE_INTERVAL_S
         return cls(host=host, port=port, session=answer.pulse_session, key=answer.pulse_key, interval_s=interval,
                    clock=clock, on_silent=on_silent)
+
+    @property
+    def session(self) -> int:
+        return self._session
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

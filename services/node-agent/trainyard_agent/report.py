@@ -1,32 +1,31 @@
-"""Talking to the scheduler's NodeService: registration, the heartbeat stream, worker exit reports.
+"""Talking to the scheduler's NodeService: registration, beats, worker exit reports.
 
 `Reporter` — one session at a time:
 
-    CONNECTING ──RegisterNode ok──▶ STREAMING ──reregister / stream closed or broken / no answer──┐
-        ▲   │                                                                                    │
-        │   └─INVALID_ARGUMENT (node refused: configuration error)──▶ FATAL                      │
-        └───────────────────── wait (exponential backoff, capped, jittered) ◀────────────────────┘
+    CONNECTING ──RegisterNode ok, first Beat ok──▶ BEATING ──reregister / pulses unacknowledged / stop──┐
+        ▲   │                                                                                          │
+        │   └─INVALID_ARGUMENT (node refused: configuration error)──▶ FATAL                            │
+        └───────────────────── wait (exponential backoff, capped, jittered) ◀──────────────────────────┘
 
 - CONNECTING: a fresh channel; RegisterNode carries the whole node (inventory with current health,
   labels, addresses) and the allocations whose workers still run here, so a restarted or failed-over
   scheduler rebuilds its view without touching running workers.
-- STREAMING: the open Heartbeat stream carries the node's changes, and its first answer hands the agent a
-  pulse session: from then on a `Pulser` (pulse.py) sends the leader an authenticated UDP datagram every
-  PULSE_INTERVAL_S, which is what proves the node alive (docs/architecture.md, "Node liveness"). HTTP/2
-  pulses unacknowledged for RECONNECT_AFTER_S tell the agent the leader is gone (it registers again, with
-  the next replica); slow HTTP/2 keepalive (`trainyard_core.rpc.liveness`) only clears dead connections. Beats
-  carry only changes: one when the stream opens, one at once when a GPU's health or the running allocations
-  change, and a refresh every interval (the scheduler's `heartbeat_interval_ms`, else the agent's setting)
-  when nothing does. Each has a sequence number, every GPU whose health changed since the registration, and
-  the running allocations; GPU metrics are not sent (Prometheus scrapes them from the agent). The scheduler
-  answers each; no answer for 3 intervals counts as a broken stream.
-- The worker fence's lease is renewed every LEASE_RENEW_S while the stream is open and the leader
-  acknowledged a pulse sent within ACK_WINDOW_S; renewals stop when either fails (the leader ended the
-  stream, died, stopped answering, or cannot be reached) until a leader takes the node again. A leader that
-  offers no pulse session gets no renewals at all (the safe side: such a leader cannot tell this node is
-  alive in time).
-- `stop()` ends the stream cleanly (the scheduler then counts the node's silence from that moment, not from
-  a keepalive timeout earlier).
+- BEATING: each beat is one unary `Beat` call (the connectionless path, docs/architecture.md "Node
+  liveness"). The first one's answer hands the agent a pulse session: from then on a `Pulser` (pulse.py)
+  sends the leader an authenticated UDP datagram every PULSE_INTERVAL_S, which is what proves the node alive;
+  pulses unacknowledged for RECONNECT_AFTER_S tell the agent the leader is gone (it registers again, with the
+  next replica). Beats carry only changes: one at once when a GPU's health or the running allocations change,
+  and a refresh every interval (the scheduler's `heartbeat_interval_ms`, else the agent's setting) when
+  nothing does. Each has a sequence number, the session, every GPU whose health changed since the
+  registration, and the running allocations; a beat the scheduler did not take is sent again until it is (or
+  the session ends). GPU metrics are not sent (Prometheus scrapes them from the agent). The channel is
+  closed after AGENT_IDLE_S without a call and opened again for the next (`IdleChannel`): the leader holds no
+  connection for a node with nothing to say.
+- The worker fence's lease is renewed every LEASE_RENEW_S while the leader acknowledged a pulse sent within
+  ACK_WINDOW_S; renewals stop when it did not (the leader closed the session, died, stopped answering, or
+  cannot be reached) until a leader takes the node again.
+- `stop()` sends a leaving beat, which closes the session (the scheduler then counts the node's silence from
+  that moment).
 - Backoff restarts from its initial delay after every successful registration.
 - FATAL: the scheduler rejected this node's registration as invalid (e.g. a malformed node id).
   Retrying cannot help; `fatal` is set and main.py ends the process with a clear message.
@@ -36,7 +35,8 @@ Leader epochs from every answer raise the launch fence (`workers/fence.py`).
 `ExitReporter` — an outbox of worker exits. Each exit is sent with ReportWorkerExit until the scheduler
 acknowledges it (the call is idempotent there), then `on_done` marks it reported in the worker records.
 Answers that retrying cannot change (INVALID_ARGUMENT, NOT_FOUND: e.g. a job the scheduler has deleted)
-are logged and end the retries too.
+are logged and end the retries too. Its channel is opened for the first exit and closed once the outbox has
+been empty for AGENT_IDLE_S.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
-from trainyard_core.rpc.liveness import LEASE_RENEW_S
+from trainyard_core.rpc.liveness import AGENT_IDLE_S, LEASE_RENEW_S
 
 from . import metrics
 from .grpc import convert
@@ -72,16 +72,80 @@ from .workers.model import WorkerExit
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 5.0
-# How long `stop()` waits for the scheduler to see the stream's clean end before cancelling it.
+# How long the leaving beat may take when the agent stops.
 CLOSE_WAIT_S = 1.0
+# A beat the scheduler did not take is sent again after these delays (doubling, jittered).
+RETRY_INITIAL_S = 0.2
+RETRY_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
 class Link:
-    """A channel to one scheduler replica, and the host:port it dials (pulses go to the same, over UDP)."""
+    """A channel to one scheduler replica, the host:port it dials (pulses go to the same, over UDP), and how to
+    open another channel to that same replica (None: the channel is never replaced)."""
 
     channel: grpc.aio.Channel
     target: str
+    reopen: Callable[[], grpc.aio.Channel] | None = None
+
+
+class IdleChannel:
+    """A session's channel, closed once no call has been made on it for AGENT_IDLE_S and opened again (to the
+    same replica) for the next call: the leader holds no connection, and its ~96 KB of TLS and HTTP/2 state,
+    for a node with nothing to say (liveness.AGENT_IDLE_S). Done here rather than with gRPC's
+    `grpc.client_idle_timeout_ms`, which (grpcio 1.85) drops an idle connection only the first time: a channel
+    that reconnected after going idle stays connected for good."""
+
+    def __init__(self, link: Link, idle_s: float = AGENT_IDLE_S) -> None:
+        self._link = link
+        self._idle_s = idle_s
+        self._channel: grpc.aio.Channel | None = link.channel
+        self._busy = 0
+        self._last = 0.0
+        self._reaper: asyncio.Task[None] | None = None
+        self.reopened = 0
+
+    def stub(self) -> scheduler_pb2_grpc.NodeServiceStub:
+        if self._channel is None:
+            assert self._link.reopen is not None
+            self._channel = self._link.reopen()
+            self.reopened += 1
+        return scheduler_pb2_grpc.NodeServiceStub(self._channel)
+
+    @contextlib.asynccontextmanager
+    async def using(self) -> AsyncIterator[scheduler_pb2_grpc.NodeServiceStub]:
+        """The stub for one call; the idle time counts from the end of the last call."""
+        self._busy += 1
+        try:
+            yield self.stub()
+        finally:
+            self._busy -= 1
+            self._last = asyncio.get_running_loop().time()
+            if self._reaper is None and self._link.reopen is not None:
+                self._reaper = asyncio.create_task(self._reap(), name="idle-channel")
+
+    async def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._last + self._idle_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if self._busy == 0 and self._channel is not None:
+                channel, self._channel = self._channel, None
+                await channel.close()
+            self._reaper = None
+            return
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
 
 
 ChannelFactory = Callable[[], Link]
@@ -143,8 +207,8 @@ class Reporter:
         self._backoff = backoff
         self._clock = clock or SystemClock()
         self._task: asyncio.Task[None] | None = None
-        self._call: grpc.aio.StreamStreamCall[scheduler_pb2.HeartbeatRequest,
-                                              scheduler_pb2.HeartbeatResponse] | None = None
+        # Why the current session's pulses went unacknowledged ("" while they are not).
+        self._silent = ""
         self._stopping = asyncio.Event()
         self._wake = Notifier()
         self.seq = 0
@@ -161,13 +225,10 @@ class Reporter:
 
     async def stop(self) -> None:
         self._stopping.set()
-        self._wake.notify()  # the beat generator returns: a clean end of the stream
-        if self._call is not None and self._task is not None:
+        self._wake.notify()  # the beats end: the session sends its leaving beat
+        if self._task is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
-        if self._call is not None:
-            # End the stream through grpc first: the task then wakes from its read and can be cancelled.
-            self._call.cancel()
+                await asyncio.wait_for(asyncio.shield(self._task), 2 * CLOSE_WAIT_S)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -180,7 +241,7 @@ class Reporter:
             warned = False
             while not self._stopping.is_set():
                 link = self._connect()
-                channel = link.channel
+                channel = IdleChannel(link)
                 try:
                     await self._session(channel, link.target)
                 except _Refused as refused:
@@ -213,15 +274,15 @@ class Reporter:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    async def _session(self, channel: grpc.aio.Channel, target: str) -> None:
-        stub = scheduler_pb2_grpc.NodeServiceStub(channel)
+    async def _session(self, channel: IdleChannel, target: str) -> None:
         health = self._view.health
         # Changes from here on are sent as "changed since registration"; the node below includes them too.
         registered_version = health.version
         node = self._view.node_info()
         try:
-            answer = await stub.RegisterNode(convert.register_request(node, self._view.running()),
-                                             timeout=RPC_TIMEOUT_S)
+            async with channel.using() as stub:
+                answer = await stub.RegisterNode(convert.register_request(node, self._view.running()),
+                                                 timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise _Refused(exc) from exc
@@ -239,59 +300,78 @@ class Reporter:
         log.info("registered with the scheduler", extra={"gpus": len(node.accelerators),
                                                          "leader_epoch": answer.leader_epoch,
                                                          "heartbeat_interval_s": interval})
-        call = stub.Heartbeat(self._beats(registered_version, interval))
-        self._call = call
-        # A watchdog cancels the call when answers stop. (Not asyncio.wait_for around read(): cancelling a
-        # pending grpc.aio read from outside the call can leave the waiting task hanging forever.)
-        stale_after = max(3 * interval, 2.0)
-        loop = asyncio.get_running_loop()
-        stale = ""
-
-        def expire(why: str = "the scheduler stopped answering heartbeats") -> None:
-            nonlocal stale
-            stale = why
-            call.cancel()
-
-        watchdog = loop.call_later(stale_after, expire)
-        renewer = (asyncio.create_task(self._renew_while_open(call), name="worker-lease")
-                   if self._lease_path is not None else None)
+        self._silent = ""
+        beats = self._beats(registered_version, interval)
+        renewer: asyncio.Task[None] | None = None
         try:
-            while True:
-                try:
-                    response = await call.read()
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if stale and not (task and task.cancelling()):
-                        raise _Reregister(stale) from None
-                    raise
-                watchdog.cancel()
-                watchdog = loop.call_later(stale_after, expire)
-                if response is grpc.aio.EOF:
-                    raise _Reregister("the scheduler closed the heartbeat stream")
-                assert isinstance(response, scheduler_pb2.HeartbeatResponse)
+            async for beat in beats:
+                if self.pulser is not None:
+                    beat.pulse_session = self.pulser.session
+                response = await self._send(channel, beat)
                 self.acked_seq = max(self.acked_seq, response.ack_seq)
                 self._fence.observe(response.leader_epoch)
                 if response.reregister:
                     raise _Reregister("the scheduler asked for it")
-                if response.pulse_session and self.pulser is None:
+                if self.pulser is None:
+                    if not response.pulse_session:
+                        raise _Reregister("the scheduler opened no liveness pulse session")
                     self.pulser = Pulser.for_session(target, response, self._clock, functools.partial(
-                        expire, "the leader stopped acknowledging liveness pulses"))
+                        self._went_silent, "the leader stopped acknowledging liveness pulses"))
                     await self.pulser.start()
+                    if self._lease_path is not None:
+                        renewer = asyncio.create_task(self._renew_while_acknowledged(self.pulser),
+                                                      name="worker-lease")
+            if self._silent:
+                raise _Reregister(self._silent)
+            if self.pulser is not None:
+                # Stopping: the leaving beat ends the session, so the scheduler counts this node's silence from
+                # now (best effort: a scheduler that does not answer in time finds the node silent anyway).
+                leaving = scheduler_pb2.HeartbeatRequest(node_id=self.node_id, seq=self.seq + 1, leaving=True,
+                                                         pulse_session=self.pulser.session)
+                with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                    async with channel.using() as stub:
+                        await stub.Beat(leaving, timeout=CLOSE_WAIT_S)
         finally:
-            watchdog.cancel()
             if renewer is not None:
                 renewer.cancel()
-            self._call = None
-            call.cancel()
+            await beats.aclose()  # type: ignore[attr-defined]
             if self.pulser is not None:
                 await self.pulser.stop()
                 self.pulser = None
 
-    async def _renew_while_open(self, call: grpc.aio.Call) -> None:
-        """The worker lease follows the leader's acknowledgements: renewed while the stream is open and a
-        pulse sent within ACK_WINDOW_S was acknowledged, and no longer once the stream is done."""
-        while not call.done():
-            if self.pulser is not None and self.pulser.fresh():
+    def _went_silent(self, why: str) -> None:
+        """The pulser heard no acknowledgement for RECONNECT_AFTER_S: end the session (the beats end, a beat
+        being retried gives up) and register again."""
+        self._silent = why
+        self._wake.notify()
+
+    async def _send(self, channel: IdleChannel,
+                    beat: scheduler_pb2.HeartbeatRequest) -> scheduler_pb2.HeartbeatResponse:
+        """One beat, sent until the scheduler answers it. The first beat of a session is sent once (a failure
+        goes back to registering); a later one is sent again after a failure (the leader could not store a
+        health change yet, or a connection broke) for as long as the session lasts: the pulses, not the beats,
+        say whether the leader is still there."""
+        retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+        while True:
+            try:
+                async with channel.using() as stub:
+                    response: scheduler_pb2.HeartbeatResponse = await stub.Beat(beat, timeout=RPC_TIMEOUT_S)
+                return response
+            except grpc.aio.AioRpcError as exc:
+                if self.pulser is None or exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+                log.debug("beat not taken yet; sending it again: %s: %s", exc.code().name, exc.details())
+            await self._wake.wait(timeout=retry.next())
+            if self._silent:
+                raise _Reregister(self._silent)
+            if self._stopping.is_set():
+                raise _Reregister("stopping")
+
+    async def _renew_while_acknowledged(self, pulser: Pulser) -> None:
+        """The worker lease follows the leader's acknowledgements: renewed while a pulse sent within
+        ACK_WINDOW_S was acknowledged, and no longer once the session is over."""
+        while True:
+            if pulser.fresh():
                 self._renew_lease()
             await asyncio.sleep(LEASE_RENEW_S)
 
@@ -313,7 +393,7 @@ class Reporter:
         sent_version = -1
         sent_running: list[RunningAllocation] | None = None
         next_refresh = 0.0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not self._silent:
             # Every notifier's version before the state is read: a change notified while the beat below waits to
             # be taken (a yield is an await: gRPC asks for the next message when it is ready) has no waiter to
             # wake, so the versions, not a wake-up, say that the state must be read again. (Before, only the
@@ -330,7 +410,7 @@ class Reporter:
                                                 running=running, pulses=True)
                 sent_version, sent_running, next_refresh = version, running, loop.time() + interval
             if (health.version == version and [n.version for n in notifiers] == seen
-                    and not self._stopping.is_set()):
+                    and not self._stopping.is_set() and not self._silent):
                 await wait_any(notifiers, timeout=max(0.0, next_refresh - loop.time()))
 
 
@@ -383,13 +463,19 @@ class ExitReporter:
 
     async def _run(self) -> None:
         with log_context(node_id=self.node_id):
-            channel = self._connect().channel
+            channel: grpc.aio.Channel | None = None
             warned = False
             try:
                 while True:
                     if not self._pending:
-                        await self._wake.wait()
+                        # No connection held while there is nothing to report (liveness.AGENT_IDLE_S).
+                        woken = await self._wake.wait(timeout=AGENT_IDLE_S if channel is not None else None)
+                        if not woken and channel is not None and not self._pending:
+                            await channel.close()
+                            channel = None
                         continue
+                    if channel is None:
+                        channel = self._connect().channel
                     exit = next(iter(self._pending.values()))
                     self._inflight = scheduler_pb2_grpc.NodeServiceStub(channel).ReportWorkerExit(
                         convert.exit_report(self.node_id, exit), timeout=RPC_TIMEOUT_S)
@@ -421,7 +507,8 @@ class ExitReporter:
                     self._done(exit)
             finally:
                 self._inflight = None
-                await channel.close()
+                if channel is not None:
+                    await channel.close()
 
     def _done(self, exit: WorkerExit) -> None:
         self._pending.pop(exit.key, None)

@@ -243,6 +243,25 @@ class NodeLiveness:
         else:
             self.seen(node_id, backdate_s=self._broken)
 
+    def pulsing(self, node_id: str) -> None:
+        """A node that holds no stream (the connectionless path) opened a pulse session: a proof of life now,
+        and whatever ended before is over."""
+        if node_id in self._ended:
+            self._ended.discard(node_id)
+            self._membership += 1
+        self.seen(node_id)
+
+    def left(self, node_id: str) -> None:
+        """A node that holds no stream said it is stopping (its leaving beat): as a stream's clean end, a proof
+        of life now and evidence, for a new leader's grace, that it went."""
+        if node_id in self._open:
+            self.seen(node_id)
+            return
+        if node_id not in self._ended:
+            self._ended.add(node_id)
+            self._membership += 1
+        self.seen(node_id)
+
     def connected(self, node_id: str) -> bool:
         return self._open.get(node_id, 0) > 0
 

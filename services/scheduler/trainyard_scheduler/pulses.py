@@ -1,11 +1,13 @@
 """The leader's end of liveness pulses (`trainyard_core.rpc.pulse`): the open sessions, and the UDP endpoint
 that takes the agents' pulses and acknowledges them.
 
-A session is opened by the heartbeat stream that asked for it and closed when that stream ends; the leader's
-term ending closes them all (`clear`). A valid pulse is a proof of life of its node (`NodeLiveness.seen`) and
-is acknowledged to the address it came from. Nothing else is answered: a datagram for a session that is not
-open, with a bad MAC, malformed, or replayed (a sequence not above the last accepted) is counted by reason
-and dropped, so a stray or forged datagram costs one lookup and at most one MAC.
+A session is opened by the first `Beat` call after a registration (the connectionless path: one session per
+node, replaced by the node's next one and closed by its leaving beat), or by the heartbeat stream of an agent
+of an earlier version, closed when that stream ends; the leader's term ending closes them all (`clear`). A
+valid pulse is a proof of life of its node (`NodeLiveness.seen`) and is acknowledged to the address it came
+from. Nothing else is answered: a datagram for a session that is not open, with a bad MAC, malformed, or
+replayed (a sequence not above the last accepted) is counted by reason and dropped, so a stray or forged
+datagram costs one lookup and at most one MAC.
 
 The endpoint listens on the gRPC server's host and port number, over UDP (what the agents are told), and takes
 what arrived every DRAIN_S. Its receive buffer is made large (`RCVBUF_BYTES`) so the pulses of a drain
@@ -55,6 +57,8 @@ class PulseSessions:
     def __init__(self, liveness: NodeLiveness) -> None:
         self._liveness = liveness
         self._sessions: dict[int, _Session] = {}
+        # node → its session opened by a Beat call (a stream's sessions are the stream's to close).
+        self._by_node: dict[str, int] = {}
         self._accepted = metrics.PULSES.labels("accepted")
         self._dropped = {why: metrics.PULSES.labels(why)
                          for why in ("unknown_session", "bad_mac", "replayed", "malformed")}
@@ -62,24 +66,37 @@ class PulseSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, node_id: str) -> tuple[int, bytes]:
-        """A new session for `node_id`: (its id, its key)."""
+    def open(self, node_id: str, *, sole: bool = False) -> tuple[int, bytes]:
+        """A new session for `node_id`: (its id, its key). `sole`: the node's only session from now on (a
+        Beat's: the one it held before, if any, is closed)."""
+        if sole:
+            self.close(self._by_node.pop(node_id, 0))
         while True:
             ident = secrets.randbits(32)
             if ident and ident not in self._sessions:
                 break
         key = secrets.token_bytes(pulse.KEY_BYTES)
         self._sessions[ident] = _Session(node_id, pulse.SessionMac(key))
+        if sole:
+            self._by_node[node_id] = ident
         metrics.PULSE_SESSIONS.set(len(self._sessions))
         return ident, key
 
+    def holds(self, ident: int, node_id: str) -> bool:
+        """Whether session `ident` is open and belongs to `node_id`."""
+        session = self._sessions.get(ident)
+        return session is not None and session.node_id == node_id
+
     def close(self, ident: int) -> None:
-        self._sessions.pop(ident, None)
+        session = self._sessions.pop(ident, None)
+        if session is not None and self._by_node.get(session.node_id) == ident:
+            del self._by_node[session.node_id]
         metrics.PULSE_SESSIONS.set(len(self._sessions))
 
     def clear(self) -> None:
         """The term ended: no pulse is a proof of life to this replica any more."""
         self._sessions.clear()
+        self._by_node.clear()
         metrics.PULSE_SESSIONS.set(0)
 
     def received(self, data: bytes) -> bytes | None:

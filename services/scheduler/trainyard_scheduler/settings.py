@@ -53,14 +53,17 @@ class SchedulerSettings(EtcdSettings):
                                   "agent's liveness pulses (every 1 s, and once more 0.5 s later when one is not "
                                   "acknowledged) are its proof of life. Pauses of the scheduler process itself do "
                                   "not count. More than two pulse intervals")
-    heartbeat_interval_ms: int = Field(30_000, ge=50, le=60_000, description="agents send a beat at once on a "
-                                       "change (GPU health, running workers) and this often when nothing changes "
+    heartbeat_interval_ms: int = Field(300_000, ge=50, le=3_600_000, description="agents send a beat at once on "
+                                       "a change (GPU health, running workers) and this often when nothing changes "
                                        "(a safety net only: pulses prove liveness, and each refresh costs the "
-                                       "leader a stream message per node); an open stream without pulses silent for "
-                                       "3 intervals counts as a lost node")
-    leader_grace_s: float = Field(5.0, ge=0, description="a new leader counts every registered node alive this long "
-                                  "(at least node_timeout_s) while the agents find it, and longer while agents keep "
-                                  "registering (until none arrived for node_timeout_s; 60 s at most)")
+                                       "leader a TLS handshake per node, as agents hold no connection between "
+                                       "beats); an open stream without pulses (an older agent) silent for 3 "
+                                       "intervals counts as a lost node")
+    leader_grace_s: float = Field(10.0, ge=0, description="a new leader counts every registered node alive this "
+                                  "long (at least node_timeout_s) while the agents find it, and longer while agents "
+                                  "keep registering (until none arrived for node_timeout_s; 60 s at most). Agents "
+                                  "notice a leader change when their pulses go unacknowledged for 4 s, so keep it "
+                                  "above that plus a few seconds of reconnecting")
     worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
                                   "answer of the leader; when it runs out their workers are killed. A lost "
                                   "node's gang is released this long (+1 s) after its last heartbeat, so no old "

@@ -16,6 +16,7 @@ from trainyard_core.errors import FailedPrecondition
 from trainyard_core.rpc.audit import record_call
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
+from trainyard_core.rpc.liveness import LAUNCH_CHANNEL_OPTIONS
 from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
 from trainyard_core.security.job_credentials import JobCredential
@@ -40,7 +41,8 @@ class GrpcAgents:
     its state directory, out of the operators' reach through the gateway)."""
 
     def __init__(self, tls: CertFiles | None, call_timeout_s: float = 10.0, audit: AuditSink | None = None) -> None:
-        self._channels = Channels(tls)
+        # A connection per agent only while it is used: an idle one is dropped (liveness.LAUNCH_IDLE_S).
+        self._channels = Channels(tls, options=LAUNCH_CHANNEL_OPTIONS)
         self._timeout = call_timeout_s
         self._audit = audit
 

@@ -483,6 +483,39 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 self._liveness.closed(node_id, clean=clean, pulsed=bool(session))
                 self._last_heartbeat[node_id] = self._clock.now()
 
+    async def Beat(self, request: scheduler_pb2.HeartbeatRequest,
+                   context: grpc.aio.ServicerContext) -> scheduler_pb2.HeartbeatResponse:
+        """One beat as one call (the connectionless path: the agent holds no connection between beats, so the
+        leader holds none per node). The first beat after a registration opens the node's pulse session (its
+        only one: a session it held before is closed); later beats name it, and a beat naming a session this
+        replica does not hold is told to register again (a new leader, or a session replaced). A leaving beat
+        ends the session. Unlike a stream's beat, one whose GPU health could not be stored fails UNAVAILABLE:
+        the agent sends it again (no later refresh would come soon)."""
+        epoch = self._leadership.require()
+        node_id = request.node_id
+        if not is_valid_id(node_id):
+            raise InvalidArgument(f"node_id {node_id!r} is not a valid node id")
+        pulses, session = self._pulses, request.pulse_session
+        if request.leaving:
+            if session and pulses is not None and pulses.holds(session, node_id):
+                pulses.close(session)
+                self._liveness.left(node_id)
+                self._last_heartbeat[node_id] = self._clock.now()
+            return scheduler_pb2.HeartbeatResponse(ack_seq=request.seq, leader_epoch=epoch)
+        if session and (pulses is None or not pulses.holds(session, node_id)):
+            return scheduler_pb2.HeartbeatResponse(ack_seq=request.seq, leader_epoch=epoch, reregister=True)
+        answer = await self._beat(request, set())
+        if answer.reregister:
+            return answer
+        if not session and request.pulses and pulses is not None:
+            answer.pulse_session, answer.pulse_key = pulses.open(node_id, sole=True)
+            answer.pulse_interval_ms = round(pulse.PULSE_INTERVAL_S * 1000)
+            self._liveness.pulsing(node_id)
+        if node_id in self._pending_health:
+            raise Unavailable(f"the GPU health of node {node_id} could not be stored yet (the store is "
+                              "unavailable); send the beat again")
+        return answer
+
     async def _beat(self, req: scheduler_pb2.HeartbeatRequest,
                     known: set[str]) -> scheduler_pb2.HeartbeatResponse:
         epoch = self._leadership.require()
@@ -539,9 +572,13 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         return node if at is None or at <= node.registered_at else replace(node, registered_at=at)
 
     def last_heartbeat(self, node_id: str) -> float | None:
-        """Wall-clock time of the node's last proof of life: now while its stream is open."""
+        """Wall-clock time of the node's last proof of life: now while its stream is open, else its last pulse
+        or beat."""
         if self._liveness.connected(node_id):
             return self._clock.now()
+        age = self._liveness.last_seen_age(node_id)
+        if age is not None:
+            return self._clock.now() - age
         return self._last_heartbeat.get(node_id)
 
     async def _update_health(self, node_id: str, changed: dict[int, Gpu]) -> None:
