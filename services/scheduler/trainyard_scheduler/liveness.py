@@ -3,8 +3,11 @@ delay them).
 
 A node's proof of life is what reaches this leader from its agent (docs/architecture.md, "Node liveness"):
 
-- Pulses: an agent whose heartbeat stream holds a pulse session (pulses.py) sends an authenticated datagram
-  every PULSE_INTERVAL_S; each valid one is a proof of life. Such a node is alive while its last proof is at
+- Pulses: an agent that holds a pulse session (pulses.py; opened by its first `Beat` call, or by the
+  heartbeat stream of an agent of an earlier version) sends an authenticated datagram every
+  PULSE_INTERVAL_S; each valid one is a proof of life. An agent on the `Beat` path holds no stream and no
+  connection: its beats are proofs of life, and its leaving beat is what a clean end of a stream is
+  (`pulsing`, `left`). Such a node is alive while its last proof is at
   most `timeout_s` old, stream open or not: pulses, not the connection, say the agent runs and reaches us.
   When its stream breaks, its last pulse stands (nothing is added); a clean end (the agent closed its side
   while stopping) counts as a proof at the end itself.
