@@ -8,6 +8,9 @@ launch.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc.aio
 
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -16,7 +19,7 @@ from trainyard_core.errors import FailedPrecondition
 from trainyard_core.rpc.audit import record_call
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
-from trainyard_core.rpc.liveness import LAUNCH_CHANNEL_OPTIONS
+from trainyard_core.rpc.liveness import LAUNCH_CHANNEL_OPTIONS, LAUNCH_IDLE_S
 from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
 from trainyard_core.security.job_credentials import JobCredential
@@ -41,8 +44,8 @@ class GrpcAgents:
     its state directory, out of the operators' reach through the gateway)."""
 
     def __init__(self, tls: CertFiles | None, call_timeout_s: float = 10.0, audit: AuditSink | None = None) -> None:
-        # A connection per agent only while it is used: an idle one is dropped (liveness.LAUNCH_IDLE_S).
-        self._channels = Channels(tls, options=LAUNCH_CHANNEL_OPTIONS)
+        # A connection per agent only while it is used: an idle one is closed (liveness.LAUNCH_IDLE_S).
+        self._channels = Channels(tls, options=LAUNCH_CHANNEL_OPTIONS, idle_s=LAUNCH_IDLE_S)
         self._timeout = call_timeout_s
         self._audit = audit
 
@@ -60,16 +63,19 @@ class GrpcAgents:
             raise FailedPrecondition(f"node {node.node_id!r} cannot be reached over mTLS: no certificate can "
                                      f"name it ({exc})") from exc
 
-    def _stub(self, node: Node) -> agent_pb2_grpc.AgentServiceStub:
-        return agent_pb2_grpc.AgentServiceStub(self._channels.get(node.agent_address, self._expected(node)))
+    @contextlib.asynccontextmanager
+    async def _stub(self, node: Node) -> AsyncIterator[agent_pb2_grpc.AgentServiceStub]:
+        """The agent's stub for one call; its channel is not closed as idle while the call runs."""
+        async with self._channels.lease(node.agent_address, self._expected(node)) as channel:
+            yield agent_pb2_grpc.AgentServiceStub(channel)
 
     async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None:
         request = launch_to_pb(launch, epoch)
         # One request id for both sides: the agent's entry of this launch and the scheduler's.
         request_id = new_request_id()
         try:
-            await self._stub(node).LaunchWorkers(request, timeout=self._timeout,
-                                                 metadata=((REQUEST_ID_HEADER, request_id),))
+            async with self._stub(node) as stub:
+                await stub.LaunchWorkers(request, timeout=self._timeout, metadata=((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AioRpcError as exc:
             await self._record(LAUNCH, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
@@ -81,8 +87,9 @@ class GrpcAgents:
                                                reason=reason, leader_epoch=epoch, signal=signal)
         request_id = new_request_id()
         try:
-            await self._stub(node).StopWorkers(request, timeout=grace_s + self._timeout,
-                                               metadata=((REQUEST_ID_HEADER, request_id),))
+            async with self._stub(node) as stub:
+                await stub.StopWorkers(request, timeout=grace_s + self._timeout,
+                                       metadata=((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AioRpcError as exc:
             await self._record(STOP, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
@@ -98,8 +105,9 @@ class GrpcAgents:
                                                ca=credential.ca))
         request_id = new_request_id()
         try:
-            await self._stub(node).RenewJobCredential(request, timeout=self._timeout,
-                                                      metadata=((REQUEST_ID_HEADER, request_id),))
+            async with self._stub(node) as stub:
+                await stub.RenewJobCredential(request, timeout=self._timeout,
+                                              metadata=((REQUEST_ID_HEADER, request_id),))
         except grpc.aio.AioRpcError as exc:
             await self._record(RENEW, request, node, exc, request_id)
             raise from_rpc_error(exc, f"agent {node.node_id}") from exc
