@@ -19,6 +19,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ pytestmark = [pytest.mark.e2e,
 DEFAULTS = SchedulerSettings.model_fields
 NODE_TIMEOUT_S = float(DEFAULTS["node_timeout_s"].default)
 WORKER_FENCE_S = float(DEFAULTS["worker_fence_s"].default)
+LEADER_GRACE_S = float(DEFAULTS["leader_grace_s"].default)
 # This machine is shared by several test runs on 2 cores: room on top of each deadline, not a target.
 MARGIN_S = 4.0
 RUN_ID = f"partitions-{os.getpid()}"
@@ -64,6 +66,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                      nodes=[("node-1", "a100x4"), ("node-2", "a100x4")])
     try:
         c.start()
+        c.started_at = time.monotonic()  # type: ignore[attr-defined]
         yield c
     finally:
         if c.network is not None:
@@ -132,6 +135,12 @@ async def probe(cluster: LocalCluster) -> AsyncIterator[Probe]:
     p = Probe(cluster, store, http)
     try:
         await eventually(p.all_ready, timeout=60, what="every node ready")
+        # A new leader loses a silent node only once its grace is over (architecture.md, "Leader election and
+        # fencing"): the grace began by the time the cluster had started and lasts leader_grace_s, longer
+        # while agents kept registering (until none arrived for node_timeout_s; every node is ready now). A
+        # node cut before then is lost at the grace's end, not at its deadline, so the tests begin after it.
+        grace_over = max(getattr(cluster, "started_at", 0.0) + LEADER_GRACE_S, time.monotonic() + NODE_TIMEOUT_S)
+        await asyncio.sleep(max(0.0, grace_over + 0.5 - time.monotonic()))
         yield p
     finally:
         for channel in p.channels.values():
