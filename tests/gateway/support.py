@@ -54,7 +54,7 @@ SCHEDULER_SETTINGS: dict[str, Any] = {"leader_ttl_s": 2, "reconcile_interval_s":
 HELPER_METADATA = (("trainyard-test-helper", "1"),)
 # Calls between the scheduler and its agents, left out of the call logs: what remains is what the gateway
 # (or any other client) asked.
-AGENT_TO_SCHEDULER = frozenset({"RegisterNode", "ReportWorkerExit"})
+AGENT_TO_SCHEDULER = frozenset({"RegisterNode", "Beat", "ReportWorkerExit"})
 SCHEDULER_TO_AGENT = frozenset({"LaunchWorkers", "StopWorkers"})
 
 
