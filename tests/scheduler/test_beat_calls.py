@@ -16,6 +16,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
+from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 
 
@@ -94,6 +95,10 @@ async def test_an_older_agents_stream_still_gets_a_session_that_ends_with_it(
         # Our side is done (the generator ended): the server ends the stream cleanly, and the session with it.
         assert await call.read() is grpc.aio.EOF
         assert await call.code() == grpc.StatusCode.OK
-        assert len(leader.pulses) == 0
+
+        async def closed() -> bool:
+            return len(leader.pulses) == 0
+        # The handler's cleanup runs after the status has gone out.
+        await eventually(closed, timeout=5, what="the stream's session to close with it")
     finally:
         await channel.close()
