@@ -103,13 +103,11 @@ class IdleChannel:
         self._busy = 0
         self._last = 0.0
         self._reaper: asyncio.Task[None] | None = None
-        self.reopened = 0
 
     def stub(self) -> scheduler_pb2_grpc.NodeServiceStub:
         if self._channel is None:
             assert self._link.reopen is not None
             self._channel = self._link.reopen()
-            self.reopened += 1
         return scheduler_pb2_grpc.NodeServiceStub(self._channel)
 
     @contextlib.asynccontextmanager
