@@ -4,6 +4,8 @@ session, and when it ends."""
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -85,13 +87,19 @@ async def test_an_older_agents_stream_still_gets_a_session_that_ends_with_it(
     try:
         await _register(stub, "node-1")
 
+        checked = asyncio.Event()
+
         async def beats() -> AsyncIterator[scheduler_pb2.HeartbeatRequest]:
             yield scheduler_pb2.HeartbeatRequest(node_id="node-1", seq=1, pulses=True)
+            # Keep our side open until the session has been seen: an ended request stream ends the
+            # session, and the server may read that end before this test looks.
+            await checked.wait()
 
         call = stub.Heartbeat(beats())
         answer = await call.read()
         assert isinstance(answer, scheduler_pb2.HeartbeatResponse) and answer.pulse_session
         assert leader.pulses.holds(answer.pulse_session, "node-1")
+        checked.set()
         # Our side is done (the generator ended): the server ends the stream cleanly, and the session with it.
         assert await call.read() is grpc.aio.EOF
         assert await call.code() == grpc.StatusCode.OK
