@@ -5,7 +5,6 @@ session, and when it ends."""
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator
 from pathlib import Path
 
