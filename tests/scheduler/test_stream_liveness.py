@@ -162,7 +162,10 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
 
     proxy.heal()
     await until_state(leader, pki_dir, True, "node-1 to be back once its link is", timeout=30.0)
-    assert agent.reporter.registrations > registrations
+    # Back by registering again: the leader marks it ready on the registration, before the agent has read the
+    # answer and counted it.
+    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.registrations > registrations),
+                     what="the agent to count its new registration")
 
 
 async def test_a_health_change_reaches_the_leader_over_a_closed_connection(

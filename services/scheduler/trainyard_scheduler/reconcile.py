@@ -59,6 +59,10 @@ FENCE_MARGIN_S = 0.5 + ACK_WINDOW_S + LEASE_RENEW_S
 OBSERVE_EVERY_S = 1.0
 # Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
 ORPHAN_STOP_RETRY_S = 2.0
+# An agent call that did not reach its agent waits this long before it is tried again, doubling each time up to
+# the max (`_spawn`): a node whose agent is gone is lost within node_timeout_s anyway; until then, a few tries.
+AGENT_RETRY_MIN_S = 0.2
+AGENT_RETRY_MAX_S = 5.0
 
 
 class AgentPort(Protocol):
@@ -109,6 +113,8 @@ class Reconciler:
         self._epoch = epoch
         self._settings = settings
         self._inflight: dict[tuple[str, int, str, str], asyncio.Task[None]] = {}
+        # An agent call's next backoff after it did not reach its agent, per call (`_spawn`); bounded.
+        self._agent_retry: dict[tuple[str, int, str, str], float] = {}
         # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
         self._released: dict[tuple[str, int], float] = {}
         # job id → when this leader last rewrote its pending reason (monotonic).
@@ -462,14 +468,26 @@ class Reconciler:
             log.error("the store refused a write: %s", exc)
         return False
 
-    def _spawn(self, key: tuple[str, int, str, str], work: Callable[[], Awaitable[None]]) -> None:
+    def _spawn(self, key: tuple[str, int, str, str], work: Callable[[], Awaitable[bool]]) -> None:
+        """Run an agent call (`work` answers whether it reached the agent) unless the same call is in flight. One
+        that did not reach its agent stays in flight for a backoff (AGENT_RETRY_MIN_S, doubling up to
+        AGENT_RETRY_MAX_S) before the next cycle may try again: retried on the very next cycle, a call to a dead
+        agent ran the loop hot until the node was lost."""
         if key in self._inflight:
             return
 
         async def runner() -> None:
             try:
                 with log_context(job_id=key[0], node_id=key[2]):
-                    await work()
+                    reached = await work()
+                if reached:
+                    self._agent_retry.pop(key, None)
+                else:
+                    delay = self._agent_retry.get(key, AGENT_RETRY_MIN_S)
+                    self._agent_retry[key] = min(2 * delay, AGENT_RETRY_MAX_S)
+                    while len(self._agent_retry) > 10_000:
+                        self._agent_retry.pop(next(iter(self._agent_retry)))
+                    await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -480,13 +498,14 @@ class Reconciler:
 
         self._inflight[key] = asyncio.create_task(runner(), name=f"{key[3]} {key[0]} on {key[2]}")
 
-    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "", trace_parent: str = "") -> None:
-        """Launch the gang's workers on `node`, a span of the job's trace (the agent's side joins it)."""
+    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "", trace_parent: str = "") -> bool:
+        """Launch the gang's workers on `node`, a span of the job's trace (the agent's side joins it); whether
+        the agent was reached."""
         with telemetry.continued(_tracer, "reconcile.launch", trace_parent, {
                 telemetry.JOB_ID: launch.job_id, telemetry.ATTEMPT: launch.attempt, telemetry.NODE_ID: node.node_id}):
-            await self._launch_on(node, launch, team)
+            return await self._launch_on(node, launch, team)
 
-    async def _launch_on(self, node: Node, launch: NodeLaunch, team: str) -> None:
+    async def _launch_on(self, node: Node, launch: NodeLaunch, team: str) -> bool:
         if self._worker_env is not None:
             # One mint per attempt (under 1 ms), shared by its nodes: cheap enough for the event loop.
             launch = replace(launch, env={**launch.env, **self._worker_env(launch.job_id, launch.attempt, team)})
@@ -494,22 +513,23 @@ class Reconciler:
             await self._agents.launch(node, launch, self._epoch())
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("launch").inc()
-            # Retried next cycle; if the node stays unreachable its heartbeats stop and it is lost.
+            # Retried after a backoff (`_spawn`); if the node stays unreachable its pulses stop and it is lost.
             log.warning("launch on %s failed, will retry: %s", node.node_id, exc)
-            return
+            return False
         except TrainyardError as exc:
             reason = f"launch refused by {node.node_id}: {exc.message}"
             log.warning(reason)
             await self._repo.modify_allocation(
                 launch.job_id, launch.attempt,
                 lambda a: None if a.stop_reason else replace(a, stop_reason=reason))
-            return
+            return True
         await self._repo.modify_allocation(
             launch.job_id, launch.attempt,
             lambda a: None if node.node_id in a.launched else replace(a, launched=a.launched | {node.node_id}))
         log.info("workers launched", extra={"ranks": [w.rank for w in launch.workers]})
+        return True
 
-    async def _stop_orphan(self, node: Node, job_id: str, attempt: int) -> None:
+    async def _stop_orphan(self, node: Node, job_id: str, attempt: int) -> bool:
         log.warning("stopping workers no allocation accounts for", extra={"attempt": attempt})
         try:
             await self._agents.stop(node, job_id, attempt, self._settings.stop_grace_s,
@@ -517,14 +537,17 @@ class Reconciler:
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("orphan stop on %s failed, will retry: %s", node.node_id, exc)
+            return False
+        return True
 
-    async def _stop(self, node: Node, alloc: Allocation, trace_parent: str = "") -> None:
-        """Stop the gang's workers on `node`, a span of the job's trace (the agent's side joins it)."""
+    async def _stop(self, node: Node, alloc: Allocation, trace_parent: str = "") -> bool:
+        """Stop the gang's workers on `node`, a span of the job's trace (the agent's side joins it); whether the
+        agent was reached."""
         with telemetry.continued(_tracer, "reconcile.stop", trace_parent, {
                 telemetry.JOB_ID: alloc.job_id, telemetry.ATTEMPT: alloc.attempt, telemetry.NODE_ID: node.node_id}):
-            await self._stop_on(node, alloc)
+            return await self._stop_on(node, alloc)
 
-    async def _stop_on(self, node: Node, alloc: Allocation) -> None:
+    async def _stop_on(self, node: Node, alloc: Allocation) -> bool:
         try:
             grace = alloc.stop_grace_s or self._settings.stop_grace_s
             await self._agents.stop(node, alloc.job_id, alloc.attempt, grace, alloc.stop_reason, self._epoch(),
@@ -532,10 +555,11 @@ class Reconciler:
         except Unavailable as exc:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("stop on %s failed, will retry: %s", node.node_id, exc)
-            return
+            return False
         await self._repo.modify_allocation(
             alloc.job_id, alloc.attempt,
             lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))
+        return True
 
 
 def _order_of(snap: ClusterSnapshot, result: PlacementResult, now: float) -> PendingOrder:
