@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from trainyard_core.clock import ManualClock
-from trainyard_scheduler.liveness import MAX_GRACE_S, PAUSE_TOLERANCE_S, TICK_S, NodeLiveness
+from trainyard_scheduler.liveness import MAX_GRACE_S, TICK_S, NodeLiveness
 
 NODES = ("n-a", "n-b")
 
@@ -49,27 +49,11 @@ def test_a_pause_of_the_scheduler_is_not_the_nodes_silence() -> None:
     assert live.alive(NODES) == {"n-a"}
     live.tick()
     assert live.alive(NODES) == {"n-a"}
-    # Real silence after the pause still counts, and so does the pause's first PAUSE_TOLERANCE_S.
-    ticking(clock, live, 1.9)
+    # Real silence after the pause still counts.
+    ticking(clock, live, 2.4)
     assert live.alive(NODES) == {"n-a"}
-    ticking(clock, live, 0.2)
+    ticking(clock, live, 0.3)
     assert live.alive(NODES) == frozenset()
-
-
-def test_a_busy_loop_is_not_a_paused_one() -> None:
-    """A leader whose loop runs late on every tick (but under PAUSE_TOLERANCE_S) still loses a silent node
-    within its timeout plus one late tick: lateness that is not a pause does not slow its clock."""
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=0)
-    live.seen("n-a")
-    late = PAUSE_TOLERANCE_S * 0.9
-    waited = 0.0
-    while live.alive(NODES) and waited < 60:
-        clock.advance(late)
-        live.tick()
-        waited += late
-    assert live.alive(NODES) == frozenset()
-    assert waited <= 2.5 + late + 1e-9
 
 
 def test_a_new_leader_gives_unheard_nodes_a_grace_period() -> None:
@@ -162,12 +146,10 @@ def test_a_pause_of_the_scheduler_after_a_break_is_not_the_nodes_silence() -> No
     live.opened("n-a")
     live.closed("n-a", clean=True)
     ticking(clock, live, 0.5)
-    clock.advance(5.0)   # the process did not run (its first PAUSE_TOLERANCE_S counts)
+    clock.advance(5.0)   # the process did not run
     live.tick()
     assert live.alive(["n-a"]) == {"n-a"}
-    ticking(clock, live, 0.9)
-    assert live.alive(["n-a"]) == {"n-a"}
-    ticking(clock, live, 0.2)
+    ticking(clock, live, 1.6)
     assert live.alive(["n-a"]) == frozenset()
 
 
@@ -243,7 +225,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
             elif op == "pause":  # the process does not run for n ticks (then ticks once)
                 clock.advance(TICK_S * n)
                 live.tick()
-                plain.eff += min(TICK_S * n, PAUSE_TOLERANCE_S)
+                plain.eff += TICK_S * n if n <= 2 else TICK_S
             elif op == "seen":
                 live.seen(node)
                 if node not in plain.last:

@@ -30,10 +30,6 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
-  Only the part of a gap beyond PAUSE_TOLERANCE_S is a pause: a loop that runs late by less than that is
-  busy, not stopped (it reads the proofs of life that late at most, well inside the timeout). Counting every
-  late tick instead (as before) slowed the leader's clock in proportion to its lateness, so a busy leader
-  stopped losing dead nodes — and a dead node's failed launches, retried every cycle, kept it busy.
 """
 
 from __future__ import annotations
@@ -47,11 +43,8 @@ from types import MappingProxyType
 from trainyard_core.clock import Clock
 from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
 
-# The ticker's period.
+# The ticker's period; a gap longer than twice this is a pause of this process, not of the nodes.
 TICK_S = 0.1
-# How late the ticker may run before the rest of a gap counts as a pause of this process (not the nodes'
-# silence). With pulses every second and a 2.5 s timeout, a proof of life read this late still leaves a second.
-PAUSE_TOLERANCE_S = 0.5
 # The longest a new leader's grace lasts while agents keep registering (see the module docstring).
 MAX_GRACE_S = 60.0
 
@@ -134,7 +127,8 @@ class NodeLiveness:
         self._last_tick = now
 
     def _pause_now(self, now: float) -> float:
-        return max(0.0, now - self._last_tick - PAUSE_TOLERANCE_S)
+        gap = now - self._last_tick
+        return gap - TICK_S if gap > 2 * TICK_S else 0.0
 
     def _eff(self, now: float) -> float:
         return now - self._paused - self._pause_now(now)
