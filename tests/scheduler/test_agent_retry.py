@@ -2,7 +2,7 @@
 
 Before, a launch to an agent that was gone failed at once (gRPC fails fast while a channel reconnects), the
 failure woke the next cycle, and that cycle launched again: the loop ran hot for as long as the node counted
-as alive (seen in CI: 251 launches in 20 s, on a leader too busy to run its liveness ticker on time). The real
+as alive (seen in CI: 251 launches in 20 s, and the stopped node was not lost within those 20 s). The real
 `Reconciler.run` over a store in memory, with an agent port that refuses until the test lets it through.
 """
 
