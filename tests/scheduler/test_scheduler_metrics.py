@@ -49,8 +49,8 @@ async def running(etcd_settings: dict[str, str], key_prefix: str, pki_dir: Path,
                   tmp_path: Path) -> AsyncIterator[Running]:
     settings = SchedulerSettings.model_validate(dict(
         **etcd_settings, etcd_prefix=key_prefix.rstrip("/"), listen_port=0, leader_ttl_s=2,
-        reconcile_interval_s=0.2, stop_grace_s=1.0, node_timeout_s=3.0, preempt_exempt_s=0, metrics_host="127.0.0.1",
-        metrics_port=free_port(), **pki.files_for(pki_dir, identity.SCHEDULER).settings()))
+        reconcile_interval_s=0.2, stop_grace_s=1.0, node_timeout_s=3.0, worker_fence_s=5.0, preempt_exempt_s=0,
+        metrics_host="127.0.0.1", metrics_port=free_port(), **pki.files_for(pki_dir, identity.SCHEDULER).settings()))
     port = telemetry.start_metrics_server(settings.metrics_host, settings.metrics_port)
     assert port == settings.metrics_port
     app = SchedulerApp(settings)
@@ -184,14 +184,19 @@ async def test_scheduler_metrics_follow_the_cluster(running: Running, pki_dir: P
         await eventually(urgent_runs, timeout=30, what="the urgent job to run after preempting the holder")
         after_preemption = await scrape(host, port)
 
-        # The node is lost: its state, the loss, and the urgent job restarted for it.
-        await running.agent.stop(kill_workers=True)
+        # The node is lost: its state, the loss, and the urgent job restarted for it. The agent goes away as a
+        # dead host's does, leaving its workers to their fence: an agent that stops its workers itself reports
+        # their exits, and a job whose worker was killed while its node was still alive has failed, not lost its
+        # node (whatever the scheduler placed on the dying node in the meantime would have been counted instead).
+        await running.agent.stop(kill_workers=False)
 
         async def lost() -> Scrape | None:
             now = await scrape(host, port)
             return now if (now.value("trainyard_scheduler_nodes_by_state", state="not_ready") == 1
                            and _delta(before, now, "trainyard_scheduler_restarts_total", reason="node_lost",
-                                      team="vision") == 1) else None
+                                      team="vision") == 1
+                           and await state_of(urgent) in (types_pb2.JOB_STATE_RESTARTING,
+                                                          types_pb2.JOB_STATE_PENDING)) else None
 
         end = await eventually(lost, timeout=20, what="the node to be lost and the urgent job restarted")
 

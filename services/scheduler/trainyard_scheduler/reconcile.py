@@ -40,6 +40,7 @@ from .domain.queues import (
 from .domain.snapshot import ClusterSnapshot
 from .launch import NodeLaunch, node_launches
 from .liveness import NodeLiveness
+from .node_log import NodeTransitions
 from .policy.api import Profile
 from .policy.index import ClusterIndex
 from .policy.place import Decision, PlacementResult, Preemption, Unplaced, place
@@ -125,6 +126,7 @@ class Reconciler:
         self._bounds = metrics.Bounds()
         self._events = metrics.Events(self._bounds)
         self._gauges = metrics.ClusterGauges(self._bounds)
+        self._transitions = NodeTransitions()
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
         # a fresh build, a fraction of the cost at 10k nodes).
         self._index = ClusterIndex(profile.gates)
@@ -235,6 +237,7 @@ class Reconciler:
         now = self._clock.now()
         snap, policy = self._snapshots.build(self._liveness, self._released)
         self._node_ids = tuple(snap.nodes)
+        self._transitions.observe(snap)
         self._recheck_at = math.inf
         config = replace(self._settings.policy, queues={"default": DEFAULT_QUEUE, **policy.queues},
                          quotas=policy.quotas, usage=policy.usage)
