@@ -27,7 +27,9 @@ leaves, and survives the call being cancelled. Concurrent appends to etcd share 
 (`store/batch.py`): each entry is still its own compare and put, and is acknowledged only once stored. A
 sink retries a failed write a few times; if it still fails, the caller gets the true result of its call
 anyway (the action happened, or did not, whatever the audit write did), the failure is logged at ERROR and
-`trainyard_audit_write_failures_total` is counted.
+`trainyard_audit_write_failures_total` is counted. An action stored by one etcd transaction on the log's own
+store may carry its entry in that transaction instead (`InlineAudit`; the scheduler's job create does): one
+round trip for both, and the one cannot be stored without the other.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,7 +52,7 @@ from prometheus_client import Counter
 from . import contract
 from .clock import Clock, SystemClock
 from .errors import FailedPrecondition, InvalidArgument, Unavailable
-from .store.api import Put, Store, absent
+from .store.api import Compare, Put, Store, absent
 from .store.batch import TxnBatcher
 
 log = logging.getLogger(__name__)
@@ -299,6 +301,72 @@ async def record(sink: AuditSink | None, entry: AuditEntry) -> bool:
     return await asyncio.shield(task)
 
 
+@dataclass(frozen=True)
+class Carried:
+    """Audit entries as the ops of another transaction: a compare and a put (on its bucket's lease) for each."""
+
+    entries: tuple[AuditEntry, ...]
+    compares: tuple[Compare, ...]
+    puts: tuple[Put, ...]
+    log: AuditLog
+    buckets: tuple[int, ...]
+
+    async def lease_gone(self) -> None:
+        """The transaction was refused for a lease: if it was one of these, the next write takes a new one."""
+        for bucket, put in zip(self.buckets, self.puts, strict=True):
+            await self.log._forget_lease(bucket, put.lease)
+
+
+@dataclass
+class InlineAudit:
+    """The entries of the audited call being served, offered to the transaction that stores its action.
+
+    A handler whose action is one etcd transaction on the audit log's own store (a submit's job create) asks
+    `carry(store, target)` for the entries' compares and puts and adds them to that transaction: the action and
+    its record are then stored together, in one round trip instead of two in turn, and neither can exist
+    without the other. Once that transaction is stored the handler calls `stored()`, and the interceptor writes
+    no second entry. A handler that does not take them, or whose transaction was not stored, leaves the entry
+    to the interceptor, which writes it as for any call (with the call's true result).
+
+    `forwarded`: the entry the caller would write of the same action once answered (the gateway's of the HTTP
+    request behind the call, FORWARDED_ENTRY_HEADER), carried as well with the target filled in; the caller is
+    told that it was (CARRIED_HEADER) and writes nothing itself."""
+
+    log: AuditLog
+    make: Callable[[str], AuditEntry]  # the target → the entry of the call succeeding on it
+    forwarded: AuditEntry | None = None
+    pending: Carried | None = None
+    written: tuple[AuditEntry, ...] = ()
+
+    async def carry(self, store: Store, target: str) -> Carried | None:
+        """The entries' ops for a transaction on `store` (None when this log is on another store)."""
+        if store is not self.log.store:
+            return None
+        entries = [self.make(target)]
+        if self.forwarded is not None:
+            entries.append(replace(self.forwarded, target=target))
+        self.pending = await self.log.carried(entries)
+        return self.pending
+
+    def stored(self) -> None:
+        """The transaction that carried the entries is stored."""
+        if self.pending is not None:
+            self.written, self.pending = self.pending.entries, None
+
+    @property
+    def forwarded_written(self) -> bool:
+        return self.forwarded is not None and len(self.written) > 1
+
+
+# The audited call being served, when its sink can ride on the action's transaction (AuditInterceptor).
+inline_audit: contextvars.ContextVar[InlineAudit | None] = contextvars.ContextVar("inline_audit", default=None)
+# gRPC metadata: the caller's own entry of the action, for the callee to carry (JSON; only the gateway's is
+# taken), and the callee's answer that it stored it.
+FORWARDED_ENTRY_HEADER = "x-trainyard-audit-entry"
+GATEWAY_SERVICE = "gateway"  # the service name of the gateway's entries
+CARRIED_HEADER = "x-trainyard-audit-carried"
+
+
 def _give_up(sink: str, entry: AuditEntry, why: BaseException | str) -> bool:
     WRITE_FAILURES.labels(sink=sink).inc()
     log.error("audit entry not written", extra={
@@ -348,6 +416,10 @@ class AuditLog:
         self._leases: dict[int, int] = {}  # bucket → lease id
         self._lease_lock = asyncio.Lock()
 
+    @property
+    def store(self) -> Store:
+        return self._store
+
     def key(self, entry_id: str) -> str:
         return self.prefix + entry_id
 
@@ -360,23 +432,39 @@ class AuditLog:
                 self._leases[bucket] = lease
             return lease
 
-    async def append(self, entry: AuditEntry) -> bool:
+    def _stamped(self, entry: AuditEntry) -> tuple[AuditEntry, int]:
         t = entry.time or self._clock.now()
-        stored = replace(entry, time=t, id=new_entry_id(t))
-        key, value, bucket = self.key(stored.id), stored.to_json(), int(t // self._bucket_s)
+        return replace(entry, time=t, id=new_entry_id(t)), int(t // self._bucket_s)
+
+    async def _forget_lease(self, bucket: int, lease: int) -> None:
+        """The bucket's lease is gone (revoked, or etcd lost it): the next write of the bucket takes a new one."""
+        async with self._lease_lock:
+            if self._leases.get(bucket) == lease:
+                del self._leases[bucket]
+
+    async def append(self, entry: AuditEntry) -> bool:
+        stored, bucket = self._stamped(entry)
+        key, value = self.key(stored.id), stored.to_json()
 
         async def attempt() -> None:
             lease = await self._lease(bucket)
             try:
                 # absent(key): a retry after a write whose answer was lost finds its own entry, never doubles it.
                 await self._batch.txn([absent(key)], [Put(key, value, lease)])
-            except FailedPrecondition:  # the bucket's lease is gone (revoked, or etcd lost it): a new one next try
-                async with self._lease_lock:
-                    if self._leases.get(bucket) == lease:
-                        del self._leases[bucket]
+            except FailedPrecondition:
+                await self._forget_lease(bucket, lease)
                 raise
 
         return await _with_retries(self.name, stored, attempt, (Unavailable, FailedPrecondition))
+
+    async def carried(self, entries: Sequence[AuditEntry]) -> Carried:
+        """`entries` as another transaction on this log's store carries them (see InlineAudit)."""
+        stamped = [self._stamped(e) for e in entries]
+        keys = [self.key(e.id) for e, _ in stamped]
+        leases = [await self._lease(bucket) for _, bucket in stamped]
+        puts = tuple(Put(k, e.to_json(), lease) for k, (e, _), lease in zip(keys, stamped, leases, strict=True))
+        return Carried(tuple(e for e, _ in stamped), tuple(absent(k) for k in keys), puts, self,
+                       tuple(bucket for _, bucket in stamped))
 
     async def query(self, flt: AuditFilter, *, page_size: int = contract.DEFAULT_PAGE_SIZE,
                     page_token: str = "") -> AuditPage:

@@ -360,3 +360,56 @@ async def test_a_call_whose_entry_cannot_be_written_still_gets_its_true_answer(
     finally:
         await server.stop(0)
         await dead.close()
+
+
+async def test_a_submits_entry_is_stored_by_the_jobs_own_transaction(services: Services,
+                                                                     etcd_store: EtcdStore) -> None:
+    """The scheduler's entry of a submit rides on the job's create (audit.InlineAudit): the job and its entry
+    have one create revision. With the audit bucket's lease revoked under it, the submit still stores its job
+    (the create is retried without the entry) and the entry is written once, on its own, after it."""
+    row = Row(S, _m(authz.JOBS, "SubmitJob"), JOBS, lambda s: sc.SubmitJobRequest(spec=_job_spec(), team="team-a"))
+    for carried in (True, False):
+        if not carried:
+            leases = set(services.scheduler.audit._leases.values())
+            assert leases, "the first submit's entry took its bucket's lease"
+            for lease in leases:
+                await etcd_store.revoke_lease(lease)
+        request_id = f"t-{uuid.uuid4().hex[:12]}"
+        code, answer = await _call(services, row, row.request({}), request_id)
+        assert code == grpc.StatusCode.OK
+        [entry] = await services.entries(S, request_id)
+        assert (entry.target, entry.result) == (f"job/{answer.job.id}", "ok")
+        job = await etcd_store.get(services.scheduler.keys.job(answer.job.id))
+        stored = await etcd_store.get(services.log.key(entry.id))
+        assert job is not None and stored is not None
+        if carried:
+            assert stored.create_revision == job.create_revision
+        else:
+            assert stored.create_revision > job.create_revision
+
+
+async def test_only_the_gateways_certificate_may_forward_its_entry(services: Services, etcd_store: EtcdStore) -> None:
+    """An entry forwarded with a submit (audit.FORWARDED_ENTRY_HEADER) is carried by the job's create when the
+    gateway's certificate sent it, and the answer says so (CARRIED_HEADER); from any other caller it is ignored:
+    nothing is stored in the gateway's name, and the caller is not told that it was."""
+    forged = AuditEntry.make(time=1.0, principal="user:team-a/mallory", service="gateway", action="POST /v1/jobs",
+                             team="team-a", detail={"http_status": 201})
+    for caller, carried in ((OPS, False), (G, True)):
+        request_id = f"t-{uuid.uuid4().hex[:12]}"
+        async with secure_channel(services.address(S), ClientTls(pki.files_for(services.pki, caller)), S) as ch:
+            call = JOBS(ch).SubmitJob(sc.SubmitJobRequest(spec=_job_spec(), team="team-a"), timeout=10, metadata=(
+                (audit.REQUEST_ID_HEADER, request_id), (audit.FORWARDED_ENTRY_HEADER, forged.to_json().decode())))
+            answer = await call
+            told = dict(await call.trailing_metadata() or ()).get(audit.CARRIED_HEADER)
+        entries = {e.service: e for e in await services.entries(S, request_id)}
+        job = await etcd_store.get(services.scheduler.keys.job(answer.job.id))
+        assert job is not None
+        if not carried:
+            assert told is None and sorted(entries) == ["scheduler"]
+            continue
+        assert told == "1" and sorted(entries) == ["gateway", "scheduler"]
+        e = entries["gateway"]
+        assert (e.principal, e.target, e.request_id, e.result) == \
+            ("user:team-a/mallory", f"job/{answer.job.id}", request_id, "ok")
+        stored = await etcd_store.get(services.log.key(e.id))
+        assert stored is not None and stored.create_revision == job.create_revision

@@ -145,6 +145,38 @@ async def test_the_scheduler_records_the_same_request(live_gateway: RunningGatew
     assert seen.detail["user"] == "alice"
 
 
+async def test_a_submit_and_both_its_entries_are_one_transaction(live_gateway: RunningGateway, scheduler: Cluster,
+                                                                 etcd_store: EtcdStore) -> None:
+    """A submit's two entries (the gateway's, forwarded to the scheduler, and the scheduler's own) are stored by
+    the job's create itself: one etcd revision for all three. A replay of its Idempotency-Key creates nothing,
+    so the gateway writes its entry of the replay itself (result ok, HTTP 200)."""
+    token = await live_gateway.create_token("vision", "alice", role="member")
+    log = AuditLog(etcd_store, scheduler.settings.etcd_prefix)
+    for request_id, status in (("req-one-txn", 201), ("req-one-txn-replay", 200)):
+        async with live_gateway.client(token) as http:
+            reply = await http.post("/v1/jobs", json=JOB, headers={"X-Request-Id": request_id,
+                                                                  "Idempotency-Key": "one-txn"})
+        assert reply.status_code == status, reply.text
+        job_id = reply.json()["id"]
+        entries = {e.service: e for e in (await log.query(AuditFilter(request_id=request_id))).entries}
+        gateway = entries["gateway"]
+        assert (gateway.principal, gateway.action, gateway.target, gateway.result, gateway.team) == \
+            ("user:vision/alice", "POST /v1/jobs", f"job/{job_id}", "ok", "vision")
+        assert (gateway.detail["http_status"], gateway.detail["name"], gateway.detail["user"]) == \
+            (str(status), "audited", "alice")
+        keys = {"job": scheduler.scheduler.keys.job(job_id), **{e.service: log.key(e.id) for e in entries.values()}}
+        revisions = {}
+        for name, key in keys.items():
+            kv = await etcd_store.get(key)
+            assert kv is not None, name
+            revisions[name] = kv.create_revision
+        if status == 201:
+            assert sorted(entries) == ["gateway", "scheduler"]
+            assert len(set(revisions.values())) == 1, revisions
+        else:  # the replay: the scheduler's entry and the gateway's, each its own write, after the job's
+            assert revisions["gateway"] > revisions["job"], revisions
+
+
 async def test_reads_and_unversioned_paths_leave_no_entry(live_gateway: RunningGateway) -> None:
     assert live_gateway.app._store is not None
     log = AuditLog(live_gateway.app._store, live_gateway.app.settings.etcd_prefix)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -19,16 +20,23 @@ import grpc.aio
 from .. import errors
 from ..audit import (
     ANONYMOUS,
+    CARRIED_HEADER,
+    FORWARDED_ENTRY_HEADER,
+    GATEWAY_SERVICE,
     REQUEST_ID_HEADER,
     RESULT_OK,
     AuditEntry,
+    AuditLog,
     AuditSink,
+    InlineAudit,
     acting_user,
     current_request_id,
+    inline_audit,
     record,
     request_id_or_new,
 )
 from ..clock import Clock, SystemClock
+from ..security import identity
 from ..security.authz import AUDITED, Audited, current_principal
 from ..security.tls import peer_principal
 from .errors import status_for
@@ -73,19 +81,43 @@ def _principal(context: Any) -> str:
     return str(principal) if principal is not None else ANONYMOUS
 
 
-def _request_id(details: grpc.HandlerCallDetails) -> str:
+def _metadata(details: grpc.HandlerCallDetails, key: str) -> str | None:
     for md in details.invocation_metadata or ():
-        if md.key == REQUEST_ID_HEADER:
-            return request_id_or_new(str(md.value))
-    return request_id_or_new(None)
+        if md.key == key:
+            return str(md.value)
+    return None
+
+
+def _request_id(details: grpc.HandlerCallDetails) -> str:
+    return request_id_or_new(_metadata(details, REQUEST_ID_HEADER))
+
+
+def forwarded_entry(raw: str | None, context: Any, request_id: str, *, authorized: bool = True) -> AuditEntry | None:
+    """The gateway's own entry of the action, forwarded for this call to carry (FORWARDED_ENTRY_HEADER); None
+    when there is none, or it is not the gateway's (on an mTLS server only the gateway's certificate may forward
+    one; a plaintext server, `authorized` False, trusts every caller with everything, this included), for its
+    own service, or does not parse: the caller then writes its entry itself, as it does when not told that
+    this one was stored."""
+    if not raw or (authorized and _safe(lambda: peer_principal(context), None) != identity.GATEWAY):
+        return None
+    try:
+        e = AuditEntry.from_json(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if e.service != GATEWAY_SERVICE or e.result != RESULT_OK:
+        return None
+    # Bounded as any entry; the request is this call's (the gateway sends its own as x-request-id).
+    return AuditEntry.make(time=e.time, principal=e.principal, service=e.service, action=e.action,
+                           request_id=request_id, role=e.role, team=e.team, detail=e.detail)
 
 
 class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Records each call of an audited (unary) method in `sink` as `service`."""
 
     def __init__(self, sink: AuditSink, service: str, table: Mapping[str, Audited] = AUDITED,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, *, authorized: bool = True) -> None:
         self._sink = sink
+        self._authorized = authorized  # calls are authorized by certificate (mTLS): see forwarded_entry
         self._service = service
         self._table = table
         self._clock = clock or SystemClock()
@@ -115,20 +147,32 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         behavior = handler.unary_unary
         request_id = _request_id(handler_call_details)
+        forwarded = _metadata(handler_call_details, FORWARDED_ENTRY_HEADER)
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             current_request_id.set(request_id)
             acting_user.set(("", ""))
             response: Any | None = None
             failure: BaseException | None = None
+            inline = None
+            if isinstance(self._sink, AuditLog):
+                # The action's own transaction may carry the entry (a submit's create): see audit.InlineAudit.
+                inline = InlineAudit(self._sink, lambda target: replace(
+                    self.entry(method, spec, request, None, context, None, request_id), target=target),
+                    forwarded=forwarded_entry(forwarded, context, request_id, authorized=self._authorized))
+            inline_audit.set(inline)
             try:
                 response = await behavior(request, context)
+                if inline is not None and inline.forwarded_written:
+                    context.set_trailing_metadata(((CARRIED_HEADER, "1"),))
                 return response
             except BaseException as exc:
                 failure = exc
                 raise
             finally:
-                await record(self._sink, self.entry(method, spec, request, response, context, failure, request_id))
+                if inline is None or not inline.written:
+                    await record(self._sink, self.entry(method, spec, request, response, context, failure,
+                                                        request_id))
 
         return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer, handler.response_serializer)
 

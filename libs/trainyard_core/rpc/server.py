@@ -96,7 +96,7 @@ async def start_grpc_server(
     # Metrics outermost: they count the status the caller gets, after the error mapping (rpc/metrics.py).
     chain: list[grpc.aio.ServerInterceptor] = [RpcMetricsInterceptor(), ErrorMappingInterceptor()]
     if audit is not None:
-        chain.append(AuditInterceptor(audit, audit_service))
+        chain.append(AuditInterceptor(audit, audit_service, authorized=tls is not None))
     if tls is not None:
         chain.append(AuthorizationInterceptor(jobs=job_binding))
     server = grpc.aio.server(interceptors=[*chain, *interceptors], options=merged(SERVER_OPTIONS, options))

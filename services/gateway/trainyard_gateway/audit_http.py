@@ -15,6 +15,11 @@ failed write is logged and counted, and the caller still gets the true answer), 
   its checkpoint, is recorded under vision). The body of a request is never read, nor a token's secret kept;
 - the result: `ok` below 400, else the error body's code (`permission_denied`, `not_found`, ...).
 
+A submit's entry is not written by this middleware at all when the scheduler stored it: the gateway's
+scheduler client forwards the entry with the `SubmitJob` call (`Forwarding`), the scheduler puts it into
+the job's own create transaction, and says so in its answer (docs/architecture.md). Any other outcome (a
+replay, a refusal, an error) is written here as usual.
+
 Every audited answer carries `X-Request-Id`: the caller's, when it sent a valid one, else a fresh one; the
 gateway's gRPC calls made for the request carry it as `x-request-id` metadata, so the scheduler's entry of
 the same action has the same request id.
@@ -22,8 +27,10 @@ the same action has the same request id.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -31,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainyard_core.audit import (
     ANONYMOUS,
+    GATEWAY_SERVICE,
     REQUEST_ID_HEADER,
     RESULT_OK,
     AuditEntry,
@@ -43,7 +51,9 @@ from trainyard_core.audit import (
 from trainyard_core.clock import Clock, SystemClock
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-SERVICE = "gateway"
+SERVICE = GATEWAY_SERVICE
+# Creates whose scheduler call may carry the gateway's entry in the action's own transaction (Forwarding).
+FORWARDED_ROUTES = frozenset({("POST", "/v1/jobs")})
 # Path parameter → the kind of thing it names. A GPU is named within its node.
 _PARAM_KINDS: Mapping[str, str] = {"job_id": "job", "node_id": "node", "token_id": "token", "team": "team",
                                    "name": "queue"}
@@ -106,6 +116,31 @@ def _json_body(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> Any:
         return None
 
 
+@dataclass
+class Forwarding:
+    """The request being served, for a scheduler call that may carry the gateway's entry of it in the action's
+    own transaction (trainyard_core.audit.InlineAudit): `entry` is the entry as this middleware would write it
+    for a success, without the new object's id (the scheduler fills it in); `carried` is set once the
+    scheduler said it stored it, and the middleware then writes nothing."""
+
+    audit: HttpAudit
+    scope: Scope
+    request_id: str
+    carried: bool = False
+
+    def entry(self, answer: Mapping[str, str]) -> AuditEntry | None:
+        """The entry of a success whose answer will hold `answer`'s fields; None for a route not forwarded."""
+        route = self.scope.get("route")
+        key = (str(self.scope.get("method", "")), str(getattr(route, "path", "")))
+        if key not in FORWARDED_ROUTES:
+            return None
+        return self.audit.entry(self.scope, 201, dict(answer), self.request_id)
+
+
+# The audited request being served (set by HttpAudit for the handler and the clients it calls).
+forwarding: contextvars.ContextVar[Forwarding | None] = contextvars.ContextVar("forwarding", default=None)
+
+
 class HttpAudit:
     """ASGI middleware; see the module docstring."""
 
@@ -148,6 +183,8 @@ class HttpAudit:
         sent = dict(scope.get("headers") or ()).get(REQUEST_ID_HEADER.encode())
         request_id = request_id_or_new(sent.decode("latin-1") if sent else None)
         current_request_id.set(request_id)
+        forward = Forwarding(self, scope, request_id)
+        forwarding.set(forward)
         held: list[Message] = []
         start: Message | None = None
         chunks: list[bytes] = []
@@ -156,6 +193,8 @@ class HttpAudit:
         async def flush(status: int) -> None:
             nonlocal done
             done = True
+            if forward.carried and status < 400:
+                return  # the scheduler stored this entry with the action itself
             headers = list(start["headers"]) if start is not None else []
             await record(self._sink, self.entry(scope, status, _json_body(chunks, headers), request_id))
 

@@ -30,14 +30,14 @@ from trainyard.scheduler.v1 import (
     scheduler_pb2_grpc,
     usage_pb2_grpc,
 )
-from trainyard_core.audit import AuditFilter, AuditPage
+from trainyard_core.audit import CARRIED_HEADER, FORWARDED_ENTRY_HEADER, AuditFilter, AuditPage
 from trainyard_core.errors import FailedPrecondition, Unavailable
 from trainyard_core.rpc.channels import Channels
 from trainyard_core.rpc.errors import from_rpc_error
 from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
 
-from . import convert
+from . import audit_http, convert
 from .schemas.jobs import Job, JobList, JobQuery, JobSubmit
 from .schemas.nodes import Node
 from .schemas.pending import PendingList
@@ -232,7 +232,19 @@ class SchedulerClient:
         """The job, and whether this call created it (False: an idempotency key answered with an earlier one)."""
         request = scheduler_pb2.SubmitJobRequest(spec=convert.spec_to_pb(spec), team=team, user=user,
                                                  idempotency_key=idempotency_key)
-        reply = self._written(await self._scheduler(lambda: self._jobs.SubmitJob(request, timeout=self._timeout)))
+        # The HTTP request's audit entry, for the scheduler to store with the job (audit_http.Forwarding).
+        forward = audit_http.forwarding.get()
+        entry = forward.entry({"team": team, "name": spec.name, "user": user}) if forward is not None else None
+        metadata = ((FORWARDED_ENTRY_HEADER, entry.to_json().decode()),) if entry is not None else ()
+
+        async def submit() -> scheduler_pb2.SubmitJobResponse:
+            call = self._jobs.SubmitJob(request, timeout=self._timeout, metadata=metadata)
+            reply = await call
+            if forward is not None and entry is not None:
+                forward.carried = dict(await call.trailing_metadata() or ()).get(CARRIED_HEADER) == "1"
+            return cast(scheduler_pb2.SubmitJobResponse, reply)
+
+        reply = self._written(await self._scheduler(submit))
         return convert.job_from_pb(reply.job), reply.created
 
     async def get_job(self, job_id: str, *, team: str) -> Job:

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from trainyard_core.audit import inline_audit
 from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused, NotFound
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 from trainyard_core.store.batch import TxnBatcher
@@ -132,6 +133,11 @@ class Repository:
         key = self.keys.job(job.id)
         idem = self.keys.idempotency(job.team, idempotency_key) if idempotency_key else ""
         lease = 0
+        # The submit's audit entries (the scheduler's, and the gateway's it forwarded) ride on the create when
+        # the audit log is on this store (audit.InlineAudit): one transaction for the job and its record. Not on
+        # a retry after a refused lease (it may be the entries'): the interceptor then writes the scheduler's
+        # entry on its own, as for any call, and the gateway its own.
+        inline = inline_audit.get()
         for attempt in range(2):
             compares = [absent(key)]
             ops: list[Put | Delete] = [Put(key, encode_job(job))]
@@ -140,14 +146,24 @@ class Repository:
                 compares.append(absent(idem))
                 record = json.dumps({"job": job.id, "request": request_digest}, separators=(",", ":"))
                 ops.append(Put(idem, record.encode(), lease))
+            carried = None
+            if inline is not None and not attempt:
+                carried = await inline.carry(self.store, f"job/{job.id}")
+            if carried is not None:
+                compares.extend(carried.compares)
+                ops.extend(carried.puts)
             try:
                 res = await self._creates.txn(compares, ops)
-            except FailedPrecondition:  # the hour's lease is gone (revoked, or etcd lost it): take a new one
-                if not idem or attempt:
+            except FailedPrecondition:  # a lease is gone (revoked, or etcd lost it): take a new one
+                if carried is not None:
+                    await carried.lease_gone()
+                if (not idem and carried is None) or attempt:
                     raise
                 continue
             break
         if res.succeeded:
+            if carried is not None and inline is not None:
+                inline.stored()
             self.written_revision = max(self.written_revision, res.revision)
             self.created_revision = max(self.created_revision, res.revision)
             return job, True
