@@ -240,8 +240,12 @@ _NODE_STATE = {"ready": types_pb2.NODE_STATE_READY, "not_ready": types_pb2.NODE_
                "cordoned": types_pb2.NODE_STATE_CORDONED}
 
 
+def node_state_pb(node: Node, alive: bool) -> types_pb2.NodeState.ValueType:
+    return _NODE_STATE[node_state(node, alive)]
+
+
 def node_to_pb(node: Node, *, alive: bool, allocated: set[int], last_heartbeat: float | None) -> types_pb2.Node:
-    state = _NODE_STATE[node_state(node, alive)]
+    state = node_state_pb(node, alive)
     return types_pb2.Node(
         node_id=node.node_id, hostname=node.hostname, agent_address=node.agent_address,
         worker_address=node.worker_address, cpus=node.cpus, memory_mb=node.memory_mb, labels=dict(node.labels),

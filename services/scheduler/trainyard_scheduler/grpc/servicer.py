@@ -51,6 +51,7 @@ from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
 from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, IdempotentJobGone, Repository, max_gang_nodes
 from . import convert
+from .node_messages import NodeMessages
 from .teams import acting_team
 
 log = logging.getLogger(__name__)
@@ -371,8 +372,9 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                  pulses: PulseSessions | None = None, registered: Callable[[str], bool] | None = None,
                  fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None) -> None:
         self._repo = repo
-        # Where ListNodes reads the registered nodes (the leader's mirror; etcd by default).
+        # Where ListNodes reads the registered nodes (the leader's mirror; etcd by default), and their messages.
         self._fleet = fleet or repo.list_nodes
+        self._messages = NodeMessages()
         # Whether this replica's mirror holds the node's record: a stream's first beat then needs no etcd read
         # to know its node is registered (every agent opens its stream right after registering; after a
         # failover, thousands at once).
@@ -611,10 +613,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         self._leadership.require()  # only the leader hears heartbeats: a standby's view says nothing
         nodes = await self._fleet()
         used = await self._used_gpus()
-        alive = self._liveness.alive(n.node_id for n in nodes)
-        return scheduler_pb2.ListNodesResponse(nodes=[
-            convert.node_to_pb(self._registration(n), alive=n.node_id in alive, allocated=used.get(n.node_id, set()),
-                               last_heartbeat=self.last_heartbeat(n.node_id)) for n in nodes])
+        return self._messages.listing(nodes, alive=self._liveness.alive(n.node_id for n in nodes), allocated=used,
+                                      last_heartbeat=self.last_heartbeat, registered_at=self._registered_at)
 
     async def GetNode(self, request: scheduler_pb2.GetNodeRequest,
                       context: grpc.aio.ServicerContext) -> scheduler_pb2.GetNodeResponse:
