@@ -16,6 +16,8 @@ from trainyard.common.v1 import types_pb2
 async def test_json_and_yaml_are_the_same_answer(cli: Any, gateway: RunningGateway, scheduler: Cluster) -> None:
     await scheduler.add_agent("node-a", "a100x4")
     job = await scheduler.submit(["true"], team="vision", user="alice", name="formats")
+    # Compared once it has ended: a job still moving (admitted, running, done) reads differently between reads.
+    await scheduler.wait_state(job.id, types_pb2.JOB_STATE_SUCCEEDED)
     assert (await cli("quotas", "set", "vision", "--limit", "*=8")).rc == 0
     for argv in (("jobs",), ("status", job.id), ("queues",), ("queues", "list"), ("quotas",), ("quotas", "get",
                  "vision"), ("tokens", "list"), ("nodes", "get", "node-a")):

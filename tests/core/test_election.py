@@ -21,7 +21,7 @@ from trainyard_core.clock import ManualClock
 from trainyard_core.store import Put
 from trainyard_core.store.election import LeaderElection
 from trainyard_core.store.memory import MemoryStore
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 
 from .store_faults import FaultyStore
 
@@ -112,7 +112,7 @@ async def test_a_standby_keeps_the_last_leader_it_saw_while_the_store_cannot_be_
     b.start()
     await eventually(names(b, "10.0.0.1:50051"), timeout=SEEN_WITHIN_S, what="the standby to name the leader")
     faulty.fail_gets(KEY)
-    await eventually(lambda: _true(faulty.failed_gets >= 3), timeout=SEEN_WITHIN_S, what="three failed rounds")
+    await eventually(lambda: truthy(faulty.failed_gets >= 3), timeout=SEEN_WITHIN_S, what="three failed rounds")
     assert b.seen == ["10.0.0.1:50051"]
 
 
@@ -163,7 +163,7 @@ async def test_a_key_left_from_an_earlier_term_of_its_own_does_not_make_it_name_
     await store.txn([], [Put(KEY, b"10.0.0.1:50051", old_lease)])
     a = candidates("10.0.0.1:50051")
     a.start()
-    await eventually(lambda: _true(a.seen == [""]), timeout=SEEN_WITHIN_S,
+    await eventually(lambda: truthy(a.seen == [""]), timeout=SEEN_WITHIN_S,
                      what="the candidate to say nobody leads (the key is of a lease it no longer holds)")
     clock.advance(TTL + 1)  # the old lease runs out
     epoch = await a.leads()
@@ -193,7 +193,3 @@ async def test_a_lease_lost_while_the_store_was_away_is_replaced(
     epoch = await a.leads()
     kv = await store.get(KEY)
     assert kv is not None and kv.create_revision == epoch and kv.lease == a.election.lease_id != 424242
-
-
-async def _true(value: bool) -> bool:
-    return value

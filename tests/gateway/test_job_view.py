@@ -30,7 +30,7 @@ from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.store.etcd import EtcdStore
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway import convert
 from trainyard_gateway.job_view import JobView, ViewedJob
 from trainyard_gateway.job_view_feed import JobFeed
@@ -62,7 +62,7 @@ class Deployment:
         return feed
 
     async def ready(self) -> None:
-        await eventually(lambda: _true(self.view.ready), what="the job view's first snapshot")
+        await eventually(lambda: truthy(self.view.ready), what="the job view's first snapshot")
 
     async def scheduler_get(self, job_id: str, team: str = "") -> dict[str, Any]:
         reply = await scheduler_pb2_grpc.JobServiceStub(self.channel).GetJob(
@@ -72,10 +72,6 @@ class Deployment:
     async def scheduler_list(self, request: scheduler_pb2.ListJobsRequest) -> dict[str, Any]:
         reply = await scheduler_pb2_grpc.JobServiceStub(self.channel).ListJobs(request)
         return {"jobs": [_api(j) for j in reply.jobs], "next_page_token": reply.next_page_token}
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def _api(job: Any) -> dict[str, Any]:
@@ -160,6 +156,14 @@ async def test_a_listing_that_merges_the_history_is_the_views_above_the_bound_an
             return not {kv.key[len(prefix):] for kv in (await etcd_store.range(prefix)).kvs} & set(old)
         await eventually(gone, timeout=30, what="the cancelled jobs to leave etcd")
         new = [(await _submit(http, name=f"new-{i}")).json()["id"] for i in range(4)]
+
+        async def reasons_seen() -> bool:
+            # The scheduler writes each new job's pending reason a moment after the submit answered; a page
+            # compared before the view has that write would differ from the scheduler's by it.
+            messages = {j["id"]: j["message"] for j in (await http.get("/v1/jobs", params={"page_size": 10})).json()
+                        ["jobs"]}
+            return all(messages.get(job_id) not in (None, "waiting for placement") for job_id in new)
+        await eventually(reasons_seen, what="the new jobs' pending reasons in the view")
         pages, sources, token = [], [], ""
         while True:
             reply = await http.get("/v1/jobs", params={"page_size": 2, "page_token": token})
@@ -230,7 +234,7 @@ async def test_a_client_of_two_gateways_reads_its_writes_with_the_revision(live:
                                **pki.files_for(pki_dir, identity.GATEWAY).settings()) as other:
         alice = await live.gateway.create_token("vision", "alice")
         async with live.gateway.client(alice) as first, other.client(alice) as second:
-            await eventually(lambda: _true(other.app.app.state.deps.job_view.ready),  # type: ignore[union-attr]
+            await eventually(lambda: truthy(other.app.app.state.deps.job_view.ready),  # type: ignore[union-attr]
                              what="the second gateway's view")
             submitted = await _submit(first)
             got = await second.get(f"/v1/jobs/{submitted.json()['id']}",
@@ -256,7 +260,7 @@ async def test_a_view_without_its_stream_answers_nothing_and_recovers_with_a_new
         port = live.cluster.scheduler.grpc_port
         settings = live.cluster.settings.model_copy(update={"listen_port": port})
         await live.cluster.stop_scheduler()
-        await eventually(lambda: _true(not live.view.ready), what="the view to lose its stream")
+        await eventually(lambda: truthy(not live.view.ready), what="the view to lose its stream")
         # No stale answer from a view without its stream: the read goes to the scheduler, which is down.
         down = await http.get(f"/v1/jobs/{job['id']}")
         assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable"
@@ -264,7 +268,7 @@ async def test_a_view_without_its_stream_answers_nothing_and_recovers_with_a_new
         replacement = SchedulerApp(settings)
         await replacement.start()
         try:
-            await eventually(lambda: _true(live.view.ready), timeout=15, what="a new snapshot")
+            await eventually(lambda: truthy(live.view.ready), timeout=15, what="a new snapshot")
             assert live.feed.streams >= 2
             back = await http.get(f"/v1/jobs/{job['id']}")
             assert back.status_code == 200 and REVISION in back.headers and back.json()["id"] == job["id"]
@@ -333,7 +337,8 @@ async def test_watch_streams_a_teams_changes_and_resumes_after_the_last_event(li
             assert int(listed["id"]) == snapshot["data"]["revision"]
             await _submit(b, name="theirs")  # another team's: never shown
             second = (await _submit(a, name="second")).json()
-            seen = await watch.next()
+            # The first job's pending reason, written by the scheduler after its submit answered, may come first.
+            seen = await watch.until(lambda e: e["data"]["id"] != first["id"])
             assert seen["data"]["id"] == second["id"] and seen["data"]["state"] == "pending"
             resume_from = seen["id"]
         # While no one watches: a change and a new job.

@@ -20,7 +20,7 @@ from tests.core.store_faults import FaultyStore
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 
 from .support import Cluster, RunningGateway, running_cluster, running_gateway
@@ -90,7 +90,7 @@ async def test_node_calls_find_the_leader_among_the_replicas_when_the_standby_na
     store.fail_gets(leader.scheduler.keys.leader)  # it can never read who leads
     standby = await start_standby(leader, store)
     try:
-        await eventually(lambda: _true(store.failed_gets > 0), timeout=5, what="the standby's leader lookup to fail")
+        await eventually(lambda: truthy(store.failed_gets > 0), timeout=5, what="the standby's leader lookup to fail")
         assert await refusal(standby) == (grpc.StatusCode.UNAVAILABLE, "")
         async with running_gateway(etcd=etcd_settings, etcd_prefix=key_prefix.rstrip("/"),
                                    scheduler_address=f"127.0.0.1:{standby.grpc_port},{leader.address}") as gw:
@@ -107,7 +107,7 @@ async def test_node_calls_reach_the_standby_once_it_has_taken_over(etcd_settings
                                    scheduler_address=f"127.0.0.1:{standby.grpc_port},{leader.address}") as gw:
             await eventually(lambda: _answers(gw), timeout=5, what="node calls answered through the standby")
             await leader.stop_scheduler()  # resigns: the standby takes over at once
-            await eventually(lambda: _true(standby.leadership.is_leader), timeout=10, what="the standby to lead")
+            await eventually(lambda: truthy(standby.leadership.is_leader), timeout=10, what="the standby to lead")
             # The leader the gateway had remembered is gone; the new one answers at the first try.
             async with gw.client(gw.admin_token) as http:
                 listed = await http.get("/v1/nodes")
@@ -123,7 +123,3 @@ async def _answers(gw: RunningGateway) -> bool:
             return (await http.get("/v1/nodes")).status_code == 200
         except httpx.TransportError:
             return False
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -16,7 +16,7 @@ from trainyard_core.clock import SystemClock
 from trainyard_core.errors import Unavailable
 from trainyard_core.store.memory import MemoryStore
 from trainyard_core.store.mirror import PrefixMirror
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.launch import NodeLaunch
 from trainyard_scheduler.liveness import NodeLiveness
 from trainyard_scheduler.policy.registry import build_profile
@@ -45,10 +45,6 @@ class GoneAgent:
         return None
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def test_a_launch_to_an_unreachable_agent_backs_off_then_goes_through(key_prefix: str) -> None:
     keys = Keys(key_prefix.rstrip("/"))
     store = MemoryStore()
@@ -66,16 +62,16 @@ async def test_a_launch_to_an_unreachable_agent_backs_off_then_goes_through(key_
     stop = asyncio.Event()
     loop = asyncio.create_task(reconciler.run(stop))
     try:
-        await eventually(lambda: _true(len(agent.asked) >= 4), timeout=20, what="four tries of the launch")
+        await eventually(lambda: truthy(len(agent.asked) >= 4), timeout=20, what="four tries of the launch")
         cycles = reconciler.cycles
-        await eventually(lambda: _true(reconciler.cycles > cycles + 20), what="cycles between the tries")
+        await eventually(lambda: truthy(reconciler.cycles > cycles + 20), what="cycles between the tries")
         # Each try waits at least its backoff after the one before: 0.2 s, 0.4 s, 0.8 s ... (cycles ran
         # every 10 ms meanwhile, and none of them launched).
         gaps = [b - a for a, b in zip(agent.asked, agent.asked[1:], strict=False)]
         for i, gap in enumerate(gaps):
             assert gap >= min(AGENT_RETRY_MIN_S * 2 ** i, AGENT_RETRY_MAX_S) - 0.01, (i, gaps)
         agent.back = True
-        await eventually(lambda: _true(agent.launched == ["job-a"]), timeout=AGENT_RETRY_MAX_S + 10,
+        await eventually(lambda: truthy(agent.launched == ["job-a"]), timeout=AGENT_RETRY_MAX_S + 10,
                          what="the launch once the agent is back")
         found = await repo.get_allocation("job-a")
         assert found is not None and "node-1" in found[0].launched

@@ -28,7 +28,7 @@ from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.store.memory import MemoryStore
 from trainyard_core.store.mirror import PrefixMirror
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler import metrics
 from trainyard_scheduler.domain.models import Allocation, NodeAssignment
 from trainyard_scheduler.domain.queues import PolicyConfig
@@ -194,7 +194,7 @@ async def test_a_lagging_mirror_never_puts_a_gpu_into_two_gangs(kind: str, guard
             store.release(10**12)
             await mirror.wait_for(repo.written_revision)
             settled = reconciler.cycles
-            await eventually(lambda: _true(reconciler.cycles >= settled + 3), what="cycles on the caught-up mirror")
+            await eventually(lambda: truthy(reconciler.cycles >= settled + 3), what="cycles on the caught-up mirror")
         finally:
             stop.set()
             mirror.changed.set()
@@ -207,10 +207,6 @@ async def test_a_lagging_mirror_never_puts_a_gpu_into_two_gangs(kind: str, guard
         assert await repo.get_allocation("job-c") is None
         found = await repo.get_allocation("job-a")
         assert found is not None and found[0].assignments[0].gpu_indices == tuple(range(8))
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_new_leader_does_not_cycle_before_its_mirror_reaches_its_epoch(key_prefix: str) -> None:
@@ -236,10 +232,10 @@ async def test_a_new_leader_does_not_cycle_before_its_mirror_reaches_its_epoch(k
     stop = asyncio.Event()
     loop = asyncio.create_task(reconciler.run(stop))
     try:
-        await eventually(lambda: _true(_count(metrics.MIRROR_BEHIND) > behind), what="the loop waiting for its epoch")
+        await eventually(lambda: truthy(_count(metrics.MIRROR_BEHIND) > behind), what="the loop waiting for its epoch")
         assert reconciler.cycles == 0
         store.release(epoch)
-        await eventually(lambda: _true(reconciler.cycles > 0), what="the first cycle once caught up")
+        await eventually(lambda: truthy(reconciler.cycles > 0), what="the first cycle once caught up")
         assert mirror.revision >= epoch
     finally:
         stop.set()
@@ -342,7 +338,7 @@ async def test_gangs_waiting_on_a_busy_node_share_one_transaction_and_one_lost_r
     await store.sent.wait()
     second = asyncio.create_task(repo.commit_placement(b[0], b[1], _alloc("job-b", gpus=(4, 5))))
     third = asyncio.create_task(repo.commit_placement(c[0], c[1] - 1, _alloc("job-c", gpus=(6, 7))))
-    await eventually(lambda: _true(len(repo.holdings_writes._waiting) == 2), what="B and C waiting on node-1")
+    await eventually(lambda: truthy(len(repo.holdings_writes._waiting) == 2), what="B and C waiting on node-1")
     sent_before = store.txns
     store.release.set()
     await first

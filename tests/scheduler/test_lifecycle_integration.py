@@ -24,13 +24,13 @@ from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.etcd_secure import as_env
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import Job, JobSpec, JobState, PreemptionPolicy, Resources
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
 
-from .test_scheduler_integration import _true, sched_settings
+from .test_scheduler_integration import sched_settings
 
 PY = sys.executable
 
@@ -41,7 +41,7 @@ async def leader(etcd_settings: dict[str, str], key_prefix: str) -> AsyncIterato
     app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/")).model_copy(
         update={"preempt_exempt_s": 0.0}))
     await app.start()
-    await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
+    await eventually(lambda: truthy(app.leadership.is_leader), what="first replica leads")
     yield app
     await app.stop()
 
@@ -103,7 +103,7 @@ async def test_preemption_signals_the_victim_requeues_it_and_runs_the_preemptor(
         low = await submit(repo, job([PY, "-c", victim_code], priority=0,
                                      preemption=PreemptionPolicy(signal="SIGUSR1", grace_s=20)))
         await wait_for(repo, low, JobState.RUNNING)
-        await eventually(lambda: _true(len(list(marks.glob("up-*"))) == 4), what="victim ranks up")
+        await eventually(lambda: truthy(len(list(marks.glob("up-*"))) == 4), what="victim ranks up")
         high = await submit(repo, job([PY, "-c", "pass"], priority=10))
         done = await wait_for(repo, high, JobState.SUCCEEDED)
         assert done.attempt == 1
@@ -213,10 +213,10 @@ async def test_leader_sigkilled_while_placing_standby_finishes_without_double_pl
             f"open(os.path.join({str(log_dir)!r}, os.environ['TRAINYARD_JOB_ID'] + '-' + os.environ['RANK']), 'w')"
             ".write(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], t0, time.time()]))\n")
     try:
-        await eventually(lambda: _true(all((tmp_path / f"sched-{i}.ready").exists() for i in range(2))),
+        await eventually(lambda: truthy(all((tmp_path / f"sched-{i}.ready").exists() for i in range(2))),
                          timeout=60, what="both schedulers up")
         await agent.start()
-        await eventually(lambda: _true(agent.reporter is not None and agent.reporter.connected), timeout=20,
+        await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.connected), timeout=20,
                          what="agent connected to the leader")
         leader_key = await store.get(Keys(prefix).leader)
         assert leader_key is not None

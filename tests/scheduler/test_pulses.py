@@ -11,7 +11,7 @@ import pytest
 from trainyard_agent.pulse import Pulser
 from trainyard_core.clock import ManualClock, SystemClock
 from trainyard_core.rpc import pulse
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler import metrics
 from trainyard_scheduler.liveness import TICK_S, NodeLiveness
 from trainyard_scheduler.pulses import PulseSessions, start_endpoint
@@ -139,16 +139,12 @@ async def test_a_failing_drain_is_logged_and_the_endpoint_keeps_draining(caplog:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.sendto(b"x", ("127.0.0.1", port))
-            await eventually(lambda: _true(len(calls) == 1), timeout=5.0, what="the first drain")
+            await eventually(lambda: truthy(len(calls) == 1), timeout=5.0, what="the first drain")
             s.sendto(b"y", ("127.0.0.1", port))
-            await eventually(lambda: _true(len(calls) == 2), timeout=5.0, what="a drain after the failed one")
+            await eventually(lambda: truthy(len(calls) == 2), timeout=5.0, what="a drain after the failed one")
         finally:
             endpoint.close()
     assert "pulse endpoint: draining failed" in caplog.text
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interval_later() -> None:
@@ -177,7 +173,7 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
     pulser = Pulser(host="127.0.0.1", port=port, session=ident, key=key, interval_s=0.4, clock=SystemClock())
     await pulser.start()
     try:
-        await eventually(lambda: _true(pulser.retries >= 3), timeout=10.0, what="three retries")
+        await eventually(lambda: truthy(pulser.retries >= 3), timeout=10.0, what="three retries")
         assert pulser.acks >= 2 and pulser.fresh(), "each retry was acknowledged"
         assert len(dropped) >= 3
     finally:
@@ -187,7 +183,7 @@ async def test_a_pulse_not_acknowledged_in_time_is_sent_once_more_not_an_interva
     clean._seq = 1000  # above what the session accepted already
     await clean.start()
     try:
-        await eventually(lambda: _true(clean.acks >= 3), timeout=10.0, what="three acknowledgements")
+        await eventually(lambda: truthy(clean.acks >= 3), timeout=10.0, what="three acknowledgements")
         assert clean.retries == 0, "nothing lost, nothing sent twice"
     finally:
         await clean.stop()

@@ -22,7 +22,7 @@ from trainyard_core.store import Compare
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd_secure import settings_of
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import Allocation, JobState
 from trainyard_scheduler.settings import SchedulerSettings
@@ -38,13 +38,9 @@ def sched_settings(etcd: Mapping[str, str], prefix: str) -> SchedulerSettings:
 async def leader(etcd_settings: dict[str, str], key_prefix: str) -> AsyncIterator[SchedulerApp]:
     app = SchedulerApp(sched_settings(etcd_settings, key_prefix.rstrip("/")))
     await app.start()
-    await eventually(lambda: _true(app.leadership.is_leader), what="first replica leads")
+    await eventually(lambda: truthy(app.leadership.is_leader), what="first replica leads")
     yield app
     await app.stop()
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 @pytest.fixture
@@ -143,7 +139,7 @@ async def test_standby_takes_over_and_the_old_epoch_is_fenced(leader: SchedulerA
         old_epoch = leader.leadership.epoch
         sub = await job_service(leader).SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec(["true"])))
         await leader.stop()  # resigns: the standby should not wait for the lease to expire
-        await eventually(lambda: _true(standby.leadership.is_leader), timeout=5, what="standby leads")
+        await eventually(lambda: truthy(standby.leadership.is_leader), timeout=5, what="standby leads")
         assert standby.leadership.epoch > old_epoch
 
         # A write fenced with the old epoch can never land.
@@ -243,7 +239,7 @@ async def test_workers_no_allocation_accounts_for_are_stopped(leader: SchedulerA
     assert agent.supervisor is not None
 
     # A returning node reports what it runs in the same message that makes it alive again.
-    await eventually(lambda: _true((sub.job.id, 1) in leader.liveness.running().get("node-a", ())),
+    await eventually(lambda: truthy((sub.job.id, 1) in leader.liveness.running().get("node-a", ())),
                      what="agent reported the job running")
     # The state a lost node leaves behind: the job finished as FAILED, its allocation gone.
     found = await repo.get_job(sub.job.id)
@@ -272,7 +268,7 @@ async def test_agent_follows_the_leader_across_a_failover(etcd_settings: dict[st
     first = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_settings, prefix).model_dump(),
                                               "heartbeat_interval_ms": 200}))
     await first.start()
-    await eventually(lambda: _true(first.leadership.is_leader), what="first replica leads")
+    await eventually(lambda: truthy(first.leadership.is_leader), what="first replica leads")
     second = SchedulerApp(SchedulerSettings(**{**sched_settings(etcd_settings, prefix).model_dump(),
                                                "heartbeat_interval_ms": 200}))
     await second.start()
@@ -282,11 +278,11 @@ async def test_agent_follows_the_leader_across_a_failover(etcd_settings: dict[st
                                    single_tenant=True))
     await agent.start()
     try:
-        await eventually(lambda: _true(agent.reporter is not None and agent.reporter.connected),
+        await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.connected),
                          what="agent connected to the leader (after trying the standby)")
         await first.stop()
-        await eventually(lambda: _true(second.leadership.is_leader), timeout=5, what="standby leads")
-        await eventually(lambda: _true("node-a" in second.liveness.alive(["node-a"])
+        await eventually(lambda: truthy(second.leadership.is_leader), timeout=5, what="standby leads")
+        await eventually(lambda: truthy("node-a" in second.liveness.alive(["node-a"])
                                        and second.liveness.last_seen_age("node-a") is not None),
                          timeout=10, what="agent heartbeating to the new leader")
         stub = job_service(second)

@@ -19,7 +19,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd_secure import settings_of
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.settings import SchedulerSettings
 
@@ -83,7 +83,7 @@ def identity(app: SchedulerApp) -> str:
 
 async def test_a_standby_whose_leader_lookups_failed_names_the_leader_once_etcd_answers(replicas: Replicas) -> None:
     leader, _ = await replicas.start()
-    await eventually(lambda: _true(leader.leadership.is_leader), timeout=10, what="the first replica to lead")
+    await eventually(lambda: truthy(leader.leadership.is_leader), timeout=10, what="the first replica to lead")
     standby, faults = await replicas.start(faulty=True)
     assert faults is not None
     # Its etcd member is gone for its first lookups of the leader key, as after the member loss.
@@ -99,7 +99,7 @@ async def test_a_standby_whose_leader_lookups_failed_names_the_leader_once_etcd_
 
 async def test_a_standby_names_the_new_leader_after_a_failover_it_waited_through(replicas: Replicas) -> None:
     first, _ = await replicas.start()
-    await eventually(lambda: _true(first.leadership.is_leader), timeout=10, what="the first replica to lead")
+    await eventually(lambda: truthy(first.leadership.is_leader), timeout=10, what="the first replica to lead")
     b, _ = await replicas.start()
     c, _ = await replicas.start()
     for standby in (b, c):
@@ -109,7 +109,7 @@ async def test_a_standby_names_the_new_leader_after_a_failover_it_waited_through
         await eventually(names_first, timeout=NAMED_WITHIN_S, what="each standby to name the first leader")
 
     await replicas.stop(first)  # resigns: one standby takes over at once
-    await eventually(lambda: _true(b.leadership.is_leader or c.leadership.is_leader), timeout=10,
+    await eventually(lambda: truthy(b.leadership.is_leader or c.leadership.is_leader), timeout=10,
                      what="a standby to take over")
     winner, other = (b, c) if b.leadership.is_leader else (c, b)
 
@@ -121,13 +121,9 @@ async def test_a_standby_names_the_new_leader_after_a_failover_it_waited_through
     assert await refusal_names(winner) is None
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def test_the_queue_order_is_the_leaders_a_standby_names_it(replicas: Replicas) -> None:
     leader, _ = await replicas.start()
-    await eventually(lambda: _true(leader.leadership.is_leader), timeout=10, what="the first replica to lead")
+    await eventually(lambda: truthy(leader.leadership.is_leader), timeout=10, what="the first replica to lead")
     standby, _ = await replicas.start()
 
     async def names_leader() -> bool:

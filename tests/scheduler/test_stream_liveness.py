@@ -31,7 +31,7 @@ from trainyard_core.rpc.server import secure_channel
 from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.testing.blackhole import BlackholeProxy
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.settings import SchedulerSettings
 
@@ -128,13 +128,13 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
                                                                    proxy: BlackholeProxy, pki_dir: Path) -> None:
     assert agent.reporter is not None and agent.supervisor is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
+    await eventually(lambda: truthy(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     seq = agent.reporter.seq
     lease = agent.supervisor.lease_path
     renewed = lease.stat().st_mtime_ns
     # Without a change, the agent's channel drops its connection to the leader after AGENT_IDLE_S: the leader
     # holds nothing per node but the session, and the node stays alive on its pulses alone.
-    await eventually(lambda: _true(proxy.open_connections == 0), timeout=AGENT_IDLE_S + 10,
+    await eventually(lambda: truthy(proxy.open_connections == 0), timeout=AGENT_IDLE_S + 10,
                      what="the agent's idle connection to the leader to close")
     assert agent.reporter.seq == seq, "no beat was needed for that"
     # Three node timeouts more without a beat (the refresh is every 5 minutes): its pulses keep it alive, and
@@ -157,14 +157,14 @@ async def test_an_idle_node_stays_alive_and_a_silent_link_loses_it(leader: Sched
     assert lease.stat().st_mtime_ns == stopped, "the worker lease must run down while the leader is unreachable"
     # Its pulses unanswered, the agent ends its session: it looks for a leader again.
     registrations = agent.reporter.registrations
-    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.pulser is None),
+    await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.pulser is None),
                      what="the agent to notice the dead link", timeout=RECONNECT_AFTER_S + 3)
 
     proxy.heal()
     await until_state(leader, pki_dir, True, "node-1 to be back once its link is", timeout=30.0)
     # Back by registering again: the leader marks it ready on the registration, before the agent has read the
     # answer and counted it.
-    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.registrations > registrations),
+    await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.registrations > registrations),
                      what="the agent to count its new registration")
 
 
@@ -174,7 +174,7 @@ async def test_a_health_change_reaches_the_leader_over_a_closed_connection(
     health event has to reach the leader."""
     assert agent.reporter is not None and agent.overrides is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(proxy.open_connections == 0 and _pulsing(leader, agent)),
+    await eventually(lambda: truthy(proxy.open_connections == 0 and _pulsing(leader, agent)),
                      timeout=AGENT_IDLE_S + 10, what="the agent's idle connection to close")
     started = time.monotonic()
     agent.overrides.set_health(2, healthy=False, operator="alice", reason="reseated, to be checked")
@@ -198,7 +198,7 @@ async def test_a_blocked_scheduler_loop_keeps_its_nodes(leader: SchedulerApp, di
     agent = direct_agent
     assert agent.reporter is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
+    await eventually(lambda: truthy(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     registrations = agent.reporter.registrations
     # The scheduler's event loop (here also the agent's) does not run for 3 s (a long GC pause, a CPU-starved
     # host): the pause is not the node's silence.
@@ -212,20 +212,20 @@ async def test_a_blocked_scheduler_loop_keeps_its_nodes(leader: SchedulerApp, di
 async def test_a_lost_term_closes_every_session(leader: SchedulerApp, agent: AgentApp, pki_dir: Path) -> None:
     assert agent.reporter is not None
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
+    await eventually(lambda: truthy(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     registrations = agent.reporter.registrations
     leader._node_servicer.end_streams()
     assert len(leader.pulses) == 0
     # Its pulses unanswered, the agent registers again (with the same leader, which still leads).
-    await eventually(lambda: _true(agent.reporter is not None and agent.reporter.registrations > registrations),
+    await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.registrations > registrations),
                      what="the agent to register again", timeout=RECONNECT_AFTER_S + 5)
-    await eventually(lambda: _true(_pulsing(leader, agent)), what="a new pulse session")
+    await eventually(lambda: truthy(_pulsing(leader, agent)), what="a new pulse session")
 
 
 async def test_a_stopping_agent_ends_its_session_cleanly(leader: SchedulerApp, agent: AgentApp,
                                                          pki_dir: Path) -> None:
     await until_state(leader, pki_dir, True, "node-1 to be ready")
-    await eventually(lambda: _true(_pulsing(leader, agent)), what="node-1's pulse session to be open")
+    await eventually(lambda: truthy(_pulsing(leader, agent)), what="node-1's pulse session to be open")
     assert agent.reporter is not None
     await agent.reporter.stop()
     assert len(leader.pulses) == 0, "the leaving beat closed the session"
@@ -234,7 +234,3 @@ async def test_a_stopping_agent_ends_its_session_cleanly(leader: SchedulerApp, a
     assert age is not None and age < 0.5
     assert await ready(leader, pki_dir)
     await until_state(leader, pki_dir, False, "node-1 to be lost a node timeout after it left")
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -28,7 +28,7 @@ from trainyard_core.security import identity, pki
 from trainyard_core.security.tls import ClientTls
 from trainyard_core.store.memory import MemoryStore
 from trainyard_core.store.mirror import PrefixMirror
-from trainyard_core.testing.wait import eventually
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import WorkerExit
 from trainyard_scheduler.grpc.job_watch_servicer import JobWatchServicer
@@ -158,7 +158,7 @@ async def test_a_standby_serves_the_same_snapshot_as_the_leader(etcd_settings: d
     async with scheduler(etcd_settings, key_prefix, tmp_path, pki_dir) as leader, \
             scheduler(etcd_settings, key_prefix, tmp_path, pki_dir) as standby, \
             as_principal(leader, pki_dir) as to_leader, as_principal(standby, pki_dir) as to_standby:
-        await eventually(lambda: _true(leader.leadership.epoch > 0), what="the first replica to lead")
+        await eventually(lambda: truthy(leader.leadership.epoch > 0), what="the first replica to lead")
         assert standby.leadership.epoch == 0
         jobs = scheduler_pb2_grpc.JobServiceStub(to_standby)  # a standby takes submits too
         last = None
@@ -174,10 +174,6 @@ async def test_a_standby_serves_the_same_snapshot_as_the_leader(etcd_settings: d
                 jobs.update({w.job.id: w for w in message.jobs})
             return {job_id: w.job.id for job_id, w in jobs.items()}
         assert await snapshot(to_standby) == await snapshot(to_leader)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 # --- the servicer over the in-memory store's mirror ---------------------------------------------------------

@@ -24,6 +24,12 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], *, timeout: float
         await asyncio.sleep(interval)
 
 
+async def truthy(value: T) -> T:
+    """`value` as an awaitable, for a probe that reads state synchronously:
+    `await eventually(lambda: truthy(app.leadership.is_leader), what="the app to lead")`."""
+    return value
+
+
 def until(condition: Callable[[], T | None], timeout: float, what: str | Callable[[], str],
           interval: float = 0.05) -> T:
     """The synchronous twin of `eventually`, for code driving real processes from outside (e2e tests,
