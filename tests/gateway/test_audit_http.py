@@ -158,7 +158,9 @@ async def test_a_submit_and_both_its_entries_are_one_transaction(live_gateway: R
                                                                   "Idempotency-Key": "one-txn"})
         assert reply.status_code == status, reply.text
         job_id = reply.json()["id"]
-        entries = {e.service: e for e in (await log.query(AuditFilter(request_id=request_id))).entries}
+        found = (await log.query(AuditFilter(request_id=request_id))).entries
+        assert sorted(e.service for e in found) == ["gateway", "scheduler"], "one entry per service, not two"
+        entries = {e.service: e for e in found}
         gateway = entries["gateway"]
         assert (gateway.principal, gateway.action, gateway.target, gateway.result, gateway.team) == \
             ("user:vision/alice", "POST /v1/jobs", f"job/{job_id}", "ok", "vision")
