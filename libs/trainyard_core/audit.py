@@ -355,7 +355,8 @@ class InlineAudit:
 
     @property
     def forwarded_written(self) -> bool:
-        return self.forwarded is not None and len(self.written) > 1
+        """The forwarded entry is stored (it is carried with the call's own, whenever there is one)."""
+        return self.forwarded is not None and bool(self.written)
 
 
 # The audited call being served, when its sink can ride on the action's transaction (AuditInterceptor).
