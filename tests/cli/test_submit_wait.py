@@ -8,7 +8,10 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from tests.gateway.support import Cluster, RunningGateway, python
+from trainyard_cli import commands
 from trainyard_cli.output import ordinal, progress, queue_place
 from trainyard_core.testing.wait import eventually
 
@@ -16,13 +19,26 @@ SLEEP = python("import time; time.sleep(120)")
 
 
 async def test_submit_wait_prints_progress_until_the_job_runs(cli: Any, gateway: RunningGateway,
-                                                              scheduler: Cluster) -> None:
+                                                              scheduler: Cluster,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # The node comes only once the CLI has been told the job's place: with it any sooner, a fast leader can
+    # place the job between the cycle that ordered the queue and the CLI's GET /v1/pending (which then
+    # rightly has no place to show), and the line this test looks for would never be printed.
+    places: list[str] = []
+    real = commands._queue_place
+
+    def recorded(api: Any, job_id: str) -> str:
+        places.append(real(api, job_id))
+        return places[-1]
+
+    monkeypatch.setattr(commands, "_queue_place", recorded)
     wait = asyncio.create_task(cli("submit", "--wait", "--name", "waits", "--", *SLEEP))
 
-    async def watching() -> bool:
-        return bool(scheduler.calls.stream_requests("WatchJob"))
+    async def told_its_place() -> bool:
+        return "1st of 1 in queue default" in places
 
-    await eventually(watching, what="submit --wait to watch its job")
+    await eventually(told_its_place, what="submit --wait to be told the job's place in the queue")
+    assert scheduler.calls.stream_requests("WatchJob")
     await scheduler.add_agent("node-a")
     r = await asyncio.wait_for(wait, 30)
     assert r.rc == 0, r.err
