@@ -122,12 +122,23 @@ async def _submit(http: httpx.AsyncClient, **spec: Any) -> httpx.Response:
     return reply
 
 
+async def _reasons_written(http: httpx.AsyncClient, job_ids: list[str]) -> None:
+    """Until the view shows the scheduler's pending reason on each of these jobs. The leader writes it a moment
+    after the submit answered: a view's answer compared with the scheduler's before then could differ by it."""
+    async def seen() -> bool:
+        messages = {j["id"]: j["message"] for j in (await http.get("/v1/jobs", params={"page_size": 50})).json()
+                    ["jobs"]}
+        return all(messages.get(job_id) not in (None, "waiting for placement") for job_id in job_ids)
+    await eventually(seen, what="the new jobs' pending reasons in the view")
+
+
 # --- GET and list from the view ------------------------------------------------------------------------------
 
 async def test_reads_come_from_the_view_and_are_the_schedulers_answers(live: Deployment) -> None:
     alice = await live.gateway.create_token("vision", "alice")
     async with live.gateway.client(alice) as http:
         jobs = [(await _submit(http, name=f"train-{i}", labels={"project": "atlas"})).json() for i in range(3)]
+        await _reasons_written(http, [j["id"] for j in jobs])
         live.cluster.calls.clear()
         got = await http.get(f"/v1/jobs/{jobs[0]['id']}")
         page = await http.get("/v1/jobs", params={"state": "pending", "page_size": 2})
@@ -156,14 +167,7 @@ async def test_a_listing_that_merges_the_history_is_the_views_above_the_bound_an
             return not {kv.key[len(prefix):] for kv in (await etcd_store.range(prefix)).kvs} & set(old)
         await eventually(gone, timeout=30, what="the cancelled jobs to leave etcd")
         new = [(await _submit(http, name=f"new-{i}")).json()["id"] for i in range(4)]
-
-        async def reasons_seen() -> bool:
-            # The scheduler writes each new job's pending reason a moment after the submit answered; a page
-            # compared before the view has that write would differ from the scheduler's by it.
-            messages = {j["id"]: j["message"] for j in (await http.get("/v1/jobs", params={"page_size": 10})).json()
-                        ["jobs"]}
-            return all(messages.get(job_id) not in (None, "waiting for placement") for job_id in new)
-        await eventually(reasons_seen, what="the new jobs' pending reasons in the view")
+        await _reasons_written(http, new)
         pages, sources, token = [], [], ""
         while True:
             reply = await http.get("/v1/jobs", params={"page_size": 2, "page_token": token})
@@ -436,11 +440,13 @@ async def test_the_view_answers_what_the_scheduler_answers(archiving: Deployment
                 await http.post(f"/v1/jobs/{job['id']}:cancel")
     prefix = d.cluster.settings.etcd_prefix + "/jobs/"
 
-    async def archived() -> bool:  # every cancelled job has left etcd: nothing changes any more
-        live = {kv.key[len(prefix):] for kv in (await etcd_store.range(prefix)).kvs}
-        return not any(decoded["state"] == "cancelled" for decoded in [
-            json.loads(kv.value) for kv in (await etcd_store.range(prefix)).kvs]) and bool(live)
-    await eventually(archived, timeout=30, what="the cancelled jobs to leave etcd")
+    async def archived() -> bool:
+        # Every cancelled job has left etcd and every live one has the leader's pending reason: nothing changes
+        # any more.
+        stored = [json.loads(kv.value) for kv in (await etcd_store.range(prefix)).kvs]
+        return bool(stored) and all(job["state"] != "cancelled" and job["message"] != "waiting for placement"
+                                    for job in stored)
+    await eventually(archived, timeout=30, what="the cancelled jobs to leave etcd and the others' reasons")
     now = str((await etcd_store.range(prefix, limit=1)).revision)  # reads below wait for the view to get here
 
     for who, states, user, project, name_prefix, size in asked:
