@@ -167,11 +167,25 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def _skip_unused_record_fields() -> None:
+    """Neither formatter writes the caller's file, line or function, nor the thread, process or task: the
+    logging module's documented switches ("Optimization" in its HOWTO) stop every record from looking them
+    up (a system call for the process id, a stack walk for the caller): a gateway under read load, logging one
+    access line per request, spent ~3 % of its CPU on them (py-spy)."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    if sys.version_info >= (3, 12):
+        logging.logAsyncioTasks = False
+
+
 def setup_logging(service: str, level: str = "INFO", fmt: str = "json",
                   handler: logging.Handler | None = None) -> logging.Handler:
     """Makes `handler` (default: stderr) the root logger's only handler, formatting with JsonFormatter or
     TextFormatter, at `level`, and installs the `extra` guard. Tests pass a handler of their own."""
     install_extra_guard()
+    _skip_unused_record_fields()
     handler = handler if handler is not None else logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
     root = logging.getLogger()
