@@ -314,7 +314,7 @@ class Carried:
     async def lease_gone(self) -> None:
         """The transaction was refused for a lease: if it was one of these, the next write takes a new one."""
         for bucket, put in zip(self.buckets, self.puts, strict=True):
-            await self.log._forget_lease(bucket, put.lease)
+            await self.log.forget_lease(bucket, put.lease)
 
 
 @dataclass
@@ -437,7 +437,7 @@ class AuditLog:
         t = entry.time or self._clock.now()
         return replace(entry, time=t, id=new_entry_id(t)), int(t // self._bucket_s)
 
-    async def _forget_lease(self, bucket: int, lease: int) -> None:
+    async def forget_lease(self, bucket: int, lease: int) -> None:
         """The bucket's lease is gone (revoked, or etcd lost it): the next write of the bucket takes a new one."""
         async with self._lease_lock:
             if self._leases.get(bucket) == lease:
@@ -453,7 +453,7 @@ class AuditLog:
                 # absent(key): a retry after a write whose answer was lost finds its own entry, never doubles it.
                 await self._batch.txn([absent(key)], [Put(key, value, lease)])
             except FailedPrecondition:
-                await self._forget_lease(bucket, lease)
+                await self.forget_lease(bucket, lease)
                 raise
 
         return await _with_retries(self.name, stored, attempt, (Unavailable, FailedPrecondition))

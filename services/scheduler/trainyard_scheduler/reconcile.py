@@ -2,7 +2,7 @@
 
 Each cycle reads the in-memory mirror of etcd (no store round trip), runs `place` for pending jobs and
 `progress` for every placed gang, commits the resulting records, and hands agent calls (launch, stop) to
-background tasks so a slow or dead agent never holds up the loop. Agent results come back as writes to
+background tasks (agent_calls.py) so a slow or dead agent never holds up the loop. Agent results come back as writes to
 the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network call.
 """
 
@@ -14,19 +14,19 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from trainyard_core import telemetry
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, InvalidArgument, TrainyardError, Unavailable
+from trainyard_core.errors import Conflict, InvalidArgument, Unavailable
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.liveness import LEASE_RENEW_S
 from trainyard_core.rpc.pulse import ACK_WINDOW_S
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
+from .agent_calls import AGENT_RETRY_MAX_S, AGENT_RETRY_MIN_S, ORPHAN_STOP_RETRY_S, AgentCalls, AgentPort
 from .domain.jobs import admit, due_for_requeue, transition, with_event
-from .domain.models import Allocation, Job, JobState, Node
+from .domain.models import Allocation, Job, JobState
 from .domain.operations import restand
 from .domain.pending import EMPTY as EMPTY_ORDER
 from .domain.pending import PendingOrder, pending_order
@@ -38,7 +38,7 @@ from .domain.queues import (
     standing,
 )
 from .domain.snapshot import ClusterSnapshot
-from .launch import NodeLaunch, node_launches
+from .launch import node_launches
 from .liveness import NodeLiveness
 from .node_log import NodeTransitions
 from .policy.api import Profile
@@ -58,21 +58,9 @@ _tracer = telemetry.tracer(__name__)
 FENCE_MARGIN_S = 0.5 + ACK_WINDOW_S + LEASE_RENEW_S
 # The cycle's gauges (jobs by state, GPUs allocated and healthy, nodes ready) are set at most this often.
 OBSERVE_EVERY_S = 1.0
-# Stray workers are asked to stop at most this often (the agent reports the result with a later heartbeat).
-ORPHAN_STOP_RETRY_S = 2.0
-# An agent call that did not reach its agent waits this long before it is tried again, doubling each time up to
-# the max (`_spawn`): a node whose agent is gone is lost within node_timeout_s anyway; until then, a few tries.
-AGENT_RETRY_MIN_S = 0.2
-AGENT_RETRY_MAX_S = 5.0
-
-
-class AgentPort(Protocol):
-    """How the reconciler reaches node agents (implemented over gRPC in grpc/agent_client.py)."""
-
-    async def launch(self, node: Node, launch: NodeLaunch, epoch: int) -> None: ...
-
-    async def stop(self, node: Node, job_id: str, attempt: int, grace_s: float, reason: str, epoch: int,
-                   signal: str = "") -> None: ...
+# Agent calls (agent_calls.py): what callers of the reconciler name from here.
+__all__ = ["AGENT_RETRY_MAX_S", "AGENT_RETRY_MIN_S", "ORPHAN_STOP_RETRY_S", "AgentPort", "ReconcileSettings",
+           "Reconciler", "SnapshotBuilder"]
 
 
 @dataclass
@@ -102,20 +90,15 @@ class Reconciler:
                  settings: ReconcileSettings,
                  worker_env: Callable[[str, int, str], Mapping[str, str]] | None = None) -> None:
         self._repo = repo
-        # (job id, attempt, team) → what a launch adds to its workers' env: the attempt's checkpoint-store
-        # credential (worker_credentials.py). Added to the agent request only, never stored.
-        self._worker_env = worker_env
         self._mirror = mirror
         self._snapshots = SnapshotBuilder(mirror, repo.keys)
         self._liveness = liveness
-        self._agents = agents
+        self._calls = AgentCalls(repo=repo, agents=agents, epoch=epoch, stop_grace_s=settings.stop_grace_s,
+                                 wake=mirror.changed.set, monotonic=clock.monotonic, worker_env=worker_env)
         self._profile = profile
         self._clock = clock
         self._epoch = epoch
         self._settings = settings
-        self._inflight: dict[tuple[str, int, str, str], asyncio.Task[None]] = {}
-        # An agent call's next backoff after it did not reach its agent, per call (`_spawn`); bounded.
-        self._agent_retry: dict[tuple[str, int, str, str], float] = {}
         # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
         self._released: dict[tuple[str, int], float] = {}
         # job id → when this leader last rewrote its pending reason (monotonic).
@@ -133,8 +116,6 @@ class Reconciler:
         self._index_of: ClusterSnapshot | None = None  # the snapshot the index was last synced from
         self._node_ids: tuple[str, ...] = ()
         self._recheck_at = math.inf
-        # When this leader last asked an agent to stop stray workers, per (job, attempt, node).
-        self._orphan_stops: dict[tuple[str, int, str, str], float] = {}
         self._holdings_checked = False
         self.cycles = 0
         self.last_result_size = 0
@@ -152,8 +133,7 @@ class Reconciler:
             await self._loop(stop)
         finally:
             self._gauges.clear()  # the cluster's gauges are the leader's to report (metrics.py)
-        for task in list(self._inflight.values()):
-            task.cancel()
+        self._calls.cancel_all()
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -266,17 +246,8 @@ class Reconciler:
             node = snap.nodes.get(node_id)
             if node is None or node_id not in snap.alive:
                 continue
-            mono = self._clock.monotonic()
             for job_id, attempt in strays:
-                # The agent's next heartbeat shows the stop; until then the stray is still reported, and
-                # asking again every cycle would only repeat the call (and its log line).
-                key = (job_id, attempt, node_id, "stop-orphan")
-                if mono - self._orphan_stops.get(key, -math.inf) < ORPHAN_STOP_RETRY_S:
-                    continue
-                self._orphan_stops[key] = mono
-                while len(self._orphan_stops) > 10_000:
-                    self._orphan_stops.pop(next(iter(self._orphan_stops)))
-                self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
+                self._calls.stop_strays(node, job_id, attempt)
 
     def _observe(self, snap: ClusterSnapshot, now: float) -> None:
         # Gauges for a scrape every few seconds: set at most once a second, not on every cycle (a cycle runs on
@@ -445,11 +416,9 @@ class Reconciler:
         for node_id in step.launch:
             launch = next(x for x in node_launches(job, current, self._settings.checkpoint_store)
                           if x.node_id == node_id)
-            self._spawn((job.id, current.attempt, node_id, "launch"),
-                        functools.partial(self._launch, snap.nodes[node_id], launch, job.team, job.trace_parent))
+            self._calls.launch(snap.nodes[node_id], launch, job.team, job.trace_parent)
         for node_id in step.stop:
-            self._spawn((job.id, current.attempt, node_id, "stop"),
-                        functools.partial(self._stop, snap.nodes[node_id], current, job.trace_parent))
+            self._calls.stop(snap.nodes[node_id], current, job.trace_parent)
 
     async def _try(self, write: Awaitable[int]) -> bool:
         try:
@@ -470,99 +439,6 @@ class Reconciler:
             # only this write fails, not the cycle, which goes on with every other job.
             log.error("the store refused a write: %s", exc)
         return False
-
-    def _spawn(self, key: tuple[str, int, str, str], work: Callable[[], Awaitable[bool]]) -> None:
-        """Run an agent call (`work` answers whether it reached the agent) unless the same call is in flight. One
-        that did not reach its agent stays in flight for a backoff (AGENT_RETRY_MIN_S, doubling up to
-        AGENT_RETRY_MAX_S) before the next cycle may try again: retried on the very next cycle, a call to a dead
-        agent ran the loop hot until the node was lost."""
-        if key in self._inflight:
-            return
-
-        async def runner() -> None:
-            try:
-                with log_context(job_id=key[0], node_id=key[2]):
-                    reached = await work()
-                if reached:
-                    self._agent_retry.pop(key, None)
-                else:
-                    delay = self._agent_retry.get(key, AGENT_RETRY_MIN_S)
-                    self._agent_retry[key] = min(2 * delay, AGENT_RETRY_MAX_S)
-                    while len(self._agent_retry) > 10_000:
-                        self._agent_retry.pop(next(iter(self._agent_retry)))
-                    await asyncio.sleep(delay)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("agent call %s failed", key[3])
-            finally:
-                self._inflight.pop(key, None)
-                self._mirror.changed.set()
-
-        self._inflight[key] = asyncio.create_task(runner(), name=f"{key[3]} {key[0]} on {key[2]}")
-
-    async def _launch(self, node: Node, launch: NodeLaunch, team: str = "", trace_parent: str = "") -> bool:
-        """Launch the gang's workers on `node`, a span of the job's trace (the agent's side joins it); whether
-        the agent was reached."""
-        with telemetry.continued(_tracer, "reconcile.launch", trace_parent, {
-                telemetry.JOB_ID: launch.job_id, telemetry.ATTEMPT: launch.attempt, telemetry.NODE_ID: node.node_id}):
-            return await self._launch_on(node, launch, team)
-
-    async def _launch_on(self, node: Node, launch: NodeLaunch, team: str) -> bool:
-        if self._worker_env is not None:
-            # One mint per attempt (under 1 ms), shared by its nodes: cheap enough for the event loop.
-            launch = replace(launch, env={**launch.env, **self._worker_env(launch.job_id, launch.attempt, team)})
-        try:
-            await self._agents.launch(node, launch, self._epoch())
-        except Unavailable as exc:
-            metrics.AGENT_CALL_FAILURES.labels("launch").inc()
-            # Retried after a backoff (`_spawn`); if the node stays unreachable its pulses stop and it is lost.
-            log.warning("launch on %s failed, will retry: %s", node.node_id, exc)
-            return False
-        except TrainyardError as exc:
-            reason = f"launch refused by {node.node_id}: {exc.message}"
-            log.warning(reason)
-            await self._repo.modify_allocation(
-                launch.job_id, launch.attempt,
-                lambda a: None if a.stop_reason else replace(a, stop_reason=reason))
-            return True
-        await self._repo.modify_allocation(
-            launch.job_id, launch.attempt,
-            lambda a: None if node.node_id in a.launched else replace(a, launched=a.launched | {node.node_id}))
-        log.info("workers launched", extra={"ranks": [w.rank for w in launch.workers]})
-        return True
-
-    async def _stop_orphan(self, node: Node, job_id: str, attempt: int) -> bool:
-        log.warning("stopping workers no allocation accounts for", extra={"attempt": attempt})
-        try:
-            await self._agents.stop(node, job_id, attempt, self._settings.stop_grace_s,
-                                    "no allocation accounts for these workers (gang released)", self._epoch())
-        except Unavailable as exc:
-            metrics.AGENT_CALL_FAILURES.labels("stop").inc()
-            log.warning("orphan stop on %s failed, will retry: %s", node.node_id, exc)
-            return False
-        return True
-
-    async def _stop(self, node: Node, alloc: Allocation, trace_parent: str = "") -> bool:
-        """Stop the gang's workers on `node`, a span of the job's trace (the agent's side joins it); whether the
-        agent was reached."""
-        with telemetry.continued(_tracer, "reconcile.stop", trace_parent, {
-                telemetry.JOB_ID: alloc.job_id, telemetry.ATTEMPT: alloc.attempt, telemetry.NODE_ID: node.node_id}):
-            return await self._stop_on(node, alloc)
-
-    async def _stop_on(self, node: Node, alloc: Allocation) -> bool:
-        try:
-            grace = alloc.stop_grace_s or self._settings.stop_grace_s
-            await self._agents.stop(node, alloc.job_id, alloc.attempt, grace, alloc.stop_reason, self._epoch(),
-                                    alloc.stop_signal)
-        except Unavailable as exc:
-            metrics.AGENT_CALL_FAILURES.labels("stop").inc()
-            log.warning("stop on %s failed, will retry: %s", node.node_id, exc)
-            return False
-        await self._repo.modify_allocation(
-            alloc.job_id, alloc.attempt,
-            lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))
-        return True
 
 
 def _order_of(snap: ClusterSnapshot, result: PlacementResult, now: float) -> PendingOrder:

@@ -22,6 +22,12 @@ from ..domain.models import Node
 from . import convert
 
 
+def registration_shown(node: Node, seen_at: float | None) -> float:
+    """The registration time to show for a node: a later one this leader saw (`seen_at`: a re-registration it
+    handled that left the record as it was) wins over the record's."""
+    return seen_at if seen_at is not None and seen_at > node.registered_at else node.registered_at
+
+
 class NodeMessages:
     """The message of each node record, by node id; records that left the fleet are dropped on the next call."""
 
@@ -40,14 +46,13 @@ class NodeMessages:
     def listing(self, nodes: Sequence[Node], *, alive: Iterable[str], allocated: Mapping[str, set[int]],
                 last_heartbeat: Callable[[str], float | None],
                 registered_at: Mapping[str, float]) -> scheduler_pb2.ListNodesResponse:
-        """What `convert.node_to_pb` gives for each node, in one response; `registered_at`: a later
-        registration time than the record's, by node (one this leader saw)."""
+        """What `convert.node_to_pb` gives for each node, in one response; `registered_at`: the registration
+        times this leader saw, by node (`registration_shown`)."""
         live = frozenset(alive)
         out = scheduler_pb2.ListNodesResponse()
         for node in nodes:
-            at = registered_at.get(node.node_id)
             msg = out.nodes.add()
-            msg.CopyFrom(self._static(node, at if at is not None and at > node.registered_at else node.registered_at))
+            msg.CopyFrom(self._static(node, registration_shown(node, registered_at.get(node.node_id))))
             msg.state = convert.node_state_pb(node, node.node_id in live)
             used = allocated.get(node.node_id)
             if used:

@@ -51,7 +51,7 @@ from ..state.codec import decode_allocation, decode_job
 from ..state.policy_repository import PolicyRepository
 from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, IdempotentJobGone, Repository, max_gang_nodes
 from . import convert
-from .node_messages import NodeMessages
+from .node_messages import NodeMessages, registration_shown
 from .teams import acting_team
 
 log = logging.getLogger(__name__)
@@ -570,8 +570,8 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         return ended
 
     def _registration(self, node: Node) -> Node:
-        at = self._registered_at.get(node.node_id)
-        return node if at is None or at <= node.registered_at else replace(node, registered_at=at)
+        at = registration_shown(node, self._registered_at.get(node.node_id))
+        return node if at == node.registered_at else replace(node, registered_at=at)
 
     def last_heartbeat(self, node_id: str) -> float | None:
         """Wall-clock time of the node's last proof of life: now while its stream is open, else its last pulse
