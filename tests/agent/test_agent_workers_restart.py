@@ -184,6 +184,29 @@ async def test_exits_while_no_agent_watched_are_reported_with_their_real_status(
         await third.close()
 
 
+async def test_workers_ended_by_the_agents_shutdown_are_reported_as_such_in_this_life_and_the_next(
+        state: Path) -> None:
+    """close(kill=True) (kill_workers_on_stop) ends the workers: their exits say the agent's shutdown did it
+    (the scheduler restarts such jobs as after a lost node), and so does the record a later life reports an
+    unacknowledged one from. A worker that ended by itself before is not marked."""
+    sink = RecordingSink()
+    first = life(state, sink, "adopt", grace=0.5)
+    await first.launch(launch("job-done", [PY, "-c", "pass"]))
+    await until(lambda: sink.by_rank("job-done"), "the first worker to end by itself")
+    await first.launch(launch("job-long", [PY, "-c", "import time; time.sleep(300)"], gpus_per_rank=1))
+    await first.close(kill=True)
+    (done,), (killed,) = sink.by_rank("job-done").values(), sink.by_rank("job-long").values()
+    assert not done.agent_shutdown and (done.exit_code, done.signal) == (0, 0)
+    assert killed.agent_shutdown and killed.signal == signal.SIGTERM
+    assert not leftovers(state)
+    second = life(state, RecordingSink(), "adopt")
+    try:
+        again = {e.job_id: e for e in await second.recover()}
+        assert again["job-long"].agent_shutdown and not again["job-done"].agent_shutdown
+    finally:
+        await second.close()
+
+
 # --- stop -----------------------------------------------------------------------------------------------
 
 

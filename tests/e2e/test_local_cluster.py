@@ -103,6 +103,30 @@ def test_scheduler_restart_does_not_lose_a_submitted_job(api: Api) -> None:
     assert "[rank 0] survived" in api.http.get(f"/v1/jobs/{waiting['id']}/logs").text
 
 
+def test_an_agent_that_stops_with_its_workers_has_their_job_restarted_not_failed(api: Api) -> None:
+    """The local cluster's agents stop with their workers (kill_workers_on_stop), as every node does when
+    `make run` is stopped: the job that ran there is restarted as after a lost node, its restart budget
+    untouched, not failed for a rank killed by a signal."""
+    job = api.submit({"name": "outlives-its-agent", "command": [sys.executable, "-c", "import time; time.sleep(3600)"],
+                      "resources": {"nodes": 1, "gpus_per_node": 1}})
+    first = api.wait(job["id"], {"running"})
+    (node,) = {a["node_id"] for a in first["placement"]}
+    api.cluster.restart(node)  # SIGTERM: the agent ends its workers and reports their exits before it goes
+    deadline = time.monotonic() + 60
+    again = api.job(job["id"])
+    while not (again["state"] == "running" and again["attempt"] > first["attempt"]) and time.monotonic() < deadline:
+        assert again["state"] not in ("failed", "cancelled", "succeeded"), again
+        time.sleep(0.1)
+        again = api.job(job["id"])
+    assert again["state"] == "running" and again["attempt"] > first["attempt"], again
+    assert (again["restarts"], again["infra_restarts"]) == (0, 1), again
+    (ended,) = again["attempts"]
+    assert "stopped by its node's agent shutting down" in ended["reason"], ended
+    r = api.http.post(f"/v1/jobs/{job['id']}:cancel")
+    assert r.status_code in (200, 202), r.text
+    api.wait(job["id"], {"cancelled"}, timeout=60)
+
+
 def test_a_failed_start_leaves_no_process(tmp_path: Path) -> None:
     """Regression: a service that failed to come up left the ones already started running."""
     from trainyard_cli.local import LocalCluster

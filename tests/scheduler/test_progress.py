@@ -125,6 +125,26 @@ def test_an_unhealthy_gpu_in_the_gang_is_an_infrastructure_failure() -> None:
     assert done.job is not None and done.job.state is JobState.RESTARTING and done.job.infra_restarts == 1
 
 
+@pytest.mark.parametrize("code, sig", [(143, 15), (0, 0)])  # killed by the SIGTERM, or ended cleanly on it
+def test_ranks_ended_by_their_agents_shutdown_are_an_infrastructure_failure(code: int, sig: int) -> None:
+    """An agent that shuts down with its workers (kill_workers_on_stop) ends them: the host went away under the
+    job, which restarts without using its budget, whatever the rank's exit status (one that checkpoints and
+    exits 0 on the signal did not finish either)."""
+    gone = replace(ex(1, code=code, sig=sig), agent_shutdown=True)
+    job = make_job(state=JobState.RUNNING, max_restarts=0)
+    first = progress(job, _alloc(exits=(gone,)), BOTH, NOW)
+    assert first.alloc is not None and first.alloc.infra_failure and first.stop == ("n-a",)
+    assert first.alloc.stop_reason == "rank 1 on n-b was stopped by its node's agent shutting down"
+    done = progress(job, replace(first.alloc, stopped=BOTH), BOTH, NOW)
+    assert done.release and done.job is not None and done.job.state is JobState.RESTARTING, done.job
+    assert (done.job.infra_restarts, done.job.restarts) == (1, 0)
+    assert "agent shutting down" in done.job.message and "infrastructure failure 1" in done.job.message
+    # A rank that failed on its own before the agent went keeps the job's failure its own.
+    own = progress(job, _alloc(exits=(ex(0, code=3, at=NOW), replace(gone, at=NOW + 1))), BOTH, NOW)
+    assert own.release and own.job is not None and own.job.state is JobState.FAILED, own.job
+    assert "exited with code 3" in own.job.message and own.job.infra_restarts == 0
+
+
 def test_signal_exit_code_is_128_plus_signal() -> None:
     alloc = _alloc(exits=(ex(0, sig=9), ex(1)), stop_reason="rank 0 on n-a was killed by signal 9")
     step = progress(make_job(state=JobState.RUNNING), alloc, BOTH, NOW)

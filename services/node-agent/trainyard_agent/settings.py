@@ -102,7 +102,8 @@ class AgentSettings(BaseSettings):
         "adopt (keep them and supervise them again) or stop (SIGTERM, grace, SIGKILL, and report)")
     worker_cpu_binding: bool = Field(True, description="Bind each worker to the CPUs near its GPUs (NUMA affinity)")
     kill_workers_on_stop: bool = Field(False, description="Stop running workers when the agent shuts down "
-                                                          "(local cluster); off so an agent restart keeps jobs")
+                                                          "(local cluster; their jobs are restarted as after a "
+                                                          "lost node); off so an agent restart keeps jobs")
     run_as: dict[str, str] = Field(default_factory=dict,
                                    description="The Unix identity each team's workers run as, e.g. "
                                                "ml=2001:2001,research=alice:research (uid:gid, user:group or a "

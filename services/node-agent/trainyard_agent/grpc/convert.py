@@ -75,7 +75,7 @@ def exit_report(node_id: str, exit: WorkerExit) -> scheduler_pb2.ReportWorkerExi
     return scheduler_pb2.ReportWorkerExitRequest(
         node_id=node_id, job_id=exit.job_id, attempt=exit.attempt,
         exit=types_pb2.WorkerExit(rank=exit.rank, node_id=node_id, exit_code=exit.exit_code, signal=exit.signal,
-                                  exited_at=timestamp(exit.exited_at)))
+                                  exited_at=timestamp(exit.exited_at), agent_shutdown=exit.agent_shutdown))
 
 
 # --- AgentService ------------------------------------------------------------------------------------------

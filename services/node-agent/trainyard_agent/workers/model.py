@@ -115,6 +115,9 @@ class WorkerExit:
     exit_code: int
     signal: int
     exited_at: float
+    # The agent ended it as the agent shut down with its workers (`Supervisor.close(kill=True)`): the host went
+    # away under the job, which the scheduler restarts it for.
+    agent_shutdown: bool = False
 
     @property
     def key(self) -> tuple[str, int, int]:

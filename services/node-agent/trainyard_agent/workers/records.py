@@ -39,6 +39,8 @@ class WorkerRecord:
     shim_start_time: int | None = None
     # The scheduler acknowledged the exit report; nothing is left to do for this worker.
     reported: bool = False
+    # It ended while the agent shut down with its workers (WorkerExit.agent_shutdown).
+    agent_shutdown: bool = False
 
 
 @dataclass

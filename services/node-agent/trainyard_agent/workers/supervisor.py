@@ -201,6 +201,8 @@ class Supervisor:
         if log_backups < 0:
             raise ValueError(f"log_backups must be >= 0, got {log_backups}")
         self._restart_policy = RestartPolicy.parse(restart_policy)
+        # Set by close(kill=True): the exits recorded from then on are the agent's shutdown's doing.
+        self._shutting_down = False
         self._gpu_cpus = affinity.check_gpu_cpus(gpu_cpus or {})
         self._cpu_binding = cpu_binding
         self._shim_python = shim_python
@@ -492,8 +494,9 @@ class Supervisor:
 
     def _record_exit(self, alloc: _Allocation, w: _Worker, code: int, sig: int, exited_at: float) -> None:
         w.exit = WorkerExit(job_id=alloc.job_id, attempt=alloc.attempt, rank=w.spec.rank, exit_code=code,
-                            signal=sig, exited_at=exited_at)
+                            signal=sig, exited_at=exited_at, agent_shutdown=self._shutting_down)
         w.record.exit_code, w.record.signal, w.record.exited_at = code, sig, exited_at
+        w.record.agent_shutdown = self._shutting_down
         alloc.save()
         if not alloc.running:
             # Nothing here reads the attempt's credential any more (a restarted attempt gets its own).
@@ -610,7 +613,7 @@ class Supervisor:
                 w = _Worker(spec=WorkerSpec(wr.rank, wr.local_rank, tuple(wr.gpu_indices)), record=wr)
                 if wr.exit_code is not None:
                     w.exit = WorkerExit(rec.job_id, rec.attempt, wr.rank, wr.exit_code, wr.signal or 0,
-                                        wr.exited_at or 0.0)
+                                        wr.exited_at or 0.0, agent_shutdown=wr.agent_shutdown)
                 alloc.workers.append(w)
             found.append(alloc)
             self._allocs[alloc.key] = alloc
@@ -695,9 +698,11 @@ class Supervisor:
 
     async def close(self, *, kill: bool = False) -> None:
         """Stop supervising. With `kill`, stop every running worker first (exits are recorded and
-        submitted); without, workers keep running under their shims and the next agent life takes them
-        over (or stops them, per its restart policy)."""
+        submitted, marked as ended by the agent's shutdown: the scheduler restarts their jobs as after a lost
+        node); without, workers keep running under their shims and the next agent life takes them over (or
+        stops them, per its restart policy)."""
         if kill:
+            self._shutting_down = True
             await asyncio.gather(*(self._stop_alloc(a, self._stop_grace_s) for a in list(self._allocs.values())))
         tasks = [w.task for a in self._allocs.values() for w in a.workers if w.task is not None]
         for task in tasks:

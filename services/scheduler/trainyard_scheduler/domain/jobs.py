@@ -146,6 +146,8 @@ def first_failure(exits: tuple[WorkerExit, ...]) -> WorkerExit | None:
 
 
 def describe_exit(e: WorkerExit) -> str:
+    if e.agent_shutdown:
+        return f"rank {e.rank} on {e.node_id} was stopped by its node's agent shutting down"
     if e.signal:
         return f"rank {e.rank} on {e.node_id} was killed by signal {e.signal}"
     return f"rank {e.rank} on {e.node_id} exited with code {e.exit_code}"

@@ -132,6 +132,8 @@ class WorkerExit:
     exit_code: int
     signal: int
     at: float
+    # Ended by its agent's own shutdown (types.proto WorkerExit.agent_shutdown): the infrastructure's failure.
+    agent_shutdown: bool = False
 
     @property
     def ok(self) -> bool:

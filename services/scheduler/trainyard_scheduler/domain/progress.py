@@ -7,11 +7,11 @@ comes back the agent is told to stop whatever it still runs), so no GPU is hande
 still run on it.
 
 Infrastructure failures restart the job without using its restart budget (`max_restarts`): a node lost,
-a GPU of the gang unhealthy — also when the first thing the scheduler heard was a rank failing (the
-surviving ranks of a gang crash as soon as a peer's node dies, usually before the node's heartbeat
-deadline). The failure is attributed when the gang is released: if by then one of its nodes is lost or
-one of its GPUs unhealthy, it was the infrastructure. They are bounded separately
-(`infra_restart_limit`), so a job that keeps killing nodes still ends.
+a GPU of the gang unhealthy, a rank ended by its node's agent shutting down with its workers — also when
+the first thing the scheduler heard was a rank failing (the surviving ranks of a gang crash as soon as a
+peer's node dies, usually before the node's heartbeat deadline). The failure is attributed when the gang
+is released: if by then one of its nodes is lost or one of its GPUs unhealthy, it was the infrastructure.
+They are bounded separately (`infra_restart_limit`), so a job that keeps killing nodes still ends.
 """
 
 from __future__ import annotations
@@ -52,13 +52,18 @@ def progress(job: Job, alloc: Allocation, alive: frozenset[str], now: float,
     new_alloc: Allocation | None = None
     if not reason:
         failure = first_failure(alloc.exits)
+        # A rank its agent ended as the agent shut down (even one that exited 0 on the signal) did not finish:
+        # the host went away under the job.
+        shutdown = next((e for e in alloc.exits if e.agent_shutdown), None)
         lost = [n for n in alloc.node_ids if n not in alive]
         sick = _unhealthy_gpu(alloc, nodes or {})
         infra = requeued = False
         if job.cancel_requested:
             reason = "cancelled"
-        elif failure is not None:
+        elif failure is not None and not failure.agent_shutdown:
             reason = describe_exit(failure)
+        elif shutdown is not None:
+            reason, infra = describe_exit(shutdown), True
         elif job.requeue_requested_by:
             reason, requeued = requeue_reason(job), True
         elif alloc.expected_end is not None and now >= alloc.expected_end and job.spec.time_limit_s > 0:

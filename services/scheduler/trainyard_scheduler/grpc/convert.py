@@ -143,7 +143,7 @@ def _assignment_pb(a: NodeAssignment) -> types_pb2.NodeAssignment:
 
 def _exit_pb(e: WorkerExit) -> types_pb2.WorkerExit:
     return types_pb2.WorkerExit(rank=e.rank, node_id=e.node_id, exit_code=e.exit_code, signal=e.signal,
-                                exited_at=_ts(e.at))
+                                exited_at=_ts(e.at), agent_shutdown=e.agent_shutdown)
 
 
 def job_to_pb(job: Job, alloc: Allocation | None = None) -> types_pb2.Job:
@@ -199,7 +199,8 @@ def exit_from_pb(pb: types_pb2.WorkerExit, node_id: str, now: float) -> WorkerEx
     if pb.rank < 0:
         raise InvalidArgument(f"exit.rank must be >= 0, got {pb.rank}")
     at = _seconds(pb.exited_at) if pb.HasField("exited_at") else now
-    return WorkerExit(rank=pb.rank, node_id=node_id, exit_code=pb.exit_code, signal=pb.signal, at=at)
+    return WorkerExit(rank=pb.rank, node_id=node_id, exit_code=pb.exit_code, signal=pb.signal, at=at,
+                      agent_shutdown=pb.agent_shutdown)
 
 
 def gpu_from_pb(g: types_pb2.Gpu) -> Gpu:

@@ -57,12 +57,15 @@ def _resources_from(r: dict[str, Any]) -> Resources:
 
 
 def _exit(e: WorkerExit) -> dict[str, Any]:
-    return {"rank": e.rank, "node_id": e.node_id, "code": e.exit_code, "signal": e.signal, "at": e.at}
+    out = {"rank": e.rank, "node_id": e.node_id, "code": e.exit_code, "signal": e.signal, "at": e.at}
+    if e.agent_shutdown:
+        out["agent_shutdown"] = True
+    return out
 
 
 def _exit_from(d: dict[str, Any]) -> WorkerExit:
     return WorkerExit(rank=d["rank"], node_id=d["node_id"], exit_code=d["code"], signal=d["signal"],
-                      at=d["at"])
+                      at=d["at"], agent_shutdown=d.get("agent_shutdown", False))
 
 
 def encode_job(job: Job) -> bytes:
