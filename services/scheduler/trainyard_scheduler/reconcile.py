@@ -41,9 +41,10 @@ from .domain.snapshot import ClusterSnapshot
 from .launch import node_launches
 from .liveness import NodeLiveness
 from .node_log import NodeTransitions
+from .pending_reasons import PendingReasons
 from .policy.api import Profile
 from .policy.index import ClusterIndex
-from .policy.place import Decision, PlacementResult, Preemption, Unplaced, place
+from .policy.place import Decision, PlacementResult, Preemption, place
 from .state.holdings import HeldElsewhere, decode_holding
 from .state.repository import Repository
 from .state.snapshots import PolicyState, SnapshotBuilder
@@ -102,7 +103,7 @@ class Reconciler:
         # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
         self._released: dict[tuple[str, int], float] = {}
         # job id → when this leader last rewrote its pending reason (monotonic).
-        self._reason_written: dict[str, float] = {}
+        self._reasons = PendingReasons(settings.reason_interval_s, clock.monotonic)
         self._usage_written = -math.inf
         self._observed_at = -math.inf
         # Metrics: the label values allowed (configured queues, teams with a quota), events, the cluster's gauges.
@@ -282,7 +283,7 @@ class Reconciler:
         # Decisions of one session never share a GPU, so their transactions are independent.
         await asyncio.gather(*(commit(d) for d in result.decisions))
         # The reasons of the jobs left waiting, written together (one transaction for a burst of submits).
-        notes = [n for n in (self._explanation(snap, u) for u in result.unplaced) if n is not None]
+        notes = self._reasons.notes(snap, result.unplaced)
         await asyncio.gather(*(self._try(self._repo.annotate(job, rev)) for job, rev in notes))
 
     @property
@@ -346,20 +347,6 @@ class Reconciler:
                               f"stopping {len(stopping)} gang(s) to make room: {', '.join(stopping)}")
             await self._try(self._repo.write(job=note, job_rev=snap.job_revisions[p.preemptor]))
 
-    def _explanation(self, snap: ClusterSnapshot, u: Unplaced) -> tuple[Job, int] | None:
-        """The record that tells the user why a job waits, and the revision it replaces; None when it says so
-        already or said otherwise too recently (rate-limited, since the reason moves with the cluster)."""
-        job = snap.jobs.get(u.job_id)
-        if job is None or job.message == u.reason:
-            return None
-        mono = self._clock.monotonic()
-        if mono - self._reason_written.get(job.id, -math.inf) < self._settings.reason_interval_s:
-            return None
-        self._reason_written[job.id] = mono
-        while len(self._reason_written) > 100_000:
-            self._reason_written.pop(next(iter(self._reason_written)))
-        return replace(job, message=u.reason), snap.job_revisions[job.id]
-
     async def _requeue(self, snap: ClusterSnapshot, now: float) -> None:
         for job in snap.jobs.values():
             if job.state is JobState.RESTARTING and job.id not in snap.allocations:
@@ -376,14 +363,7 @@ class Reconciler:
         if mono - self._usage_written < self._settings.usage_interval_s:
             return
         self._usage_written = mono
-        holding: dict[str, dict[str, int]] = {}
-        for alloc in snap.allocations.values():
-            team = alloc.team or (snap.jobs[alloc.job_id].team if alloc.job_id in snap.jobs else "")
-            for a in alloc.assignments:
-                if a.gpu_indices:
-                    row = holding.setdefault(team, {})
-                    row[a.model or "unknown"] = row.get(a.model or "unknown", 0) + len(a.gpu_indices)
-        usage = decay_usage(policy.usage, holding, now, config.fair_share_half_life_s)
+        usage = decay_usage(policy.usage, snap.gpus_held(), now, config.fair_share_half_life_s)
         await self._try(self._repo.put_usage(usage, policy.usage_revision))
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:

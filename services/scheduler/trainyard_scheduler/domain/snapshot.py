@@ -60,3 +60,15 @@ class ClusterSnapshot:
             if alloc.assignments:
                 ports.setdefault(alloc.assignments[0].node_id, set()).add(alloc.master_port)
         return ports
+
+    def gpus_held(self) -> dict[str, dict[str, int]]:
+        """GPUs each team's gangs hold now, by accelerator model ("unknown" for a share without one):
+        `team → model → count`, what fair-share usage accrues from."""
+        holding: dict[str, dict[str, int]] = {}
+        for alloc in self.allocations.values():
+            team = alloc.team or (self.jobs[alloc.job_id].team if alloc.job_id in self.jobs else "")
+            for a in alloc.assignments:
+                if a.gpu_indices:
+                    row = holding.setdefault(team, {})
+                    row[a.model or "unknown"] = row.get(a.model or "unknown", 0) + len(a.gpu_indices)
+        return holding
