@@ -2,8 +2,9 @@
 
 Each cycle reads the in-memory mirror of etcd (no store round trip), runs `place` for pending jobs and
 `progress` for every placed gang, commits the resulting records, and hands agent calls (launch, stop) to
-background tasks (agent_calls.py) so a slow or dead agent never holds up the loop. Agent results come back as writes to
-the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network call.
+background tasks (agent_calls.py) so a slow or dead agent never holds up the loop. Agent results come back as
+writes to the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network
+call.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Reconciler:
         self._settings = settings
         # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
         self._released: dict[tuple[str, int], float] = {}
-        # job id → when this leader last rewrote its pending reason (monotonic).
+        # Why each waiting job waits, rewritten on the job at most every reason_interval_s.
         self._reasons = PendingReasons(settings.reason_interval_s, clock.monotonic)
         self._usage_written = -math.inf
         self._observed_at = -math.inf
