@@ -178,14 +178,13 @@ class _Plain:
         self.pulsed: dict[str, int] = {}
         self.arrival = 0.0  # the last first contact this term (the grace lasts while agents arrive)
         self.ended: set[str] = set()  # nodes whose last stream ended (the evidence the grace needs)
-        self.pulsing: set[str] = set()  # nodes without a stream that opened a pulse session (evidence too)
 
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
         out, close = set(), set()
         in_grace = self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout))
         for n in nodes:
-            if n not in self.last or (in_grace and n not in self.ended and n not in self.pulsing):
+            if n not in self.last or (in_grace and n not in self.ended):
                 if in_grace:
                     out.add(n)
                 continue
@@ -204,7 +203,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
     from hypothesis import strategies as st
 
     ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget",
-                                              "open_p", "close_p", "break_p", "pulsing"]),
+                                              "open_p", "close_p", "break_p"]),
                              st.sampled_from(["n-a", "n-b", "n-c"]), st.integers(1, 40)), max_size=60)
 
     @settings(max_examples=300, deadline=None)
@@ -241,16 +240,6 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 if node not in plain.last:
                     plain.arrival = clock.monotonic() - start
                 plain.ended.discard(node)
-                plain.pulsing.discard(node)
-                plain.last[node] = plain.eff
-            elif op == "pulsing":  # a node without a stream opens a pulse session (the connectionless path)
-                if node in plain.open:
-                    continue  # not a call the servicer makes for a node that holds a stream
-                live.pulsing(node)
-                if node not in plain.last:
-                    plain.arrival = clock.monotonic() - start
-                plain.ended.discard(node)
-                plain.pulsing.add(node)
                 plain.last[node] = plain.eff
             elif op in ("close", "break", "close_p", "break_p") and (
                     plain.pulsed.get(node, 0) if op.endswith("_p")
@@ -275,7 +264,6 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.open.pop(node, None)
                 plain.pulsed.pop(node, None)
                 plain.ended.discard(node)
-                plain.pulsing.discard(node)
             plain.mono = clock.monotonic() - start
             expected, close = plain.alive(nodes)
             assert live.alive(nodes) - close == expected - close, (op, node, n)
@@ -328,29 +316,6 @@ def test_in_the_grace_only_a_node_whose_stream_ended_is_lost() -> None:
     assert live.alive(NODES) == frozenset(), "the grace is over: n-a's silence counts now"
     live.opened("n-b", pulsed=True)
     assert live.alive(NODES) == {"n-b"}, "n-b came back"
-
-
-def test_in_the_grace_a_node_that_pulsed_this_leader_and_went_silent_is_lost_at_its_timeout() -> None:
-    """The connectionless path holds no stream whose end would tell of a crash. A node that opened a pulse
-    session with the new leader has found it: its silence from then on counts as after the grace (n-b, lost 2.5 s
-    after its last pulse, not at the grace's end); n-a, which registered but has not reached it yet, is kept."""
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=10.0)
-    live.reset()
-    live.seen("n-a")                      # RegisterNode only
-    live.pulsing("n-b")                   # its beat opened a pulse session
-    ticking(clock, live, 1.0, beats=("n-b",))
-    ticking(clock, live, 2.4)             # n-b's host dies: 2.4 s of silence
-    assert live.alive(NODES) == {"n-a", "n-b"}
-    expiry = live.next_expiry(NODES)
-    assert expiry is not None and expiry <= 0.1 + 1e-6, "the loop wakes at n-b's deadline"
-    ticking(clock, live, 0.2)
-    assert live.alive(NODES) == {"n-a"}, "n-b lost at its timeout, 6 s before the grace ends"
-    live.pulsing("n-b")
-    assert live.alive(NODES) == {"n-a", "n-b"}, "n-b came back"
-    live.opened("n-a")                    # a stream now: its end is n-a's evidence, as before
-    ticking(clock, live, 3.0, beats=("n-b",))
-    assert live.alive(NODES) == {"n-a", "n-b"}
 
 
 def test_the_loop_wakes_when_the_grace_ends_for_a_node_only_the_grace_keeps() -> None:

@@ -24,12 +24,9 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   and registrations on one process), so the grace also lasts while agents keep arriving: it ends once
   `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
   case MAX_GRACE_S after the term began. During the grace a node is lost only on evidence that it went: its
-  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since, or it opened a
-  pulse session with this leader (the connectionless path: it found this leader and proved it reaches it, so
-  its silence since means what it means after the grace) and its timeout passed since its last proof. A
-  node that registered but whose first pulses wait behind thousands of other agents' registrations on a busy
-  new leader is not lost for that; one that died silently during the failover before it found this leader is
-  lost when the grace ends.
+  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since. A node that
+  registered but whose first pulses wait behind thousands of other agents' registrations on a busy new
+  leader is not lost for that; one that died silently during the failover is lost when the grace ends.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -82,8 +79,6 @@ class NodeLiveness:
         self._expired: set[str] = set()
         # Nodes whose last heartbeat stream of this term ended (none open now): the evidence the grace needs.
         self._ended: set[str] = set()
-        # Nodes holding no stream that opened a pulse session with this leader this term: evidence enough too.
-        self._pulsing: set[str] = set()
         # Bumped whenever the expired set or the set of nodes ever heard from changes: `alive` over the same
         # node mapping at the same membership version is the answer it gave last (a cycle runs on every
         # change in etcd; the fleet's membership changes far less often).
@@ -115,7 +110,6 @@ class NodeLiveness:
         self._heap.clear()
         self._expired.clear()
         self._ended.clear()
-        self._pulsing.clear()
         self._membership += 1
         self._running.clear()
         self._running_at.clear()
@@ -220,9 +214,8 @@ class NodeLiveness:
         self._open[node_id] = self._open.get(node_id, 0) + 1
         if pulsed:
             self._pulsed[node_id] = self._pulsed.get(node_id, 0) + 1
-        if node_id in self._ended or node_id in self._pulsing:
+        if node_id in self._ended:
             self._ended.discard(node_id)
-            self._pulsing.discard(node_id)  # the stream's end is the evidence from now on
             self._membership += 1
         self.seen(node_id)
 
@@ -255,10 +248,9 @@ class NodeLiveness:
 
     def pulsing(self, node_id: str) -> None:
         """A node that holds no stream (the connectionless path) opened a pulse session: a proof of life now,
-        and whatever ended before is over. It found this leader: in the grace, its silence counts from now on."""
-        if node_id in self._ended or node_id not in self._pulsing:
+        and whatever ended before is over."""
+        if node_id in self._ended:
             self._ended.discard(node_id)
-            self._pulsing.add(node_id)
             self._membership += 1
         self.seen(node_id)
 
@@ -283,7 +275,6 @@ class NodeLiveness:
         self._deadline.pop(node_id, None)
         self._expired.discard(node_id)
         self._ended.discard(node_id)
-        self._pulsing.discard(node_id)
         self._membership += 1
         self._running.pop(node_id, None)
         self._running_at.pop(node_id, None)
@@ -329,14 +320,9 @@ class NodeLiveness:
         if graced:
             out = ids.difference(self._expired).intersection(self._last)
         else:
-            out = ids.difference(self._lost_in_grace())
+            out = ids.difference(self._expired.intersection(self._ended))
         self._alive_memo = (node_ids, self._membership, graced, out)
         return out
-
-    def _lost_in_grace(self) -> set[str]:
-        """The expired nodes a grace does not keep: with evidence that they went (their stream ended) or that
-        they found this leader (a pulse session on the connectionless path)."""
-        return {n for n in self._expired if n in self._ended or n in self._pulsing}
 
     def _grace_left(self, mono: float) -> float:
         """Seconds until this term's grace ends (0 or less: it has): `grace_s` after the term began, later
@@ -355,9 +341,9 @@ class NodeLiveness:
             heapq.heappop(heap)
         waits = [heap[0][0] - now] if heap else []
         in_grace = self._grace_left(self._clock.monotonic())
-        # The grace's end loses the nodes never heard from, and those silent past their timeout that only the
-        # grace keeps (no stream that ended, no pulse session with this leader).
-        if in_grace >= 0 and (len(self._lost_in_grace()) < len(self._expired)
+        # The grace's end loses the nodes never heard from, and those silent past their timeout whose stream
+        # did not end (kept alive only by the grace).
+        if in_grace >= 0 and (not self._expired.issubset(self._ended)
                               or not frozenset(node_ids).issubset(self._last)):
             waits.append(in_grace)
         return min(waits) if waits else None
