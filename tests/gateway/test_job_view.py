@@ -36,6 +36,7 @@ from trainyard_gateway.job_view import JobView, ViewedJob
 from trainyard_gateway.job_view_feed import JobFeed
 from trainyard_gateway.job_view_pages import HistoryState, page
 from trainyard_scheduler.domain.listing import JobFilter
+from trainyard_scheduler.domain.operations import WAITING_MESSAGE
 
 from .support import Cluster, RunningGateway, running_cluster, running_gateway
 
@@ -128,7 +129,7 @@ async def _reasons_written(http: httpx.AsyncClient, job_ids: list[str]) -> None:
     async def seen() -> bool:
         messages = {j["id"]: j["message"] for j in (await http.get("/v1/jobs", params={"page_size": 50})).json()
                     ["jobs"]}
-        return all(messages.get(job_id) not in (None, "waiting for placement") for job_id in job_ids)
+        return all(messages.get(job_id) not in (None, WAITING_MESSAGE) for job_id in job_ids)
     await eventually(seen, what="the new jobs' pending reasons in the view")
 
 
@@ -444,7 +445,7 @@ async def test_the_view_answers_what_the_scheduler_answers(archiving: Deployment
         # Every cancelled job has left etcd and every live one has the leader's pending reason: nothing changes
         # any more.
         stored = [json.loads(kv.value) for kv in (await etcd_store.range(prefix)).kvs]
-        return bool(stored) and all(job["state"] != "cancelled" and job["message"] != "waiting for placement"
+        return bool(stored) and all(job["state"] != "cancelled" and job["message"] != WAITING_MESSAGE
                                     for job in stored)
     await eventually(archived, timeout=30, what="the cancelled jobs to leave etcd and the others' reasons")
     now = str((await etcd_store.range(prefix, limit=1)).revision)  # reads below wait for the view to get here

@@ -31,6 +31,7 @@ from trainyard_core.errors import FailedPrecondition, InvalidArgument
 from .jobs import with_event
 from .models import Allocation, Job, JobState
 
+# What a pending job says until the leader writes why it waits (a new job, a released one).
 WAITING_MESSAGE = "waiting for placement"
 
 

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .models import Job, JobState
+from .operations import WAITING_MESSAGE
 
 # A job the cycle considered but found no reason for (should not happen: every unplaced job has one).
-NO_REASON = "waiting for placement"
+NO_REASON = WAITING_MESSAGE
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,7 +181,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         now = self._clock.now()
         job = Job(id=new_id("job", now), spec=spec, state=JobState.PENDING, team=team,
                   user=self._user(request.user), created_at=now, updated_at=now, queued_at=now,
-                  message="waiting for placement", trace_parent=telemetry.traceparent())
+                  message=operations.WAITING_MESSAGE, trace_parent=telemetry.traceparent())
         archived = False
         try:
             stored, created = await self._repo.create_job(job, request.idempotency_key,
