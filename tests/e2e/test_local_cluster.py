@@ -6,10 +6,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .conftest import Api
+from trainyard_core.testing.wait import until
+
+from .conftest import TERMINAL, Api
 
 pytestmark = pytest.mark.e2e
 PROGRAMS = Path(__file__).parent / "programs"
@@ -112,13 +115,12 @@ def test_an_agent_that_stops_with_its_workers_has_their_job_restarted_not_failed
     first = api.wait(job["id"], {"running"})
     (node,) = {a["node_id"] for a in first["placement"]}
     api.cluster.restart(node)  # SIGTERM: the agent ends its workers and reports their exits before it goes
-    deadline = time.monotonic() + 60
-    again = api.job(job["id"])
-    while not (again["state"] == "running" and again["attempt"] > first["attempt"]) and time.monotonic() < deadline:
-        assert again["state"] not in ("failed", "cancelled", "succeeded"), again
-        time.sleep(0.1)
-        again = api.job(job["id"])
-    assert again["state"] == "running" and again["attempt"] > first["attempt"], again
+
+    def running_again() -> dict[str, Any] | None:
+        now = api.job(job["id"])
+        assert now["state"] not in TERMINAL, now
+        return now if now["state"] == "running" and now["attempt"] > first["attempt"] else None
+    again = until(running_again, 60, "the job running again as a new attempt", interval=0.1)
     assert (again["restarts"], again["infra_restarts"]) == (0, 1), again
     (ended,) = again["attempts"]
     assert "stopped by its node's agent shutting down" in ended["reason"], ended
