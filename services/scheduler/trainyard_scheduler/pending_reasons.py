@@ -29,11 +29,11 @@ class PendingReasons:
         """For each job placement left waiting, the record that tells its user why, and the revision it replaces;
         none for a job that says so already or was told otherwise less than `interval_s` ago."""
         out = []
+        mono = self._monotonic()
         for u in unplaced:
             job = snap.jobs.get(u.job_id)
             if job is None or job.message == u.reason:
                 continue
-            mono = self._monotonic()
             if mono - self._written.get(job.id, -math.inf) < self._interval_s:
                 continue
             self._written[job.id] = mono
