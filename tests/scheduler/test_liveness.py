@@ -4,8 +4,12 @@ grace, and not because this process itself was paused (time it did not run is no
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from trainyard_core.clock import ManualClock
+from trainyard_scheduler.grace import CONFIRM_S
 from trainyard_scheduler.liveness import MAX_GRACE_S, TICK_S, NodeLiveness
 
 NODES = ("n-a", "n-b")
@@ -178,6 +182,9 @@ class _Plain:
         self.pulsed: dict[str, int] = {}
         self.arrival = 0.0  # the last first contact this term (the grace lasts while agents arrive)
         self.ended: set[str] = set()  # nodes whose last stream ended (the evidence the grace needs)
+        # Nodes without a stream that opened a pulse session this term: lost in the grace once silent for their
+        # timeout plus CONFIRM_S (three nodes never make a silence shared by more than SHARED_SILENCE_MIN).
+        self.found: set[str] = set()
 
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
@@ -185,7 +192,15 @@ class _Plain:
         in_grace = self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout))
         for n in nodes:
             if n not in self.last or (in_grace and n not in self.ended):
-                if in_grace:
+                if not in_grace:
+                    continue
+                if n in self.found and n in self.last:
+                    quiet, after = self.eff - self.last[n], self.timeout + CONFIRM_S
+                    if quiet < after:
+                        out.add(n)
+                    if abs(quiet - after) < 1e-6:
+                        close.add(n)
+                else:
                     out.add(n)
                 continue
             quiet = self.eff - self.last[n]
@@ -203,7 +218,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
     from hypothesis import strategies as st
 
     ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget",
-                                              "open_p", "close_p", "break_p"]),
+                                              "open_p", "close_p", "break_p", "pulsing"]),
                              st.sampled_from(["n-a", "n-b", "n-c"]), st.integers(1, 40)), max_size=60)
 
     @settings(max_examples=300, deadline=None)
@@ -240,6 +255,16 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 if node not in plain.last:
                     plain.arrival = clock.monotonic() - start
                 plain.ended.discard(node)
+                plain.found.discard(node)
+                plain.last[node] = plain.eff
+            elif op == "pulsing":  # a node without a stream opens a pulse session (the connectionless path)
+                if node in plain.open:
+                    continue  # not a call the servicer makes for a node that holds a stream
+                live.pulsing(node)
+                if node not in plain.last:
+                    plain.arrival = clock.monotonic() - start
+                plain.ended.discard(node)
+                plain.found.add(node)
                 plain.last[node] = plain.eff
             elif op in ("close", "break", "close_p", "break_p") and (
                     plain.pulsed.get(node, 0) if op.endswith("_p")
@@ -264,6 +289,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 plain.open.pop(node, None)
                 plain.pulsed.pop(node, None)
                 plain.ended.discard(node)
+                plain.found.discard(node)
             plain.mono = clock.monotonic() - start
             expected, close = plain.alive(nodes)
             assert live.alive(nodes) - close == expected - close, (op, node, n)
@@ -328,3 +354,53 @@ def test_the_loop_wakes_when_the_grace_ends_for_a_node_only_the_grace_keeps() ->
     assert live.alive(NODES) == {"n-a", "n-b"}, "the grace keeps n-a"
     expiry = live.next_expiry(NODES)
     assert expiry is not None and abs(expiry - 2.0) < 1e-6, "the loop wakes when the grace ends (5 s), not later"
+
+
+def test_in_the_grace_a_node_that_found_this_leader_and_went_silent_is_lost_soon_after_its_timeout() -> None:
+    """The connectionless path holds no stream whose end would tell of a crash. A node that opened a pulse session
+    with the new leader has found it: silent for its timeout plus CONFIRM_S, it is lost then (n-b), not when the
+    grace ends; n-a, which registered but has not reached this leader yet, is kept by the grace."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=20.0)
+    live.reset()
+    live.seen("n-a")                      # RegisterNode only
+    live.pulsing("n-b")                   # its beat opened a pulse session
+    ticking(clock, live, 1.0, beats=("n-b",))
+    ticking(clock, live, 2.6)             # n-b's host dies: past its timeout, but not yet CONFIRM_S past it
+    assert live.alive(NODES) == {"n-a", "n-b"}
+    expiry = live.next_expiry(NODES)
+    assert expiry is not None and abs(expiry - (CONFIRM_S - 0.1)) < 1e-6, "the loop wakes when n-b is lost"
+    ticking(clock, live, CONFIRM_S)
+    assert live.alive(NODES) == {"n-a"}, "n-b lost 4 s after its last pulse, 15 s before the grace ends"
+    live.pulsing("n-b")
+    assert live.alive(NODES) == {"n-a", "n-b"}, "n-b came back"
+    live.opened("n-b")                    # a stream now: its end is n-b's evidence, as for any streamed node
+    ticking(clock, live, 5.0)
+    assert live.alive(NODES) == {"n-a", "n-b"}, "an open stream without pulses is alive while open"
+
+
+def test_in_the_grace_a_silence_many_nodes_share_waits_for_the_grace_to_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """400 nodes found the new leader; 100 of them (one process driving many agents, starved in the storm) fall
+    silent together. That is more than 1 % of those nodes silent at once: none is lost during the grace. When all
+    but two come back, the two are lost; the rest of the fleet never was."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=30.0)
+    live.reset()
+    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    stalled, others = fleet[:100], fleet[100:]
+    for n in fleet:
+        live.pulsing(n)
+    ticking(clock, live, 1.0, beats=fleet)
+    ticking(clock, live, 6.0, beats=others)
+    with caplog.at_level(logging.WARNING, logger="trainyard_scheduler.grace"):
+        assert live.alive(fleet) == set(fleet), "100 silent together in the grace: the storm's, not 100 deaths"
+        assert live.alive(fleet) == set(fleet)
+    [held] = [r for r in caplog.records if r.name == "trainyard_scheduler.grace"]
+    assert (held.silent_nodes, held.shared_limit, held.found_leader) == (100, 4, 400)  # type: ignore[attr-defined]
+    assert live.next_expiry(fleet) is not None
+    for n in stalled[2:]:
+        live.seen(n)
+    assert live.alive(fleet) == set(fleet) - set(stalled[:2]), "two still silent, with few: lost now"
+    ticking(clock, live, 30.0, beats=fleet[2:])
+    assert live.alive(fleet) == set(fleet[2:]), "after the grace, as before"

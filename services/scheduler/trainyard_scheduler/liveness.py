@@ -24,9 +24,12 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   and registrations on one process), so the grace also lasts while agents keep arriving: it ends once
   `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
   case MAX_GRACE_S after the term began. During the grace a node is lost only on evidence that it went: its
-  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since. A node that
-  registered but whose first pulses wait behind thousands of other agents' registrations on a busy new
-  leader is not lost for that; one that died silently during the failover is lost when the grace ends.
+  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since; or, on the
+  connectionless path, it opened a pulse session with this leader (it found it) and then stayed silent past
+  its timeout while few other such nodes were silent with it (grace.py). A node that registered but whose
+  first pulses wait behind thousands of other agents' registrations on a busy new leader is not lost for
+  that, nor are the many nodes of one silence they share during the storm; a node that died silently during
+  the failover before it found this leader is lost when the grace ends.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -43,10 +46,12 @@ from types import MappingProxyType
 from trainyard_core.clock import Clock
 from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
 
+from .grace import MAX_GRACE_S, Grace
+
+__all__ = ["MAX_GRACE_S", "TICK_S", "NodeLiveness"]
+
 # The ticker's period; a gap longer than twice this is a pause of this process, not of the nodes.
 TICK_S = 0.1
-# The longest a new leader's grace lasts while agents keep registering (see the module docstring).
-MAX_GRACE_S = 60.0
 
 
 class NodeLiveness:
@@ -62,7 +67,6 @@ class NodeLiveness:
                  stale_s: float | None = None, broken_s: float = KEEPALIVE_TIMEOUT_S) -> None:
         self._clock = clock
         self._timeout = timeout_s
-        self._grace = timeout_s if grace_s is None else max(grace_s, timeout_s)
         self._stale = stale_s
         self._broken = broken_s
         # node → effective time of its last proof of life (for a node with an open stream: its last message).
@@ -86,13 +90,10 @@ class NodeLiveness:
         self._alive_memo: tuple[object, int, bool, frozenset[str]] | None = None
         self._paused = 0.0
         self._last_tick = clock.monotonic()
-        # When this term began: monotonic (the grace runs on the wall clock) and effective (the silence of a
-        # node never heard from).
-        self._since = clock.monotonic()
-        self._since_eff = self._eff(self._since)
-        # When a node was last heard from for the first time this term (monotonic): the grace lasts while
-        # agents keep arriving.
-        self._last_arrival = self._since
+        # This term's grace (when it began, on the monotonic clock, and how long it lasts), and when it began
+        # on the effective clock (the silence of a node never heard from).
+        self._term = Grace(timeout_s if grace_s is None else grace_s, timeout_s, clock.monotonic())
+        self._since_eff = self._eff(self._term.since)
         # What each agent last said it runs: {(job_id, attempt)}.
         self._running: dict[str, frozenset[tuple[str, int]]] = {}
         self._running_at: dict[str, float] = {}
@@ -115,8 +116,7 @@ class NodeLiveness:
         self._running_at.clear()
         now = self._clock.monotonic()
         self._last_tick = now
-        self._since = now
-        self._last_arrival = now
+        self._term.begin(now)
         self._since_eff = self._eff(now)
 
     # -- pauses of this process -----------------------------------------------------------------------
@@ -195,7 +195,7 @@ class NodeLiveness:
         """A proof of life at effective time `at`."""
         if node_id not in self._last:
             self._membership += 1
-            self._last_arrival = self._clock.monotonic()
+            self._term.arrived(self._clock.monotonic())
         self._last[node_id] = at
         self._rearm(node_id)
 
@@ -214,6 +214,7 @@ class NodeLiveness:
         self._open[node_id] = self._open.get(node_id, 0) + 1
         if pulsed:
             self._pulsed[node_id] = self._pulsed.get(node_id, 0) + 1
+        self._term.found.discard(node_id)  # a stream's end is the grace's evidence from now on
         if node_id in self._ended:
             self._ended.discard(node_id)
             self._membership += 1
@@ -248,7 +249,8 @@ class NodeLiveness:
 
     def pulsing(self, node_id: str) -> None:
         """A node that holds no stream (the connectionless path) opened a pulse session: a proof of life now,
-        and whatever ended before is over."""
+        whatever ended before is over, and it has found this leader (grace.py)."""
+        self._term.found.add(node_id)
         if node_id in self._ended:
             self._ended.discard(node_id)
             self._membership += 1
@@ -275,6 +277,7 @@ class NodeLiveness:
         self._deadline.pop(node_id, None)
         self._expired.discard(node_id)
         self._ended.discard(node_id)
+        self._term.found.discard(node_id)
         self._membership += 1
         self._running.pop(node_id, None)
         self._running_at.pop(node_id, None)
@@ -308,27 +311,24 @@ class NodeLiveness:
     def alive(self, node_ids: Iterable[str]) -> frozenset[str]:
         """The nodes of `node_ids` alive now. Asked again with the same read-only mapping (the snapshot's
         nodes, unchanged) while no node expired, came back or was first heard from, it answers the same set
-        object without walking the fleet."""
+        object without walking the fleet (during the grace, only while no node that found this leader is
+        silent: whether the grace loses such a node changes with time alone)."""
         mono = self._clock.monotonic()
-        self._advance(self._eff(mono))
-        graced = self._grace_left(mono) <= 0
+        now = self._eff(mono)
+        self._advance(now)
+        graced = self._term.left_s(mono) <= 0
+        silent = set() if graced else self._term.silent(self._expired, self._ended)
         memo = self._alive_memo
         if (memo is not None and memo[0] is node_ids and memo[1] == self._membership and memo[2] == graced
-                and isinstance(node_ids, MappingProxyType)):
+                and not silent and isinstance(node_ids, MappingProxyType)):
             return memo[3]
         ids = frozenset(node_ids)
         if graced:
             out = ids.difference(self._expired).intersection(self._last)
         else:
-            out = ids.difference(self._expired.intersection(self._ended))
+            out = ids.difference(self._expired.intersection(self._ended), self._term.lost(silent, self._last, now))
         self._alive_memo = (node_ids, self._membership, graced, out)
         return out
-
-    def _grace_left(self, mono: float) -> float:
-        """Seconds until this term's grace ends (0 or less: it has): `grace_s` after the term began, later
-        while agents keep arriving (the last first contact plus the timeout), never past MAX_GRACE_S."""
-        ends = min(max(self._grace, MAX_GRACE_S), max(self._grace, self._last_arrival - self._since + self._timeout))
-        return ends - (mono - self._since)
 
     def next_expiry(self, node_ids: Iterable[str]) -> float | None:
         """Seconds until the first node now alive would be lost if it stays silent (None: none would); the
@@ -340,10 +340,14 @@ class NodeLiveness:
         while heap and self._deadline.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)
         waits = [heap[0][0] - now] if heap else []
-        in_grace = self._grace_left(self._clock.monotonic())
+        in_grace = self._term.left_s(self._clock.monotonic())
         # The grace's end loses the nodes never heard from, and those silent past their timeout whose stream
-        # did not end (kept alive only by the grace).
+        # did not end (kept alive only by the grace); before it ends, it loses the nodes that found this leader
+        # and stayed silent (grace.py).
         if in_grace >= 0 and (not self._expired.issubset(self._ended)
                               or not frozenset(node_ids).issubset(self._last)):
             waits.append(in_grace)
+            confirm = self._term.next_loss_s(self._term.silent(self._expired, self._ended), self._last, now)
+            if confirm is not None:
+                waits.append(confirm)
         return min(waits) if waits else None

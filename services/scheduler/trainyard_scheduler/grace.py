@@ -1,0 +1,106 @@
+"""A new leader's grace (liveness.py): how long it lasts, and which silent nodes it loses before it ends.
+
+A new leader has heard from nobody, and during a failover every agent looks for it at once, so it keeps every
+registered node alive for a while (`left_s`). That protects live nodes from the storm, but it also kept a node
+whose host died during the failover alive until the grace ended, up to MAX_GRACE_S later.
+
+A node on the connectionless path (no stream whose end would tell of a crash) that opened a pulse session
+with this leader has found it: its silence since says what it says after the grace, with one exception.
+Silence that many such nodes share at once during the grace is taken as the storm's doing (one process
+driving many agents starved, a congested switch, a saturated collector), not as that many hosts dying in
+the same second. The same reasoning is behind Kubernetes' node controller, which stops evicting in a zone
+where most nodes went unhealthy together. So during the grace such a node is lost when:
+
+- it has been silent for its timeout plus CONFIRM_S (by then every node that went silent in the same
+  moment has passed its timeout too, since they all pulse once per PULSE_INTERVAL_S), and
+- at that moment at most `shared_limit` of the nodes that found this leader are silent past their timeout:
+  SHARED_SILENCE_MIN, or SHARED_SILENCE_SHARE of those nodes when that is more.
+
+Nodes held back by a shared silence are lost when the grace ends if they are still silent, as before. When
+most of them come back, those still silent no longer share their silence with many, so they are lost then.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Set
+
+from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
+
+# The longest a new leader's grace lasts while agents keep registering.
+MAX_GRACE_S = 60.0
+# How much longer than its timeout a node that found the new leader must be silent to be lost in the grace.
+CONFIRM_S = 1.5 * PULSE_INTERVAL_S
+# At most this many nodes (or this share of the nodes that found the leader, if that is more) may be silent
+# past their timeout together for those nodes to be lost during the grace.
+SHARED_SILENCE_MIN = 3
+SHARED_SILENCE_SHARE = 0.01
+
+log = logging.getLogger(__name__)
+
+
+class Grace:
+    """One term's grace. Times are monotonic (`since`, arrivals: the grace runs on the wall clock) except where
+    named effective (the liveness clock, which stops while this process is paused)."""
+
+    def __init__(self, grace_s: float, timeout_s: float, now: float) -> None:
+        self._grace = max(grace_s, timeout_s)
+        self._timeout = timeout_s
+        self.since = now
+        self._last_arrival = now
+        # Nodes without a stream that opened a pulse session with this leader in this term.
+        self.found: set[str] = set()
+        # The largest shared silence held back this term (logged when it grows past the last one logged).
+        self._held = 0
+
+    def begin(self, now: float) -> None:
+        """A new term."""
+        self.since = now
+        self._last_arrival = now
+        self.found.clear()
+        self._held = 0
+
+    def arrived(self, now: float) -> None:
+        """A node was heard from for the first time this term: the grace lasts while agents keep arriving."""
+        self._last_arrival = now
+
+    def left_s(self, now: float) -> float:
+        """Seconds until the grace ends (0 or less: it has): `grace_s` after the term began, later while agents
+        keep arriving (the last first contact plus the timeout), never past MAX_GRACE_S."""
+        ends = min(max(self._grace, MAX_GRACE_S),
+                   max(self._grace, self._last_arrival - self.since + self._timeout))
+        return ends - (now - self.since)
+
+    def shared_limit(self) -> int:
+        return max(SHARED_SILENCE_MIN, math.ceil(SHARED_SILENCE_SHARE * len(self.found)))
+
+    def silent(self, expired: Set[str], ended: Set[str]) -> set[str]:
+        """The nodes that found this leader and are silent past their timeout (`expired`), other than those
+        whose stream ended (`ended`: lost on that evidence already)."""
+        found = self.found
+        return {n for n in expired if n in found and n not in ended}
+
+    def lost(self, silent: set[str], last: Mapping[str, float], now_eff: float) -> set[str]:
+        """Which of `silent` (see `silent`) the grace loses now: those silent CONFIRM_S past their timeout,
+        unless more than `shared_limit` are silent together. `last`: each node's last proof of life
+        (effective time)."""
+        if not silent:
+            return set()
+        if len(silent) > self.shared_limit():
+            if len(silent) > 2 * self._held:
+                self._held = len(silent)
+                log.warning("nodes silent together during the new leader's grace: kept until it ends",
+                            extra={"silent_nodes": len(silent), "shared_limit": self.shared_limit(),
+                                   "found_leader": len(self.found), "example_nodes": sorted(silent)[:5]})
+            return set()
+        after = self._timeout + CONFIRM_S
+        return {n for n in silent if now_eff - last[n] >= after}
+
+    def next_loss_s(self, silent: set[str], last: Mapping[str, float], now_eff: float) -> float | None:
+        """Seconds until the next of `silent` would be lost by `lost` (None: none would, as things stand)."""
+        if not silent or len(silent) > self.shared_limit():
+            return None
+        after = self._timeout + CONFIRM_S
+        waits = [wait for n in silent if (wait := last[n] + after - now_eff) > 0]
+        return min(waits) if waits else None
