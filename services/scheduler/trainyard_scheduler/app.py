@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import socket
@@ -58,6 +59,8 @@ from .usage_report import UsageReader
 from .worker_credentials import WorkerCredentials
 
 log = logging.getLogger(__name__)
+# Ports tried with listen_port 0 until one is free over UDP too (see `_start`).
+PORT_TRIES = 5
 
 
 class SchedulerApp:
@@ -100,6 +103,15 @@ class SchedulerApp:
         self.history = History(settings.history()) if settings.history() else None
 
     async def start(self) -> None:
+        """Serve; a start that fails part way leaves nothing running (its own connections, watch and server
+        are closed before the error goes up)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
         if isinstance(self.store, EtcdStore):
             await check_access(self.store, s.etcd_prefix)  # a wrong etcd credential stops the start here
@@ -158,12 +170,25 @@ class SchedulerApp:
         names.append(policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name)
         names.append(usage_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name)
         names.append(audit_pb2.DESCRIPTOR.services_by_name["AuditService"].full_name)
-        self._server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
-                                               service_names=names, tls=s.tls, audit=self.audit,
-                                               audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
-        self.grpc_port = self._server.port
-        # Liveness pulses come to the same port number, over UDP (pulses.py).
-        self._pulse_endpoint = await pulses.start_endpoint(s.listen_host, self.grpc_port, self.pulses)
+        # Liveness pulses come to the gRPC port's number, over UDP (pulses.py). With listen_port 0 the gRPC
+        # server takes any free TCP port, whose number may be taken over UDP (agents' pulses leave from
+        # ephemeral UDP ports): then another port is taken. A configured port whose UDP twin is taken fails
+        # the start, naming it. Either way no server is left listening behind a failed start.
+        for tries_left in reversed(range(PORT_TRIES if s.listen_port == 0 else 1)):
+            server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
+                                             service_names=names, tls=s.tls, audit=self.audit,
+                                             audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
+            try:
+                self._pulse_endpoint = await pulses.start_endpoint(s.listen_host, server.port, self.pulses)
+            except OSError as exc:
+                await server.stop(grace=0)
+                if tries_left and isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EADDRINUSE:
+                    log.info("UDP port %d is taken: listening on another port", server.port)
+                    continue
+                raise
+            break
+        self._server = server
+        self.grpc_port = server.port
         host = s.listen_host if s.listen_host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         identity = s.advertise_address or f"{host}:{self.grpc_port}"
         self.leadership.identity = identity
