@@ -157,3 +157,27 @@ def test_settings_come_from_the_environment_and_name_what_is_missing() -> None:
     with pytest.raises(ConfigError, match="TRAINYARD_ATTEMPT='x' is not an integer"):
         ClientSettings.from_env({**env, "TRAINYARD_ATTEMPT": "x"})
     assert issubclass(ConfigError, Exception)
+
+
+def test_the_jobs_trace_comes_from_the_environment_and_a_malformed_one_is_dropped_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import grpc
+
+    from trainyard_checkpoint.client.service import open_channel
+    env = {"TRAINYARD_CHECKPOINT_STORE": "127.0.0.1:1", "TRAINYARD_JOB_ID": "job-a",
+           "TRAINYARD_CHECKPOINT_PLAINTEXT": "1"}
+    traceparent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    assert ClientSettings.from_env({**env, "TRAINYARD_TRACEPARENT": traceparent}).traceparent == traceparent
+    assert ClientSettings.from_env(env).traceparent == ""
+    plain = open_channel("127.0.0.1:1", None, True)
+    traced = open_channel("127.0.0.1:1", None, True, traceparent)
+    with caplog.at_level("WARNING"):
+        bad = open_channel("127.0.0.1:1", None, True, "not-a-traceparent")
+    assert "TRAINYARD_TRACEPARENT is not a W3C traceparent" in caplog.text
+    try:
+        assert type(traced) is not type(plain), "the trace goes through an interceptor on the channel"
+        assert type(bad) is type(plain)
+        assert isinstance(traced, grpc.Channel)
+    finally:
+        for channel in (plain, traced, bad):
+            channel.close()

@@ -1,7 +1,7 @@
 """One job submission is one trace across the local cluster's real processes (mTLS on, as in production): the
 gateway's HTTP span, the scheduler's SubmitJob, the later cycle's decision, commit and launch of the gang, the
 agent's LaunchWorkers and launch; and the trace id is on the services' log lines about the job. A checkpoint
-read is one trace from the gateway to the checkpoint-store.
+read is one trace from the gateway to the checkpoint-store, and a job's checkpoint saves join its trace.
 
 Each service appends its spans to a file of its own (the trace_exporter setting, LocalCluster's trace_dir);
 the test assembles them by trace id, and reads the services' JSON log lines from their log files."""
@@ -13,6 +13,7 @@ import secrets
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ pytestmark = pytest.mark.e2e
 SUBMIT = "/trainyard.scheduler.v1.JobService/SubmitJob"
 LAUNCH = "/trainyard.agent.v1.AgentService/LaunchWorkers"
 CHECKPOINTS = "/trainyard.checkpoint.v1.CheckpointService/ListCheckpoints"
+BEGIN = "/trainyard.checkpoint.v1.CheckpointService/BeginCheckpoint"
+COMMIT = "/trainyard.checkpoint.v1.CheckpointService/CommitCheckpoint"
 
 Span = dict[str, Any]
 
@@ -180,3 +183,24 @@ def test_a_checkpoint_read_is_one_trace_from_the_gateway_to_the_checkpoint_store
     assert http in _ancestors(spans, listed)
     api.wait(job["id"], {"succeeded"})
 
+
+
+def test_a_jobs_checkpoint_saves_join_its_trace(cluster: LocalCluster, api: Api) -> None:
+    """The worker's checkpoint client sends the job's trace (TRAINYARD_TRACEPARENT, set at launch) with its
+    calls: the checkpoint-store's spans of the save are in the trace the submit began, under the submit."""
+    _, traceparent = _caller()
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_with_checkpoints.py"
+    reply = api.http.post("/v1/jobs", headers={"traceparent": traceparent},
+                          json={"name": "traced-save", "command": [sys.executable, str(example), "--steps", "2",
+                                                                   "--every", "2", "--sync"],
+                                "resources": {"nodes": 1, "gpus_per_node": 1}})
+    assert reply.status_code == 201, reply.text
+    job_id = reply.json()["id"]
+    done = api.wait(job_id, {"succeeded", "failed"}, timeout=120)
+    assert done["state"] == "succeeded", done["message"]
+    spans = _trace(cluster, traceparent, [("gateway", "POST /v1/jobs"), ("scheduler", SUBMIT),
+                                       ("checkpoint-store", BEGIN), ("checkpoint-store", COMMIT)])
+    [submit] = _named(spans, "scheduler", SUBMIT)
+    for name in (BEGIN, COMMIT):
+        [served] = _named(spans, "checkpoint-store", name)
+        assert _parent(spans, served) is submit, name

@@ -67,6 +67,10 @@ def node_launches(job: Job, alloc: Allocation, checkpoint_store: str = "") -> li
             "TRAINYARD_NNODES": str(len(alloc.assignments)),
             **checkpoint_env(job, checkpoint_store),
         })
+        if job.trace_parent:
+            # The submit's trace (W3C traceparent): the checkpoint client sends it with every call, so the
+            # checkpoint-store's spans of the job's saves and loads join the job's trace; user code may too.
+            env["TRAINYARD_TRACEPARENT"] = job.trace_parent
         if a.gpu_indices:
             workers = tuple(WorkerPlan(rank=r, local_rank=i, gpu_indices=(g,))
                             for i, (r, g) in enumerate(zip(a.ranks, a.gpu_indices, strict=True)))

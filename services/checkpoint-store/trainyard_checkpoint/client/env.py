@@ -82,6 +82,8 @@ class ClientSettings:
     # mTLS with the job's credential, or plaintext when said explicitly; exactly one.
     tls: WorkerTls | None = None
     insecure_plaintext: bool = False
+    # The job's trace (W3C traceparent, TRAINYARD_TRACEPARENT): sent with every call to the checkpoint-store.
+    traceparent: str = ""
 
     def __post_init__(self) -> None:
         if ":" not in self.store_address:
@@ -134,4 +136,5 @@ class ClientSettings:
             kill=parse_kill_at(env.get("TRAINYARD_TEST_KILL_AT", ""), env.get("TRAINYARD_TEST_KILL_TRACE", "")),
             tls=tls,
             insecure_plaintext=plaintext,
+            traceparent=env.get("TRAINYARD_TRACEPARENT", "").strip(),
         )

@@ -13,17 +13,19 @@ not at once, so a call still running on it (another thread's) ends normally.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from trainyard.checkpoint.v1 import checkpoint_pb2 as pb
 from trainyard.checkpoint.v1 import checkpoint_pb2_grpc as pb_grpc
+from trainyard_core import telemetry
 from trainyard_core.rpc.server import CHANNEL_OPTIONS
 from trainyard_core.security import identity
 from trainyard_core.security.tls import target_name_option
@@ -82,19 +84,56 @@ def _info(msg: pb.Checkpoint) -> CheckpointInfo:
         total_bytes=msg.total_bytes, manifest_path=msg.manifest_path)
 
 
-def open_channel(address: str, tls: WorkerTls | None, insecure_plaintext: bool) -> grpc.Channel:
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                          "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):  # type: ignore[misc]
+    pass
+
+
+class _TraceParent(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Every call carries the job's trace context (W3C `traceparent` metadata), so the checkpoint-store's spans
+    of this worker's calls join the trace of the job's submit."""
+
+    def __init__(self, traceparent: str) -> None:
+        self._metadata = (("traceparent", traceparent),)
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        return _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self._metadata),
+                            details.credentials, details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                              request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                               request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+
+def open_channel(address: str, tls: WorkerTls | None, insecure_plaintext: bool,
+                 traceparent: str = "") -> grpc.Channel:
     """mTLS with the job's credential, accepting only a server whose certificate names
-    `trainyard://checkpoint-store` (whatever address it was reached at); plaintext only when asked for."""
+    `trainyard://checkpoint-store` (whatever address it was reached at); plaintext only when asked for.
+    `traceparent`: the job's trace, sent with every call (ignored, with a warning, when it is not a W3C
+    traceparent)."""
     if tls is not None:
         creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key,
                                              certificate_chain=tls.cert_chain)
-        return grpc.secure_channel(address, creds,
-                                   options=[*CHANNEL_OPTIONS, target_name_option(identity.CHECKPOINT_STORE)])
-    if not insecure_plaintext:
+        channel = grpc.secure_channel(address, creds,
+                                      options=[*CHANNEL_OPTIONS, target_name_option(identity.CHECKPOINT_STORE)])
+    elif not insecure_plaintext:
         raise ConfigError("the checkpoint client needs a credential or insecure_plaintext")
-    log.warning("checkpoint-store at %s reached over plaintext, without a credential (insecure_plaintext)",
-                address)
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        log.warning("checkpoint-store at %s reached over plaintext, without a credential (insecure_plaintext)",
+                    address)
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if not traceparent:
+        return channel
+    if not telemetry.trace_id_of(traceparent):
+        log.warning("TRAINYARD_TRACEPARENT is not a W3C traceparent; checkpoint calls go without the job's trace",
+                    extra={"traceparent": traceparent[:80]})
+        return channel
+    return grpc.intercept_channel(channel, _TraceParent(traceparent))
 
 
 class ServiceClient:
@@ -103,13 +142,14 @@ class ServiceClient:
 
     def __init__(self, address: str, *, tls: WorkerTls | None = None, insecure_plaintext: bool = False,
                  timeout_s: float = 60.0, retry_for_s: float = 30.0,
-                 check_every_s: float = CredentialSource.CHECK_EVERY_S) -> None:
+                 check_every_s: float = CredentialSource.CHECK_EVERY_S, traceparent: str = "") -> None:
         self.address = address
+        self._traceparent = traceparent
         self._timeout_s = timeout_s
         self._retry_for_s = retry_for_s
         self._source = CredentialSource(tls, check_every_s=check_every_s) if tls is not None else None
         self._lock = threading.Lock()
-        self._channel = open_channel(address, tls, insecure_plaintext)
+        self._channel = open_channel(address, tls, insecure_plaintext, traceparent)
         self._retired: grpc.Channel | None = None
         self._current_stub = pb_grpc.CheckpointServiceStub(self._channel)
         self.channels_built = 1  # one more for each renewed credential taken
@@ -117,7 +157,7 @@ class ServiceClient:
     @classmethod
     def for_settings(cls, settings: ClientSettings) -> ServiceClient:
         return cls(settings.store_address, tls=settings.tls, insecure_plaintext=settings.insecure_plaintext,
-                   timeout_s=settings.rpc_timeout_s)
+                   timeout_s=settings.rpc_timeout_s, traceparent=settings.traceparent)
 
     def close(self) -> None:
         with self._lock:
@@ -140,7 +180,7 @@ class ServiceClient:
             if self._retired is not None:
                 self._retired.close()
             self._retired = self._channel
-            self._channel = open_channel(self.address, source.current, False)
+            self._channel = open_channel(self.address, source.current, False, self._traceparent)
             self._current_stub = pb_grpc.CheckpointServiceStub(self._channel)
             self.channels_built += 1
         return True
