@@ -136,6 +136,15 @@ def test_an_xid_turns_the_gpu_unhealthy_on_the_node_page(api: Api, cluster: Loca
     row = page.get_by_test_id("gpu-table").locator(f'tr[data-gpu="{node}/{gpu}"]')
     expect(row).to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
     expect(page.get_by_test_id("chart-utilization_percent")).to_be_visible(timeout=WAIT_MS)
+    for field in ("memory_used_mb", "temperature_c", "power_w"):
+        expect(page.get_by_test_id(f"chart-{field}")).to_be_visible()
+    # The node's GPUs drawn in their NVLink islands on the topology.
+    gpus = api.http.get(f"/v1/nodes/{node}").json()["gpus"]
+    # One box per NVLink island, and one per GPU outside any (island -1: PCIe only).
+    islands = {g["nvlink_island"] if g["nvlink_island"] >= 0 else f"pcie-{g['index']}" for g in gpus}
+    topology = page.locator(f'.topo-node[data-node="{node}"]')
+    expect(topology.locator(".topo-island .topo-gpu")).to_have_count(len(gpus))
+    expect(topology.locator(".topo-island")).to_have_count(len(islands))
     try:
         _inject_xid(cluster, node, gpu, 79)
         expect(row).to_have_attribute("data-health", "unhealthy", timeout=WAIT_MS)
@@ -201,8 +210,14 @@ def test_queues_show_why_jobs_wait_and_usage_charts_and_exports(api: Api, cluste
     blocked = _submit(api, "no-room", _counting(1), gpus_per_node=4, accelerator=H100)
     held = _submit(api, "held-back", _counting(1), gpus_per_node=2, accelerator=H100)
     assert api.http.post(f"/v1/jobs/{held['id']}:hold", json={"reason": "console test"}).status_code == 200
+    quota = api.http.put("/v1/quotas/admin", json={"limits": {"*": {"nominal": 64, "borrow_limit": 0}}})
+    assert quota.status_code in (200, 201), quota.text
     try:
         page = tab.login(cluster.token, "/queues")
+        # The quota with what the team holds now: the filler's 16 GPUs, none borrowed.
+        quota_row = page.get_by_test_id("quota-table").locator('tr[data-team="admin"][data-key="*"]')
+        expect(quota_row).to_contain_text("64", timeout=WAIT_MS)
+        expect(quota_row.locator("td").nth(5)).to_have_text("16", timeout=WAIT_MS)
         pending = page.get_by_test_id("pending-table")
         row = pending.locator(f'tr[data-job="{blocked["id"]}"]')
         expect(row).to_be_visible(timeout=WAIT_MS)
@@ -226,6 +241,7 @@ def test_queues_show_why_jobs_wait_and_usage_charts_and_exports(api: Api, cluste
         assert any(",admin," in r for r in rows)
         screens.shoot(page, "usage")
     finally:
+        api.http.delete("/v1/quotas/admin")
         for job in (blocked, held, filler):
             api.http.post(f"/v1/jobs/{job['id']}:cancel")
 
