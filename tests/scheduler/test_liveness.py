@@ -186,10 +186,18 @@ class _Plain:
         # timeout plus CONFIRM_S (three nodes never make a silence shared by more than SHARED_SILENCE_MIN).
         self.found: set[str] = set()
 
+    def in_grace(self, mono: float) -> bool:
+        return mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout))
+
+    def arrived(self, mono: float) -> None:
+        """A first contact this term holds the grace open while it lasts; once ended, it stays ended."""
+        if self.in_grace(mono):
+            self.arrival = mono
+
     def alive(self, nodes: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
         """The nodes alive, and those too close to their deadline for two float sums to agree on."""
         out, close = set(), set()
-        in_grace = self.mono < min(max(self.grace, MAX_GRACE_S), max(self.grace, self.arrival + self.timeout))
+        in_grace = self.in_grace(self.mono)
         for n in nodes:
             if n not in self.last or (in_grace and n not in self.ended):
                 if not in_grace:
@@ -244,7 +252,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
             elif op == "seen":
                 live.seen(node)
                 if node not in plain.last:
-                    plain.arrival = clock.monotonic() - start
+                    plain.arrived(clock.monotonic() - start)
                 plain.last[node] = plain.eff
             elif op in ("open", "open_p"):
                 pulsed = op == "open_p"
@@ -253,7 +261,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 if pulsed:
                     plain.pulsed[node] = plain.pulsed.get(node, 0) + 1
                 if node not in plain.last:
-                    plain.arrival = clock.monotonic() - start
+                    plain.arrived(clock.monotonic() - start)
                 plain.ended.discard(node)
                 plain.found.discard(node)
                 plain.last[node] = plain.eff
@@ -262,7 +270,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                     continue  # not a call the servicer makes for a node that holds a stream
                 live.pulsing(node)
                 if node not in plain.last:
-                    plain.arrival = clock.monotonic() - start
+                    plain.arrived(clock.monotonic() - start)
                 plain.ended.discard(node)
                 plain.found.add(node)
                 plain.last[node] = plain.eff
@@ -404,3 +412,35 @@ def test_in_the_grace_a_silence_many_nodes_share_waits_for_the_grace_to_end(
     assert live.alive(fleet) == set(fleet) - set(stalled[:2]), "two still silent, with few: lost now"
     ticking(clock, live, 30.0, beats=fleet[2:])
     assert live.alive(fleet) == set(fleet[2:]), "after the grace, as before"
+
+
+def test_a_node_the_grace_lost_stays_lost_when_a_shared_silence_begins_after_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """n-000 dies and is lost in the grace; then a quarter of the fleet falls silent together (held as the
+    storm's). n-000 must not read alive again for that: it stays lost until it is heard from."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=40.0)
+    live.reset()
+    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    for n in fleet:
+        live.pulsing(n)
+    ticking(clock, live, 1.0, beats=fleet)
+    ticking(clock, live, 4.1, beats=fleet[1:])
+    assert live.alive(fleet) == set(fleet[1:]), "n-000 lost 4 s after its last beat"
+    ticking(clock, live, 4.0, beats=fleet[101:])      # n-001..n-100 stall together
+    with caplog.at_level(logging.WARNING, logger="trainyard_scheduler.grace"):
+        assert live.alive(fleet) == set(fleet[1:]), "100 silent together are held; n-000 stays lost"
+    live.pulsing("n-000")
+    assert live.alive(fleet) == set(fleet), "n-000 heard from again"
+    assert any(r.name == "trainyard_scheduler.grace" for r in caplog.records)
+
+
+def test_a_grace_that_ended_does_not_open_again_for_a_late_first_arrival() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    live.reset()
+    live.seen("n-a")
+    ticking(clock, live, 8.0)                 # the grace ended at 5 s; n-a has been silent for 8 s
+    assert live.alive(NODES) == frozenset()
+    live.seen("n-b")                          # a node heard for the first time in this term, after the grace
+    assert live.alive(NODES) == {"n-b"}, "n-a stays lost: the grace is over for good"

@@ -17,7 +17,11 @@ where most nodes went unhealthy together. So during the grace such a node is los
   SHARED_SILENCE_MIN, or SHARED_SILENCE_SHARE of those nodes when that is more.
 
 Nodes held back by a shared silence are lost when the grace ends if they are still silent, as before. When
-most of them come back, those still silent no longer share their silence with many, so they are lost then.
+most of them come back, those still silent no longer share their silence with many, so they are lost then. A
+node the grace has lost stays lost until it is heard from again, whatever silence begins after it.
+
+The grace lasts while agents keep arriving; once it has ended, a late first arrival does not open it again
+(nodes already lost would otherwise read alive for another timeout).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Grace:
         self.found: set[str] = set()
         # The largest shared silence held back this term (logged when it grows past the last one logged).
         self._held = 0
+        # Nodes this grace has lost that have stayed silent since.
+        self._lost: set[str] = set()
 
     def begin(self, now: float) -> None:
         """A new term."""
@@ -60,10 +66,13 @@ class Grace:
         self._last_arrival = now
         self.found.clear()
         self._held = 0
+        self._lost.clear()
 
     def arrived(self, now: float) -> None:
-        """A node was heard from for the first time this term: the grace lasts while agents keep arriving."""
-        self._last_arrival = now
+        """A node was heard from for the first time this term: the grace lasts while agents keep arriving (not
+        once it has ended)."""
+        if self.left_s(now) > 0:
+            self._last_arrival = now
 
     def left_s(self, now: float) -> float:
         """Seconds until the grace ends (0 or less: it has): `grace_s` after the term began, later while agents
@@ -85,6 +94,7 @@ class Grace:
         """Which of `silent` (see `silent`) the grace loses now: those silent CONFIRM_S past their timeout,
         unless more than `shared_limit` are silent together. `last`: each node's last proof of life
         (effective time)."""
+        self._lost &= silent  # those heard from again are no longer lost
         if not silent:
             return set()
         if len(silent) > self.shared_limit():
@@ -93,9 +103,10 @@ class Grace:
                 log.warning("nodes silent together during the new leader's grace: kept until it ends",
                             extra={"silent_nodes": len(silent), "shared_limit": self.shared_limit(),
                                    "found_leader": len(self.found), "example_nodes": sorted(silent)[:5]})
-            return set()
+            return set(self._lost)
         after = self._timeout + CONFIRM_S
-        return {n for n in silent if now_eff - last[n] >= after}
+        self._lost.update(n for n in silent if now_eff - last[n] >= after)
+        return set(self._lost)
 
     def next_loss_s(self, silent: set[str], last: Mapping[str, float], now_eff: float) -> float | None:
         """Seconds until the next of `silent` would be lost by `lost` (None: none would, as things stand)."""
