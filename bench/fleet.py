@@ -25,7 +25,8 @@ A run, in order:
 6. a last census, and every job's outcome;
 7. failovers: the scheduler SIGKILLed and started again `failovers` times (a new term: every agent registers
    again at once), a census every half second until every live node is ready again and the new leader's grace
-   plus a node timeout have passed.
+   plus a node timeout have passed. In the first, `stop_per_round` more nodes (a process of their own) are
+   crashed once the new leader has heard each of them: hosts that die during the new leader's grace.
 
 Figures:
 - `scheduler_cpu_us_per_node_s`: the scheduler process's CPU time (`_swarm.cpu_s`) over the steady windows,
@@ -41,7 +42,10 @@ Figures:
 - `detect_s_p99` (and p50, per way): stop → the first GetNode answer that says NOT_READY (resolution 50 ms;
   a node never seen not ready within `detect_timeout_s` counts as infinitely late). Target <= 3.
 - `failover_false_deaths`: live nodes a census read not ready after a failover (target 0), and
-  `failover_all_ready_s`, the kill to every live node ready again.
+  `failover_all_ready_s`, the kill to every live node ready again. `failover_crash_detect_s_max`: the nodes
+  crashed in the new leader's grace, crash → NOT_READY (the grace loses a node that found the new leader and
+  went silent unless many went silent with it: services/scheduler/trainyard_scheduler/grace.py), and
+  `failover_crash_at_s`, when they crashed (seconds after the scheduler was killed). No target.
 - `leader_rss_mb_extrapolated_10k`: the leader's RSS at N/2 and N nodes, extrapolated linearly to 10,000
   (EXTRAPOLATED, not measured, unless N is 10,000). Target <= 1,000. Each is read once the nodes that came
   up last have dropped their idle connections (AGENT_IDLE_S after they are ready), as in a fleet's steady
@@ -61,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -79,6 +84,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_cli.local import LocalCluster, tail
 from trainyard_core.contract import JobState
 from trainyard_core.rpc.liveness import AGENT_IDLE_S
+from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
 from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_scheduler.settings import SchedulerSettings
@@ -128,6 +134,7 @@ class Config:
     keepalive_window_s: float = 10.0
     failovers: int = 1             # the scheduler killed and started again (a new term): every agent at once
     failover_watch_s: float = 60.0
+    logs_to: str = ""              # a directory to copy the run's logs to (BENCH_FLEET_LOGS_TO); "": not kept
 
 
 TINY = Config(nodes=20, workers=1, steady_s=6.0, window_s=3.0, idle_s=1.0, quiet_s=2.0, settle_s=1.0, ramp_per_s=50.0,
@@ -144,6 +151,9 @@ class Plan:
     crash: tuple[tuple[tuple[str, int], ...], ...]    # one process per round
     silent: tuple[tuple[str, int], ...]               # one process, every node behind its own proxy
     silent_rounds: tuple[tuple[str, ...], ...]
+    # One process crashed during the first failover, once the new leader has heard its nodes (not in `stopped`:
+    # until then they are live nodes like the regular ones, their false deaths counted).
+    failover_crash: tuple[tuple[str, int], ...] = ()
 
     @property
     def stopped(self) -> frozenset[str]:
@@ -155,20 +165,23 @@ def plan(config: Config) -> Plan:
     stops = config.stop_rounds * config.stop_per_round
     if config.workers < 1 or config.stop_rounds < 1 or config.stop_per_round < 1:
         raise ValueError("workers, stop_rounds and stop_per_round must be at least 1")
-    if config.nodes - 2 * stops < GANG_NODES:
-        raise ValueError(f"nodes={config.nodes}: need at least {GANG_NODES} nodes that never stop (for a gang) "
-                         f"besides the {2 * stops} stopped ones")
-    nodes = list(enumerate(node_ids(config.nodes)))
-    keep = [(n, i) for i, n in nodes[:config.nodes - 2 * stops]]
-    crash_nodes = [(n, i) for i, n in nodes[len(keep):len(keep) + stops]]
-    silent_nodes = [(n, i) for i, n in nodes[len(keep) + stops:]]
     per = config.stop_per_round
+    stopped = 2 * stops + (per if config.failovers else 0)
+    if config.nodes - stopped < GANG_NODES:
+        raise ValueError(f"nodes={config.nodes}: need at least {GANG_NODES} nodes that never stop (for a gang) "
+                         f"besides the {stopped} stopped ones")
+    nodes = list(enumerate(node_ids(config.nodes)))
+    keep = [(n, i) for i, n in nodes[:config.nodes - stopped]]
+    failover_nodes = [(n, i) for i, n in nodes[len(keep):config.nodes - 2 * stops]]
+    crash_nodes = [(n, i) for i, n in nodes[config.nodes - 2 * stops:config.nodes - stops]]
+    silent_nodes = [(n, i) for i, n in nodes[config.nodes - stops:]]
     return Plan(
         regular=tuple(tuple(keep[w::config.workers]) for w in range(config.workers)),
         crash=tuple(tuple(crash_nodes[r * per:(r + 1) * per]) for r in range(config.stop_rounds)),
         silent=tuple(silent_nodes),
         silent_rounds=tuple(tuple(n for n, _ in silent_nodes[r * per:(r + 1) * per])
-                            for r in range(config.stop_rounds)))
+                            for r in range(config.stop_rounds)),
+        failover_crash=tuple(failover_nodes))
 
 
 def scheduler_defaults() -> dict[str, Any]:
@@ -210,6 +223,10 @@ class Outcome:
     scheduler_unavailable: int = 0  # node-view reads answered UNAVAILABLE: moments without a leader
     failover_not_ready: dict[str, str] = field(default_factory=dict)  # live node → failover that lost it
     failover_all_ready_s: list[float] = field(default_factory=list)   # kill → every live node ready again
+    # The nodes crashed in the first failover once the new leader had heard them: crash → NOT_READY, and when
+    # the crash came (seconds after the scheduler was killed).
+    failover_detect_s: dict[str, float] = field(default_factory=dict)
+    failover_crash_at_s: float = math.nan
 
     @property
     def false_deaths(self) -> set[str]:
@@ -245,6 +262,11 @@ class SchedulerView:
     async def census(self) -> dict[str, int]:
         answer = await self._ask(lambda: self._stub.ListNodes(scheduler_pb2.ListNodesRequest(), timeout=120))
         return {n.node_id: n.state for n in answer.nodes}
+
+    async def heard(self, node_id: str) -> bool:
+        """Whether the leader of now has had a beat from the node in its term (its last_heartbeat is set)."""
+        answer = await self._ask(lambda: self._stub.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id), timeout=10))
+        return bool(answer.node.HasField("last_heartbeat"))
 
     async def seen_not_ready(self, node_id: str, since: float, timeout: float) -> float:
         """Seconds from `since` (monotonic) to the first answer that says NOT_READY; inf after `timeout`."""
@@ -423,6 +445,7 @@ class Fleet:
         self.pid = proc.pid
         self.swarms: list[Swarm] = []
         self.crash_swarms: list[Swarm] = []
+        self.failover_swarm: Swarm | None = None
         self.view: SchedulerView | None = None
         self._began = time.monotonic()
 
@@ -450,19 +473,25 @@ class Fleet:
         self.crash_swarms = [Swarm(self._spec(f"crash-{r}", nodes)) for r, nodes in enumerate(self.plan.crash)]
         self.swarms = [Swarm(self._spec(f"w{w}", nodes)) for w, nodes in enumerate(self.plan.regular)]
         self.swarms.append(Swarm(silent))
+        if self.plan.failover_crash:
+            self.failover_swarm = Swarm(self._spec("failover-crash", self.plan.failover_crash))
         try:
             await self._ramp()
             await self._steady_and_stops()
         finally:
             self.out.scheduler_unavailable = self.view.unavailable
             await self.view.close()
-            await asyncio.gather(*(s.close() for s in [*self.swarms, *self.crash_swarms]), return_exceptions=True)
+            await asyncio.gather(*(s.close() for s in [*self.swarms, *self._stop_swarms()]), return_exceptions=True)
         return self.out
+
+    def _stop_swarms(self) -> list[Swarm]:
+        """The processes whose nodes are stopped on purpose (each comes up whole in the ramp's first half)."""
+        return [*self.crash_swarms, *([self.failover_swarm] if self.failover_swarm is not None else [])]
 
     async def _ramp(self) -> None:
         c = self.config
         halves: list[list[tuple[Swarm, list[str]]]] = [[], []]
-        for s in [*self.crash_swarms, *self.swarms]:
+        for s in [*self._stop_swarms(), *self.swarms]:
             ids = [n for n, _ in s.spec.nodes]
             cut = len(ids) // 2 if s in self.swarms[:-1] else len(ids)  # stop candidates come up first
             halves[0].append((s, ids[:cut]))
@@ -594,13 +623,15 @@ class Fleet:
         c = self.config
         defaults = SchedulerSettings.model_fields
         settle = float(defaults["leader_grace_s"].default) + float(defaults["node_timeout_s"].default) + 2.0
-        live = [n for n in node_ids(c.nodes) if n not in self.out.stopped]
+        crashing = frozenset(n for n, _ in self.plan.failover_crash)
+        live = [n for n in node_ids(c.nodes) if n not in self.out.stopped and n not in crashing]
         for r in range(c.failovers):
             began = time.monotonic()
             await asyncio.to_thread(self.cluster.restart, "scheduler", kill=True)
             proc = self.cluster.procs["scheduler"].popen
             assert proc is not None
             self.pid = proc.pid
+            crash = asyncio.create_task(self._crash_in_grace(began)) if r == 0 and crashing else None
             all_ready = math.inf
             while time.monotonic() - began < c.failover_watch_s:
                 states = await self.view.census()
@@ -609,12 +640,34 @@ class Fleet:
                     self.out.failover_not_ready.setdefault(n, f"failover {r + 1}")
                 if not down and all_ready == math.inf:
                     all_ready = time.monotonic() - began
-                if all_ready < math.inf and time.monotonic() - began > settle:
+                if all_ready < math.inf and time.monotonic() - began > settle and (crash is None or crash.done()):
                     break
                 await asyncio.sleep(0.5)
+            if crash is not None:
+                await crash
             self.out.failover_all_ready_s.append(all_ready)
             self._say(f"failover {r + 1}: every live node ready again {all_ready:.1f}s after the kill, "
                       f"{len(self.out.failover_not_ready)} live node(s) seen not ready")
+
+    async def _crash_in_grace(self, began: float) -> None:
+        """The failover-crash process SIGKILLed once the new leader has heard each of its nodes (a beat opened
+        a pulse session with it), then each node's crash → NOT_READY: during the new leader's grace, where a
+        node that found the leader and went silent is lost unless many went silent with it (grace.py)."""
+        assert self.view is not None and self.failover_swarm is not None
+        view, timeout = self.view, self.config.failover_watch_s
+        nodes = [n for n, _ in self.failover_swarm.spec.nodes]
+        for _ in range(math.ceil(timeout / STATE_POLL_S)):
+            if all(await asyncio.gather(*map(view.heard, nodes))) or time.monotonic() - began > timeout:
+                break
+            await asyncio.sleep(STATE_POLL_S)
+        # Heard means registered; the agent's first beat, which opens its pulse session, follows at once.
+        await asyncio.sleep(2 * PULSE_INTERVAL_S)
+        crashed_at = self.failover_swarm.kill()
+        self.out.failover_crash_at_s = crashed_at - began
+        seen = await asyncio.gather(*(view.seen_not_ready(n, crashed_at, timeout) for n in nodes))
+        self.out.failover_detect_s.update(dict(zip(nodes, seen, strict=True)))
+        self._say(f"failover: {len(nodes)} node(s) crashed {crashed_at - began:.1f}s after the kill, once the new "
+                  f"leader had heard them; lost {max(seen):.1f}s after the crash at the latest")
 
     async def _stream_breaks(self) -> None:
         for s in self.swarms:
@@ -632,6 +685,8 @@ def run_fleet(config: Config) -> Outcome:
             return asyncio.run(Fleet(config, cluster).run())
         finally:
             cluster.stop()
+            if config.logs_to:  # the services' and the swarm's logs outlive the run's directory
+                shutil.copytree(cluster.workdir / "logs", config.logs_to, dirs_exist_ok=True)
 
 
 def _p(values: Sequence[float], q: float) -> float:
@@ -694,6 +749,8 @@ def figures(config: Config, out: Outcome) -> dict[str, float]:
         "scheduler_unavailable_reads": float(out.scheduler_unavailable),
         "failover_false_deaths": float(len(out.failover_not_ready)),
         "failover_all_ready_s": max(out.failover_all_ready_s, default=math.nan),
+        "failover_crash_at_s": out.failover_crash_at_s,
+        "failover_crash_detect_s_max": max(out.failover_detect_s.values(), default=math.nan),
     }
     return f
 
@@ -729,6 +786,10 @@ def _report(config: Config, out: Outcome, f: dict[str, float]) -> None:
           f"idle connection-second ({f['keepalive_floor_us_per_conn_s']:.3g} us, same run); over the steady "
           f"window the swarm used {f['swarm_cpu_percent']:.0f}% of a core and the whole machine was "
           f"{f['host_busy_percent']:.0f}% busy")
+    if out.failover_detect_s:
+        print(f"  in the failover's grace: {len(out.failover_detect_s)} node(s) crashed "
+              f"{f['failover_crash_at_s']:.1f}s after the scheduler was killed, once the new leader had heard "
+              f"them, were lost {f['failover_crash_detect_s_max']:.2f}s after the crash at the latest")
     for label, found in (("not ready in a census", out.not_ready), ("gang stopped for", out.lost_contact)):
         if found:
             print(f"  false deaths, {label}: {dict(list(found.items())[:5])}")

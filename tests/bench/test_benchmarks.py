@@ -56,7 +56,8 @@ FIGURES: dict[str, set[str]] = {
         "submit_to_admitted_p50_ms_64gpu", "submit_to_admitted_p99_ms_64gpu", "etcd_put_watch_p50_ms",
         "submit_to_admitted_1gpu_vs_floor", "submit_to_admitted_64gpu_vs_floor", "jobs_1gpu_sampled",
         "jobs_64gpu_sampled", "jobs_succeeded", "job_errors", "scheduler_unavailable_reads",
-        "failover_false_deaths", "failover_all_ready_s", "submit_p50_ms", "submit_p99_ms",
+        "failover_false_deaths", "failover_all_ready_s", "failover_crash_at_s", "failover_crash_detect_s_max",
+        "submit_p50_ms", "submit_p99_ms",
         "created_to_admitted_event_p50_ms_1gpu", "created_to_admitted_event_p50_ms_64gpu",
     },
     "gateway": {

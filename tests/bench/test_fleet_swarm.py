@@ -36,12 +36,15 @@ def test_the_plan_puts_every_node_in_one_place_and_stop_candidates_apart() -> No
     regular = [n for group in p.regular for n, _ in group]
     crash = [n for group in p.crash for n, _ in group]
     silent = [n for n, _ in p.silent]
-    everyone = regular + crash + silent
+    failover = [n for n, _ in p.failover_crash]
+    everyone = regular + crash + silent + failover
     assert len(everyone) == len(set(everyone)) == 40
     assert len(crash) == len(silent) == 6 and p.stopped == frozenset(crash + silent)
     assert [len(g) for g in p.crash] == [3, 3] and [len(r) for r in p.silent_rounds] == [3, 3]
     assert {n for r in p.silent_rounds for n in r} == set(silent)
-    assert sorted(len(g) for g in p.regular) == [9, 9, 10]
+    assert len(failover) == 3, "one round's worth, crashed in the first failover"
+    assert sorted(len(g) for g in p.regular) == [8, 8, 9]
+    assert fleet.plan(replace(config, failovers=0)).failover_crash == ()
 
 
 @pytest.mark.parametrize("changes", [{"nodes": 13, "stop_rounds": 1, "stop_per_round": 3},
@@ -157,3 +160,6 @@ def test_a_thousand_agents_on_one_leader_no_false_death_and_every_stop_seen() ->
     assert out.failover_all_ready_s[0] < SWARM.failover_watch_s, "every live node ready again after the failover"
     assert not out.failover_not_ready, \
         f"live nodes read not ready after the failover: {dict(list(out.failover_not_ready.items())[:10])}"
+    # The nodes crashed in the new leader's grace, once it had heard them, were all seen lost.
+    assert len(out.failover_detect_s) == SWARM.stop_per_round
+    assert all(s < SWARM.failover_watch_s for s in out.failover_detect_s.values()), out.failover_detect_s
