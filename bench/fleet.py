@@ -264,7 +264,8 @@ class SchedulerView:
         return {n.node_id: n.state for n in answer.nodes}
 
     async def heard(self, node_id: str) -> bool:
-        """Whether the leader of now has had a beat from the node in its term (its last_heartbeat is set)."""
+        """Whether the leader of now has heard from the node in its term: a registration or a beat (its
+        last_heartbeat is set)."""
         answer = await self._ask(lambda: self._stub.GetNode(scheduler_pb2.GetNodeRequest(node_id=node_id), timeout=10))
         return bool(answer.node.HasField("last_heartbeat"))
 
@@ -650,9 +651,10 @@ class Fleet:
                       f"{len(self.out.failover_not_ready)} live node(s) seen not ready")
 
     async def _crash_in_grace(self, began: float) -> None:
-        """The failover-crash process SIGKILLed once the new leader has heard each of its nodes (a beat opened
-        a pulse session with it), then each node's crash → NOT_READY: during the new leader's grace, where a
-        node that found the leader and went silent is lost unless many went silent with it (grace.py)."""
+        """The failover-crash process SIGKILLed once the new leader has heard each of its nodes (registered
+        with it; the beat that opens a pulse session follows), then each node's crash → NOT_READY: during the
+        new leader's grace, where a node that found the leader and went silent is lost unless many went silent
+        with it (grace.py)."""
         assert self.view is not None and self.failover_swarm is not None
         view, timeout = self.view, self.config.failover_watch_s
         nodes = [n for n, _ in self.failover_swarm.spec.nodes]
