@@ -23,6 +23,16 @@ S = TypeVar("S", bound=BaseSettings)
 log = logging.getLogger(__name__)
 
 
+async def start_or_undo(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[object]]) -> None:
+    """`start`, and when it fails part way, `stop` before the error goes up: a failed start leaves nothing
+    running (no server listening, no watch or connection open). `stop` must cope with a partial start."""
+    try:
+        await start()
+    except BaseException:
+        await stop()
+        raise
+
+
 def check_transport(settings: BaseSettings) -> str:
     """Why the service must not start with these TLS settings ("" when it may): plaintext only when asked
     for explicitly, and a certificate that loads and names this service's principal."""

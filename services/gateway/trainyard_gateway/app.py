@@ -36,6 +36,7 @@ from trainyard_core.contract import Role
 from trainyard_core.rpc.channels import OWN_CONNECTIONS, Channels
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.security import identity
+from trainyard_core.service import start_or_undo
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
@@ -162,11 +163,7 @@ class GatewayApp:
         self.app: FastAPI | None = None
 
     async def start(self) -> None:
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
+        await start_or_undo(self._start, self.stop)
 
     async def _start(self) -> None:
         s = self.settings

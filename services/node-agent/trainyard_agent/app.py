@@ -27,6 +27,7 @@ from trainyard_core.rpc import liveness
 from trainyard_core.rpc.server import CHANNEL_OPTIONS, GrpcServer, start_grpc_server
 from trainyard_core.security import identity
 from trainyard_core.security.tls import ClientTls, target_name_option
+from trainyard_core.service import start_or_undo
 
 from .gpu_history import GpuHistory
 from .grpc.servicer import SERVICE_NAME, AgentServicer
@@ -138,11 +139,7 @@ class AgentApp:
 
     async def start(self) -> None:
         with log_context(node_id=self.node_id):
-            try:
-                await self._start()
-            except BaseException:
-                await self.stop()
-                raise
+            await start_or_undo(self._start, self.stop)
 
     async def _start(self) -> None:
         s = self.settings

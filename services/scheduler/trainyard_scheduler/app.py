@@ -24,6 +24,7 @@ from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc import liveness as liveness_options
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
+from trainyard_core.service import start_or_undo
 from trainyard_core.store.api import KeyValue, Store
 from trainyard_core.store.election import LeaderElection
 from trainyard_core.store.etcd import EtcdStore
@@ -103,13 +104,8 @@ class SchedulerApp:
         self.history = History(settings.history()) if settings.history() else None
 
     async def start(self) -> None:
-        """Serve; a start that fails part way leaves nothing running (its own connections, watch and server
-        are closed before the error goes up)."""
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
+        """Serve; a start that fails part way leaves nothing running."""
+        await start_or_undo(self._start, self.stop)
 
     async def _start(self) -> None:
         s = self.settings
