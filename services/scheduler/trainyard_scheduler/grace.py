@@ -51,6 +51,8 @@ class Grace:
     def __init__(self, grace_s: float, timeout_s: float, now: float) -> None:
         self._grace = max(grace_s, timeout_s)
         self._timeout = timeout_s
+        # The silence after which the grace loses a node that found this leader.
+        self._lost_after = timeout_s + CONFIRM_S
         self.since = now
         self._last_arrival = now
         # Nodes without a stream that opened a pulse session with this leader in this term.
@@ -84,6 +86,10 @@ class Grace:
     def shared_limit(self) -> int:
         return max(SHARED_SILENCE_MIN, math.ceil(SHARED_SILENCE_SHARE * len(self.found)))
 
+    def _shared(self, silent: set[str]) -> bool:
+        """Whether so many are silent together that the grace takes it for the storm's."""
+        return len(silent) > self.shared_limit()
+
     def silent(self, expired: Set[str], ended: Set[str]) -> set[str]:
         """The nodes that found this leader and are silent past their timeout (`expired`), other than those
         whose stream ended (`ended`: lost on that evidence already)."""
@@ -97,21 +103,19 @@ class Grace:
         self._lost &= silent  # those heard from again are no longer lost
         if not silent:
             return set()
-        if len(silent) > self.shared_limit():
+        if self._shared(silent):
             if len(silent) > 2 * self._held:
                 self._held = len(silent)
                 log.warning("nodes silent together during the new leader's grace: kept until it ends",
                             extra={"silent_nodes": len(silent), "shared_limit": self.shared_limit(),
                                    "found_leader": len(self.found), "example_nodes": sorted(silent)[:5]})
             return set(self._lost)
-        after = self._timeout + CONFIRM_S
-        self._lost.update(n for n in silent if now_eff - last[n] >= after)
+        self._lost.update(n for n in silent if now_eff - last[n] >= self._lost_after)
         return set(self._lost)
 
     def next_loss_s(self, silent: set[str], last: Mapping[str, float], now_eff: float) -> float | None:
         """Seconds until the next of `silent` would be lost by `lost` (None: none would, as things stand)."""
-        if not silent or len(silent) > self.shared_limit():
+        if not silent or self._shared(silent):
             return None
-        after = self._timeout + CONFIRM_S
-        waits = [wait for n in silent if (wait := last[n] + after - now_eff) > 0]
+        waits = [wait for n in silent if (wait := last[n] + self._lost_after - now_eff) > 0]
         return min(waits) if waits else None
