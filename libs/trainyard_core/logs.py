@@ -11,7 +11,11 @@ the guard, so production gets the rename and the code gets fixed.
 Each line written inside an OpenTelemetry span names it (`trace_id`, `span_id`: the W3C ids in hex), whether
 or not spans are exported: the services propagate trace ids either way (telemetry.py), so one request's or
 one job's lines can be found in every service's log. Outside a span, a `trace_id` in the log context (the
-job's trace, which the scheduler binds while it works on the job) stands.
+job's trace, which the scheduler binds while it works on the job) stands. A line that is neither in a span nor
+about a job (start-up, shutdown, leader election, a background loop's news, a library's own line) names the
+process's trace (`set_process_trace`: the service's `<service>.process` span, telemetry.begin_process), so
+every line a service writes names a trace: one search by that id finds everything the process said outside
+requests and jobs.
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ RENAMED_EXTRA_ATTR = "_trainyard_renamed_extra"
 _JSON_FIELDS = frozenset({"ts", "level", "service", "logger", "msg", "exc"})
 TRACE_ID = "trace_id"
 SPAN_ID = "span_id"
+# The trace (and span) ids, hex, of lines written outside any span and any job: the process's own trace. Empty
+# until a service's main sets it; tests that do not set it see lines without them.
+_process_trace: tuple[str, str] = ("", "")
+
+
+def set_process_trace(trace_id: str, span_id: str) -> None:
+    """Name the process's trace (hex ids; "" to clear) on every line that names no other."""
+    global _process_trace
+    _process_trace = (trace_id, span_id)
 
 
 @contextlib.contextmanager
@@ -101,7 +114,7 @@ def _as_text(value: object) -> str:
 
 def _fields(record: logging.LogRecord, *, span_id: bool) -> dict[str, Any]:
     """What a line adds to its message: the log context, the call's extras, and the current span's trace (and
-    span) id, which win over a context or extra of the same name."""
+    span) id, which win over a context or extra of the same name; with no trace among them, the process's."""
     fields = {**_context.get()}
     for key, value in record.__dict__.items():
         if key not in RESERVED_RECORD_KEYS and not key.startswith("_"):
@@ -111,6 +124,10 @@ def _fields(record: logging.LogRecord, *, span_id: bool) -> dict[str, Any]:
         fields[TRACE_ID] = f"{ctx.trace_id:032x}"
         if span_id:
             fields[SPAN_ID] = f"{ctx.span_id:016x}"
+    elif TRACE_ID not in fields and _process_trace[0]:
+        fields[TRACE_ID] = _process_trace[0]
+        if span_id:
+            fields[SPAN_ID] = _process_trace[1]
     return fields
 
 

@@ -96,6 +96,15 @@ def run(
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     setup_logging(service, settings.log_level, settings.log_format)
+    # Tracing first, so that every line from here on names a trace (the process's, outside requests and jobs).
+    telemetry.setup_tracing(service, settings, process=True)
+    try:
+        return _run(service, settings, serve)
+    finally:
+        telemetry.end_process()
+
+
+def _run(service: str, settings: S, serve: Callable[[S, asyncio.Event], Awaitable[None]]) -> int:
     log.info("starting", extra={"settings": redacted(settings)})
     problem = check_transport(settings) or check_etcd(settings)
     if problem:

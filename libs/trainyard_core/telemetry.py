@@ -4,7 +4,8 @@ A trace follows one request across the services: the gateway opens it (http_trac
 `traceparent` or a fresh trace id), the gRPC instrumentation carries its context to the scheduler, the agents
 and the checkpoint-store, and the scheduler keeps the submit's context on the job record (`traceparent()`),
 so the later cycle's decision, commit, launch and stop of the job are spans of the same trace (`continued`,
-`record_span`). Every JSON log line written inside a span names its trace (logs.py).
+`record_span`). Every JSON log line written inside a span names its trace (logs.py); every other line names
+the process's own trace, a `<service>.process` span from start to stop (`begin_process`).
 
 `trace_exporter` says where spans go: "none" (the default), "console" (stderr, one JSON object per span),
 "otlp" (an OpenTelemetry collector's OTLP/gRPC receiver at `otlp_endpoint`) or a file path (JSON lines). With
@@ -43,6 +44,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from . import logs
 from .settings import TRACES_OFF, BaseSettings
 
 log = logging.getLogger(__name__)
@@ -190,22 +192,53 @@ def tracer_provider(service: str, settings: BaseSettings, *, memory: MemorySpans
     return provider
 
 
-def setup_tracing(service: str, settings: BaseSettings, *, memory: MemorySpans | None = None) -> None:
+def setup_tracing(service: str, settings: BaseSettings, *, memory: MemorySpans | None = None,
+                  process: bool = False) -> None:
     """Install `tracer_provider(service, settings)` for the process and instrument grpc.aio servers and
-    clients (they carry the trace context in each call's metadata). Once per process; later calls do nothing."""
+    clients (they carry the trace context in each call's metadata). Once per process; later calls do nothing.
+    `process`: a service's main, whose every log line names a trace from here on (`begin_process`)."""
     global _configured, _recording
-    if _configured:
-        return
-    _configured = True
-    _recording = exporting(settings.trace_exporter) or memory is not None
-    trace.set_tracer_provider(tracer_provider(service, settings, memory=memory))
-    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+    first = not _configured
+    if first:
+        _configured = True
+        _recording = exporting(settings.trace_exporter) or memory is not None
+        trace.set_tracer_provider(tracer_provider(service, settings, memory=memory))
+        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
 
-    GrpcAioInstrumentorServer().instrument()  # type: ignore[no-untyped-call]
-    GrpcAioInstrumentorClient().instrument()  # type: ignore[no-untyped-call]
-    if _recording:
+        GrpcAioInstrumentorServer().instrument()  # type: ignore[no-untyped-call]
+        GrpcAioInstrumentorClient().instrument()  # type: ignore[no-untyped-call]
+    if process and _process_span is None:
+        begin_process(service)
+    if first and _recording:
         log.info("tracing", extra={"trace_exporter": settings.trace_exporter,
                                    "otlp_endpoint": settings.otlp_endpoint if settings.trace_exporter == OTLP else ""})
+
+
+_process_span: trace.Span | None = None
+
+
+def begin_process(service: str, tracer_: trace.Tracer | None = None) -> trace.Span:
+    """Open the process's own trace: a root span `<service>.process` that lasts until `end_process` (recorded
+    then, when spans are exported), whose ids every log line outside a request's or a job's trace names
+    (logs.set_process_trace). Not current in any context: the requests and jobs handled meanwhile keep their
+    own traces. Call after setup_tracing, once per process (`tracer_`: tests')."""
+    global _process_span
+    span = (tracer_ or trace.get_tracer(__name__)).start_span(f"{service}.process", context=otel_context.Context(),
+                                                 attributes={"process.pid": os.getpid()})
+    ctx = span.get_span_context()
+    if ctx.is_valid:
+        logs.set_process_trace(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
+    _process_span = span
+    return span
+
+
+def end_process() -> None:
+    """End the process's span (`begin_process`); its exporter sends it when the provider shuts down at exit."""
+    global _process_span
+    if _process_span is not None:
+        _process_span.end()
+        _process_span = None
+        logs.set_process_trace("", "")
 
 
 def start_metrics_server(host: str, port: int) -> int | None:

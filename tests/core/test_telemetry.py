@@ -75,6 +75,33 @@ def test_a_line_outside_any_span_has_no_trace_fields(json_lines: Lines) -> None:
     assert "trace_id" not in line and "span_id" not in line
 
 
+def test_a_line_outside_any_span_and_job_names_the_process_trace_until_the_process_ends(json_lines: Lines) -> None:
+    """A service's main opens the process's trace: lines of no request and no job (start-up, election, a
+    background loop) name it; a job's trace and a span's still win; the span is recorded when it ends."""
+    memory = telemetry.MemorySpans()
+    log = logging.getLogger("tests.telemetry")
+    span = telemetry.begin_process("tests", _provider(memory=memory).get_tracer("tests"))
+    ctx = span.get_span_context()
+    try:
+        log.info("starting")
+        assert (_last(json_lines)["trace_id"], _last(json_lines)["span_id"]) == (f"{ctx.trace_id:032x}",
+                                                                                 f"{ctx.span_id:016x}")
+        with logs.log_context(job_id="job-1", trace_id="f" * 32):
+            log.info("cycle")
+            assert _last(json_lines)["trace_id"] == "f" * 32 and "span_id" not in _last(json_lines)
+        with trace.use_span(NonRecordingSpan(SpanContext(TRACE, SPAN, is_remote=False))):
+            log.info("request")
+        assert _last(json_lines)["trace_id"] == f"{TRACE:032x}"
+        assert memory.spans() == []
+    finally:
+        telemetry.end_process()
+    [ended] = memory.spans()
+    assert ended.name == "tests.process" and ended.context is not None and ended.context.trace_id == ctx.trace_id
+    assert ended.parent is None
+    log.info("after")
+    assert "trace_id" not in _last(json_lines)
+
+
 def test_a_line_inside_a_span_that_is_not_sampled_names_its_trace_and_span(json_lines: Lines) -> None:
     """Without an exporter no span is recorded, yet the ids propagate: the line must name them."""
     unsampled = NonRecordingSpan(SpanContext(TRACE, SPAN, is_remote=False, trace_flags=TraceFlags(0)))

@@ -168,6 +168,21 @@ def test_a_submission_is_one_trace_from_the_gateway_through_the_scheduler_to_the
     assert any(line["msg"] == "workers started" and line.get("trace_id") == trace_id for line in agent), agent
 
 
+def test_every_line_a_service_writes_names_a_trace(cluster: LocalCluster, api: Api) -> None:
+    """Lines of no request and no job (start-up, TLS, leader election, the agent's registration) name the
+    process's own trace, one per process; every other line names its request's or its job's."""
+    for name in ("scheduler", "gateway", "checkpoint-store", "node-1"):
+        lines = _log_lines(cluster, name)
+        untraced = [line for line in lines if not line.get("trace_id")]
+        assert lines and not untraced, (name, untraced[:5])
+        [starting] = [line for line in lines if line["msg"] == "starting"]
+        [mtls] = [line for line in lines if line["msg"] == "mTLS on"]
+        assert mtls["trace_id"] == starting["trace_id"] and mtls["span_id"] == starting["span_id"], name
+    [elected] = [line for line in _log_lines(cluster, "scheduler") if line["msg"] == "became leader"]
+    [starting] = [line for line in _log_lines(cluster, "scheduler") if line["msg"] == "starting"]
+    assert elected["trace_id"] == starting["trace_id"]
+
+
 def test_a_checkpoint_read_is_one_trace_from_the_gateway_to_the_checkpoint_store(
         cluster: LocalCluster, api: Api) -> None:
     job = api.submit({"name": "listed", "command": [sys.executable, "-c", "pass"],
