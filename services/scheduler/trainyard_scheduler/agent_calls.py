@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from trainyard_core import telemetry
+from trainyard_core.bounded import remember
 from trainyard_core.errors import TrainyardError, Unavailable
 from trainyard_core.logs import log_context
 
@@ -92,8 +93,7 @@ class AgentCalls:
         mono = self._monotonic()
         if mono - self._orphan_stops.get(key, -math.inf) < ORPHAN_STOP_RETRY_S:
             return
-        self._orphan_stops[key] = mono
-        _bound(self._orphan_stops)
+        remember(self._orphan_stops, key, mono, _REMEMBERED)
         self._spawn(key, functools.partial(self._stop_orphan, node, job_id, attempt))
 
     def _spawn(self, key: CallKey, work: Callable[[], Awaitable[bool]]) -> None:
@@ -112,8 +112,7 @@ class AgentCalls:
                     self._retry.pop(key, None)
                 else:
                     delay = self._retry.get(key, AGENT_RETRY_MIN_S)
-                    self._retry[key] = min(2 * delay, AGENT_RETRY_MAX_S)
-                    _bound(self._retry)
+                    remember(self._retry, key, min(2 * delay, AGENT_RETRY_MAX_S), _REMEMBERED)
                     await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 raise
@@ -188,7 +187,3 @@ class AgentCalls:
             lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))
         return True
 
-
-def _bound(remembered: dict[CallKey, float]) -> None:
-    while len(remembered) > _REMEMBERED:
-        remembered.pop(next(iter(remembered)))

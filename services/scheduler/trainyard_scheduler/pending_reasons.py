@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from trainyard_core.bounded import remember
+
 from .domain.models import Job
 from .domain.snapshot import ClusterSnapshot
 from .policy.place import Unplaced
@@ -36,8 +38,6 @@ class PendingReasons:
                 continue
             if mono - self._written.get(job.id, -math.inf) < self._interval_s:
                 continue
-            self._written[job.id] = mono
-            while len(self._written) > _REMEMBERED:
-                self._written.pop(next(iter(self._written)))
+            remember(self._written, job.id, mono, _REMEMBERED)
             out.append((replace(job, message=u.reason), snap.job_revisions[job.id]))
         return out

@@ -4,7 +4,8 @@ Each cycle reads the in-memory mirror of etcd (no store round trip), runs `place
 `progress` for every placed gang, commits the resulting records, and hands agent calls (launch, stop) to
 background tasks (agent_calls.py) so a slow or dead agent never holds up the loop. Agent results come back as
 writes to the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network
-call.
+call. The placement's decisions and preemptions become records in admission.py; how a failed write is taken
+(the next cycle decides again) is cycle_writes.py's.
 """
 
 from __future__ import annotations
@@ -13,20 +14,23 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from trainyard_core import telemetry
+from trainyard_core.bounded import remember
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, InvalidArgument, Unavailable
+from trainyard_core.errors import Conflict, Unavailable
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.liveness import LEASE_RENEW_S
 from trainyard_core.rpc.pulse import ACK_WINDOW_S
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
+from .admission import Admissions
 from .agent_calls import AGENT_RETRY_MAX_S, AGENT_RETRY_MIN_S, ORPHAN_STOP_RETRY_S, AgentCalls, AgentPort
-from .domain.jobs import admit, due_for_requeue, transition, with_event
+from .cycle_writes import CycleWrites
+from .domain.jobs import due_for_requeue
 from .domain.models import Allocation, Job, JobState
 from .domain.operations import restand
 from .domain.pending import EMPTY as EMPTY_ORDER
@@ -36,7 +40,6 @@ from .domain.queues import (
     DEFAULT_QUEUE,
     PolicyConfig,
     decay_usage,
-    standing,
 )
 from .domain.snapshot import ClusterSnapshot
 from .launch import node_launches
@@ -45,8 +48,8 @@ from .node_log import NodeTransitions
 from .pending_reasons import PendingReasons
 from .policy.api import Profile
 from .policy.index import ClusterIndex
-from .policy.place import Decision, PlacementResult, Preemption, place
-from .state.holdings import HeldElsewhere, decode_holding
+from .policy.place import Decision, PlacementResult, place
+from .state.holdings import decode_holding
 from .state.repository import Repository
 from .state.snapshots import PolicyState, SnapshotBuilder
 
@@ -58,6 +61,8 @@ _tracer = telemetry.tracer(__name__)
 # the leader acknowledged a pulse it sent within ACK_WINDOW_S (the leader's last proof of life from it is no
 # older than that pulse), once per renewal period, and shims look at the lease every 0.25 s.
 FENCE_MARGIN_S = 0.5 + ACK_WINDOW_S + LEASE_RENEW_S
+# Released gangs remembered (snapshots.py: their workers' late reports are not strays).
+_RELEASES_REMEMBERED = 10_000
 # The cycle's gauges (jobs by state, GPUs allocated and healthy, nodes ready) are set at most this often.
 OBSERVE_EVERY_S = 1.0
 # Agent calls (agent_calls.py): what callers of the reconciler name from here.
@@ -101,7 +106,7 @@ class Reconciler:
         self._clock = clock
         self._epoch = epoch
         self._settings = settings
-        # (job_id, attempt) → when this leader released the gang (monotonic); bounded, oldest dropped.
+        # (job_id, attempt) → when this leader released the gang (monotonic); the newest _RELEASES_REMEMBERED.
         self._released: dict[tuple[str, int], float] = {}
         # Why each waiting job waits, rewritten on the job at most every reason_interval_s.
         self._reasons = PendingReasons(settings.reason_interval_s, clock.monotonic)
@@ -110,6 +115,8 @@ class Reconciler:
         # Metrics: the label values allowed (configured queues, teams with a quota), events, the cluster's gauges.
         self._bounds = metrics.Bounds()
         self._events = metrics.Events(self._bounds)
+        self._writes = CycleWrites()
+        self._admissions = Admissions(repo, self._events, self._writes)
         self._gauges = metrics.ClusterGauges(self._bounds)
         self._transitions = NodeTransitions()
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
@@ -143,7 +150,7 @@ class Reconciler:
                 continue
             self._mirror.changed.clear()
             try:
-                if not self._holdings_checked:
+                if self._writes.take_holdings_refusal() or not self._holdings_checked:
                     await self._restore_holdings()
                 await self.cycle()
             except Unavailable as exc:
@@ -234,14 +241,15 @@ class Reconciler:
                 # A terminal (or missing) job with an allocation cannot come from our transactions;
                 # release it so its GPUs are not held forever, loudly.
                 log.error("allocation without an active job; releasing", extra={"job_id": job_id})
-                await self._try(self._repo.write(release=alloc, alloc_rev=snap.allocation_revisions[job_id]))
+                await self._writes.attempt(self._repo.write(release=alloc, alloc_rev=snap.allocation_revisions[job_id]))
                 continue
             with log_context(job_id=job_id, trace_id=telemetry.trace_id_of(job.trace_parent)):
                 restood = restand(job, alloc)
                 if restood is not None:
                     # The job's priority changed while it runs: its gang's standing follows (preemption reads
                     # it); the gang is looked at again next cycle, from the record just written.
-                    await self._try(self._repo.write(alloc=restood, alloc_rev=snap.allocation_revisions[job_id]))
+                    await self._writes.attempt(self._repo.write(alloc=restood,
+                                                                alloc_rev=snap.allocation_revisions[job_id]))
                     continue
                 await self._progress(snap, job, alloc, now)
         for node_id, strays in snap.orphans().items():
@@ -275,17 +283,17 @@ class Reconciler:
         self._pending = functools.partial(_order_of, snap, result, now)
         self._events.decided(len(result.decisions), len(result.preemptions))
         for p in result.preemptions:
-            await self._preempt(snap, config, p, now)
+            await self._admissions.preempt(snap, config, p, now)
         gate = asyncio.Semaphore(self._settings.commit_concurrency)
 
         async def commit(d: Decision) -> None:
             async with gate:
-                await self._commit(snap, config, d, now, decided)
+                await self._admissions.commit(snap, config, d, now, decided)
         # Decisions of one session never share a GPU, so their transactions are independent.
         await asyncio.gather(*(commit(d) for d in result.decisions))
         # The reasons of the jobs left waiting, written together (one transaction for a burst of submits).
         notes = self._reasons.notes(snap, result.unplaced)
-        await asyncio.gather(*(self._try(self._repo.annotate(job, rev)) for job, rev in notes))
+        await asyncio.gather(*(self._writes.attempt(self._repo.annotate(job, rev)) for job, rev in notes))
 
     @property
     def pending(self) -> PendingOrder:
@@ -294,67 +302,13 @@ class Reconciler:
             self._pending = self._pending()
         return self._pending
 
-    async def _commit(self, snap: ClusterSnapshot, config: PolicyConfig, d: Decision, now: float,
-                      decided: tuple[int, int]) -> None:
-        """Commit one decision of the cycle's placement; `decided`: when the placement ran (ns), a span of the
-        job's trace as the commit is."""
-        job = snap.jobs[d.job_id]
-        master = snap.nodes[d.assignments[0].node_id]
-        spec = job.spec
-        alloc = Allocation(job_id=job.id, attempt=job.attempt, assignments=d.assignments,
-                           master_addr=master.worker_address, master_port=d.master_port, created_at=now,
-                           team=job.team, priority=standing(spec.queue, spec.priority_class, spec.priority, config),
-                           borrowed=d.borrowed, preemptible=config.priority_class(spec.priority_class).preemptible,
-                           expected_end=now + spec.time_limit_s if spec.time_limit_s > 0 else None)
-        attributes: telemetry.SpanAttributes = {telemetry.JOB_ID: job.id, telemetry.ATTEMPT: job.attempt,
-                                                telemetry.NODE_IDS: list(alloc.node_ids)}
-        telemetry.record_span(_tracer, "reconcile.decide", job.trace_parent, *decided,
-                              {**attributes, "trainyard.model": d.model, "trainyard.borrowed": d.borrowed,
-                               "trainyard.tier": d.tier})
-        with log_context(job_id=job.id), telemetry.continued(_tracer, "reconcile.commit", job.trace_parent,
-                                                             attributes):
-            if await self._try(self._repo.commit_placement(admit(job, d.assignments, now),
-                                                           snap.job_revisions[job.id], alloc)):
-                metrics.GANGS_PLACED.inc()
-                self._events.placed(job, now)
-                log.info("gang placed", extra={"nodes": list(alloc.node_ids), "world_size": alloc.world_size,
-                                               "model": d.model, "borrowed": d.borrowed, "tier": d.tier})
-
-    async def _preempt(self, snap: ClusterSnapshot, config: PolicyConfig, p: Preemption, now: float) -> None:
-        """Each victim in one transaction: its job becomes PREEMPTED and its allocation gets the stop reason
-        and the preemptor; progress() then stops it with the job's own signal and grace."""
-        stopping: list[str] = []
-        preemptor = snap.jobs.get(p.preemptor)
-        mine = (standing(preemptor.spec.queue, preemptor.spec.priority_class, preemptor.spec.priority, config)
-                if preemptor is not None else None)
-        for victim_id in p.victims:
-            job = snap.jobs.get(victim_id)
-            alloc = snap.allocations.get(victim_id)
-            if job is None or alloc is None or alloc.stop_reason:
-                continue
-            marked = replace(alloc, stop_reason=p.reason, preempted_by=p.preemptor,
-                             stop_signal=job.spec.preemption.signal, stop_grace_s=job.spec.preemption.grace_s)
-            new_job = job if job.state is JobState.PREEMPTED else transition(job, JobState.PREEMPTED, now, p.reason)
-            with log_context(job_id=victim_id, trace_id=telemetry.trace_id_of(job.trace_parent)):
-                if await self._try(self._repo.write(job=new_job, job_rev=snap.job_revisions[victim_id], alloc=marked,
-                                                    alloc_rev=snap.allocation_revisions[victim_id])):
-                    # As placement chose it: outranked, or on borrowed GPUs its owner's team reclaims.
-                    self._events.preempted("priority" if mine is not None and mine > alloc.priority else "reclaim",
-                                           alloc.team or job.team)
-                    stopping.append(victim_id)
-                    log.info("gang preempted", extra={"preemptor": p.preemptor})
-        if stopping and preemptor is not None:
-            note = with_event(replace(preemptor, message=f"preempting {', '.join(stopping)}"), now, "preempting",
-                              f"stopping {len(stopping)} gang(s) to make room: {', '.join(stopping)}")
-            await self._try(self._repo.write(job=note, job_rev=snap.job_revisions[p.preemptor]))
-
     async def _requeue(self, snap: ClusterSnapshot, now: float) -> None:
         for job in snap.jobs.values():
             if job.state is JobState.RESTARTING and job.id not in snap.allocations:
                 nxt = due_for_requeue(job, now)
                 if nxt is not None:
                     with log_context(job_id=job.id, trace_id=telemetry.trace_id_of(job.trace_parent)):
-                        if await self._try(self._repo.write(job=nxt, job_rev=snap.job_revisions[job.id])):
+                        if await self._writes.attempt(self._repo.write(job=nxt, job_rev=snap.job_revisions[job.id])):
                             log.info("job requeued", extra={"attempt": nxt.attempt})
 
     async def _account_usage(self, snap: ClusterSnapshot, config: PolicyConfig, policy: PolicyState,
@@ -365,7 +319,7 @@ class Reconciler:
             return
         self._usage_written = mono
         usage = decay_usage(policy.usage, snap.gpus_held(), now, config.fair_share_half_life_s)
-        await self._try(self._repo.put_usage(usage, policy.usage_revision))
+        await self._writes.attempt(self._repo.put_usage(usage, policy.usage_revision))
 
     async def _progress(self, snap: ClusterSnapshot, job: Job, alloc: Allocation, now: float) -> None:
         fence = self._settings.worker_fence_s
@@ -375,16 +329,14 @@ class Reconciler:
         if step.recheck_in is not None:
             self._recheck_at = min(self._recheck_at, self._clock.monotonic() + step.recheck_in)
         if step.writes:
-            ok = await self._try(self._repo.write(
+            ok = await self._writes.attempt(self._repo.write(
                 job=step.job, job_rev=snap.job_revisions[job.id] if step.job else 0,
                 alloc=None if step.release else step.alloc,
                 alloc_rev=snap.allocation_revisions[job.id], release=alloc if step.release else None))
             if not ok:
                 return
             if step.release:
-                self._released[(job.id, alloc.attempt)] = self._clock.monotonic()
-                while len(self._released) > 10_000:
-                    self._released.pop(next(iter(self._released)))
+                remember(self._released, (job.id, alloc.attempt), self._clock.monotonic(), _RELEASES_REMEMBERED)
                 restart = (metrics.restart_reason(job, step.job, alloc, snap.alive, snap.nodes)
                            if step.job is not None else None)
                 if restart is not None:
@@ -400,26 +352,6 @@ class Reconciler:
             self._calls.launch(snap.nodes[node_id], launch, job.team, job.trace_parent)
         for node_id in step.stop:
             self._calls.stop(snap.nodes[node_id], current, job.trace_parent)
-
-    async def _try(self, write: Awaitable[int]) -> bool:
-        try:
-            await write
-            return True
-        except HeldElsewhere as exc:
-            # The mirror is caught up, so holdings and allocations disagree: reconcile them next cycle.
-            metrics.PLACEMENT_CONFLICTS.inc()
-            log.warning("placement refused by the GPU holdings: %s", exc)
-            self._holdings_checked = False
-        except Conflict as exc:
-            metrics.PLACEMENT_CONFLICTS.inc()
-            log.debug("write lost a race, will retry next cycle: %s", exc)
-        except Unavailable as exc:
-            log.warning("write failed, store unavailable: %s", exc)
-        except InvalidArgument as exc:
-            # The store refused the request itself (a transaction over etcd's --max-txn-ops or request size):
-            # only this write fails, not the cycle, which goes on with every other job.
-            log.error("the store refused a write: %s", exc)
-        return False
 
 
 def _order_of(snap: ClusterSnapshot, result: PlacementResult, now: float) -> PendingOrder:
