@@ -163,7 +163,7 @@ def test_a_submission_is_one_trace_from_the_gateway_through_the_scheduler_to_the
     said = {line["msg"] for line in scheduler if line.get("trace_id") == trace_id}
     assert {"job submitted", "gang placed", "workers launched"} <= said, scheduler
     cycle = [line for line in scheduler if line["logger"] in ("trainyard_scheduler.reconcile",
-                                                              "trainyard_scheduler.admission")]
+                                                              "trainyard_scheduler.placement_writes")]
     assert cycle and all(line.get("trace_id") == trace_id for line in cycle), cycle
     agent = [line for line in _log_lines(cluster, "node-1") if line.get("job_id") == job_id]
     assert any(line["msg"] == "workers started" and line.get("trace_id") == trace_id for line in agent), agent

@@ -2,7 +2,7 @@
 
 Every write a cycle makes is CAS-guarded on the revision its snapshot read. A write that fails is not the
 cycle's failure: the next cycle, from a mirror that has caught up, decides again for that job. What a failure
-means differs, though, and is said once here for every caller (reconcile.py, admission.py):
+means differs, though, and is said once here for every caller (reconcile.py, placement_writes.py):
 - a lost race (Conflict): someone wrote the record since; quiet, the next cycle sees the new one;
 - the GPU holdings refused a gang (HeldElsewhere): with a caught-up mirror, the holdings and the allocations
   disagree, so the reconciler makes them agree again before its next cycle (`take_holdings_refusal`);

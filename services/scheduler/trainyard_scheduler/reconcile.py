@@ -4,7 +4,7 @@ Each cycle reads the in-memory mirror of etcd (no store round trip), runs `place
 `progress` for every placed gang, commits the resulting records, and hands agent calls (launch, stop) to
 background tasks (agent_calls.py) so a slow or dead agent never holds up the loop. Agent results come back as
 writes to the allocation, which wake the loop through the mirror. Nothing here holds a lock across a network
-call. The placement's decisions and preemptions become records in admission.py; how a failed write is taken
+call. The placement's decisions and preemptions become records in placement_writes.py; how a failed write is taken
 (the next cycle decides again) is cycle_writes.py's.
 """
 
@@ -27,7 +27,6 @@ from trainyard_core.rpc.pulse import ACK_WINDOW_S
 from trainyard_core.store.mirror import PrefixMirror
 
 from . import metrics
-from .admission import Admissions
 from .agent_calls import AGENT_RETRY_MAX_S, AGENT_RETRY_MIN_S, ORPHAN_STOP_RETRY_S, AgentCalls, AgentPort
 from .cycle_writes import CycleWrites
 from .domain.jobs import due_for_requeue
@@ -46,6 +45,7 @@ from .launch import node_launches
 from .liveness import NodeLiveness
 from .node_log import NodeTransitions
 from .pending_reasons import PendingReasons
+from .placement_writes import PlacementWrites
 from .policy.api import Profile
 from .policy.index import ClusterIndex
 from .policy.place import Decision, PlacementResult, place
@@ -116,7 +116,7 @@ class Reconciler:
         self._bounds = metrics.Bounds()
         self._events = metrics.Events(self._bounds)
         self._writes = CycleWrites()
-        self._admissions = Admissions(repo, self._events, self._writes)
+        self._placements = PlacementWrites(repo, self._events, self._writes)
         self._gauges = metrics.ClusterGauges(self._bounds)
         self._transitions = NodeTransitions()
         # Placement's capacity index, kept between cycles and synced from each snapshot (same decisions as
@@ -283,12 +283,12 @@ class Reconciler:
         self._pending = functools.partial(_order_of, snap, result, now)
         self._events.decided(len(result.decisions), len(result.preemptions))
         for p in result.preemptions:
-            await self._admissions.preempt(snap, config, p, now)
+            await self._placements.preempt(snap, config, p, now)
         gate = asyncio.Semaphore(self._settings.commit_concurrency)
 
         async def commit(d: Decision) -> None:
             async with gate:
-                await self._admissions.commit(snap, config, d, now, decided)
+                await self._placements.commit(snap, config, d, now, decided)
         # Decisions of one session never share a GPU, so their transactions are independent.
         await asyncio.gather(*(commit(d) for d in result.decisions))
         # The reasons of the jobs left waiting, written together (one transaction for a burst of submits).

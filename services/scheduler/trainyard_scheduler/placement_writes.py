@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _tracer = telemetry.tracer("trainyard_scheduler.reconcile")
 
 
-class Admissions:
+class PlacementWrites:
     def __init__(self, repo: Repository, events: metrics.Events, writes: CycleWrites) -> None:
         self._repo = repo
         self._events = events
