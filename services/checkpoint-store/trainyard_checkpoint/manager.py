@@ -5,7 +5,8 @@ transaction guarded by the revisions it read. When a concurrent change wins, it 
 again (bounded; Conflict after that). Storage is looked at before the transaction, never inside it.
 The commit order (verify, manifest, transaction) is documented in `domain/checkpoint.py`.
 
-Idempotency: Begin is not (each call reserves a new id); Commit, Abort, Delete, Tag and Untag are.
+Idempotency: Begin is not (each call reserves a new id); Commit, Abort, Delete, Tag and Untag are. A reader's
+report of damage is checked and recorded by damage.py.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from trainyard_core.clock import Clock
-from trainyard_core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from trainyard_core.errors import FailedPrecondition, NotFound, Unavailable
 from trainyard_core.ids import new_id
 from trainyard_core.logs import log_context
 
 from . import domain, metrics
+from .damage import MAX_PROBLEMS_SHOWN, DamageReport, DamageReports, load, retry
 from .domain import Checkpoint, CheckpointState, RetentionPolicy, Shard
 from .domain.validation import (
     CHECKPOINT_ID_PREFIX,
@@ -31,7 +33,6 @@ from .domain.validation import (
     validate_checkpoint_id,
     validate_job_id,
     validate_page_token,
-    validate_shard_paths,
     validate_shards,
     validate_tag,
 )
@@ -42,17 +43,8 @@ from .verify import ShardVerifier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+__all__ = ["MAX_PROBLEMS_SHOWN", "CheckpointManager", "DamageReport", "Page"]
 
-# Problems listed in one commit error; the rest are counted.
-MAX_PROBLEMS_SHOWN = 10
-
-
-@dataclass(frozen=True, slots=True)
-class DamageReport:
-    """The checkpoint as marked, and the job's latest checkpoint id afterwards (None: it has none)."""
-
-    checkpoint: Checkpoint
-    latest_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +61,7 @@ class CheckpointManager:
         self._clock = clock
         self._verifier = verifier or ShardVerifier(storage)
         self._max_attempts = max_attempts
+        self._damage = DamageReports(repo, self._verifier, clock, max_attempts)
 
     @property
     def repo(self) -> CheckpointRepository:
@@ -82,18 +75,10 @@ class CheckpointManager:
         self._verifier.close()
 
     async def _load(self, checkpoint_id: str) -> StoredCheckpoint:
-        stored = await self._repo.load(checkpoint_id)
-        if stored is None:
-            raise NotFound(f"checkpoint {checkpoint_id} not found")
-        return stored
+        return await load(self._repo, checkpoint_id)
 
     async def _retry(self, what: str, attempt: Callable[[], Awaitable[T | None]]) -> T:
-        """Run `attempt` until it returns a result (None means: a compare-and-swap lost, go again)."""
-        for _ in range(self._max_attempts):
-            result = await attempt()
-            if result is not None:
-                return result
-        raise Conflict(f"{what} lost {self._max_attempts} concurrent updates in a row; retry")
+        return await retry(what, attempt, self._max_attempts)
 
     # -- Begin --------------------------------------------------------------------------------------
     async def begin(self, req: BeginRequest) -> Checkpoint:
@@ -275,58 +260,8 @@ class CheckpointManager:
 
     # -- Damage -----------------------------------------------------------------------------------------
     async def report_damaged(self, checkpoint_id: str, shard_paths: Sequence[str], reason: str) -> DamageReport:
-        """A reader found a committed checkpoint damaged. The service checks by itself: it verifies the
-        named shards (all of them when none is named) by size and checksum in storage. Confirmed → the
-        record becomes DAMAGED and, when it was the job's latest, the pointer moves back to the newest
-        remaining COMMITTED checkpoint (or is removed) in the same transaction, so the job can save the
-        steps after it again. Not confirmed → FailedPrecondition: the files verify, so the reader's
-        own path (its storage mount, its memory) is what to look at, and nothing changes."""
-        validate_checkpoint_id(checkpoint_id)
-        validate_shard_paths(shard_paths)
-        stored = await self._load(checkpoint_id)
-        ckpt = stored.checkpoint
-        if ckpt.state is CheckpointState.DAMAGED:
-            pointer = await self._repo.latest_pointer(ckpt.job_id)
-            return DamageReport(ckpt, pointer.checkpoint_id)
-        if ckpt.state is not CheckpointState.COMMITTED:
-            domain.mark_damaged(ckpt, reason, self._clock.now())  # raises: names the state
-        named = set(shard_paths)
-        unknown = named - {s.path for s in ckpt.shards}
-        if unknown:
-            raise InvalidArgument(f"checkpoint {ckpt.id} has no shard(s) {', '.join(sorted(unknown))}")
-        checked = [s for s in ckpt.shards if s.path in named] if named else list(ckpt.shards)
-        found = await self._verifier.problems(ckpt.location, checked, mode="checksum")
-        if not found:
-            raise FailedPrecondition(
-                f"checkpoint {ckpt.id} was not marked damaged: its {len(checked)} shard(s) checked here "
-                "have the recorded sizes and checksums in storage. The reader's own access to storage "
-                "(mount, network, memory) is the suspect; reported: " + (reason or "no reason given"))
-        damage = "; ".join(found[:MAX_PROBLEMS_SHOWN]) + (f" (reported: {reason})" if reason else "")
-
-        async def attempt() -> DamageReport | None:
-            nonlocal stored
-            if stored.checkpoint.state is CheckpointState.DAMAGED:
-                return DamageReport(stored.checkpoint, (await self._repo.latest_pointer(ckpt.job_id)).checkpoint_id)
-            damaged = domain.mark_damaged(stored.checkpoint, damage, self._clock.now())
-            pointer = await self._repo.latest_pointer(ckpt.job_id)
-            move = pointer.checkpoint_id == ckpt.id
-            fallback: StoredCheckpoint | None = None
-            if move:
-                records = await self._repo.list_stored(ckpt.job_id)
-                best = domain.fallback_latest((r.checkpoint for r in records), excluded=ckpt.id)
-                fallback = next((r for r in records if best is not None and r.checkpoint.id == best.id), None)
-            if await self._repo.mark_damaged(damaged, expected_revision=stored.mod_revision, latest_guard=pointer,
-                                             fallback=fallback, move_latest=move):
-                latest_id = (fallback.checkpoint.id if fallback else None) if move else pointer.checkpoint_id
-                metrics.DAMAGED.inc()
-                with log_context(job_id=ckpt.job_id, checkpoint_id=ckpt.id):
-                    log.warning("checkpoint marked damaged", extra={
-                        "step": ckpt.step, "damage": damage, "was_latest": move, "latest": latest_id})
-                return DamageReport(damaged, latest_id)
-            stored = await self._load(checkpoint_id)
-            return None
-
-        return await self._retry("report damaged", attempt)
+        """damage.DamageReports.report: a reader's report of a damaged checkpoint, checked here first."""
+        return await self._damage.report(checkpoint_id, shard_paths, reason)
 
     # -- Tags ---------------------------------------------------------------------------------------
     async def tag(self, checkpoint_id: str, name: str) -> Checkpoint:
