@@ -106,6 +106,20 @@ def test_scheduler_restart_does_not_lose_a_submitted_job(api: Api) -> None:
     assert "[rank 0] survived" in api.http.get(f"/v1/jobs/{waiting['id']}/logs").text
 
 
+def test_following_a_finished_jobs_logs_over_mtls_ends_with_its_lines_and_no_warning(api: Api) -> None:
+    """The gateway asks each agent whether the attempt's workers have ended (ListWorkers) when an agent's log
+    stream ends: refused by the agents' authorization table, every follow of a finished job warned that the
+    node could not be read, and ended only after three refusals."""
+    job = api.submit({"name": "followed", "command": [sys.executable, "-c", "print('to the end')"],
+                      "resources": {"nodes": 1, "gpus_per_node": 1}})
+    api.wait(job["id"], {"succeeded"})
+    with api.http.stream("GET", f"/v1/jobs/{job['id']}/logs", params={"follow": "true"}, timeout=60) as r:
+        assert r.status_code == 200
+        events = r.read().decode()
+    assert "to the end" in events, events
+    assert "event: warning" not in events, events
+
+
 def test_an_agent_that_stops_with_its_workers_has_their_job_restarted_not_failed(api: Api) -> None:
     """The local cluster's agents stop with their workers (kill_workers_on_stop), as every node does when
     `make run` is stopped: the job that ran there is restarted as after a lost node, its restart budget

@@ -100,7 +100,8 @@ def _checkpoint_ref(request: Any) -> JobRef:
 RULES: Mapping[str, Rule] = {
     # Agents run what the scheduler says, and nothing else: launch, stop, fence (an epoch travels only here).
     **_methods(AGENT, ("LaunchWorkers", "StopWorkers", "RenewJobCredential"), rule("scheduler")),
-    **_methods(AGENT, ("ListWorkers",), rule("scheduler", "tool")),
+    # The gateway's log follow asks whether an attempt's workers have ended when an agent's stream ends.
+    **_methods(AGENT, ("ListWorkers",), rule("scheduler", "gateway", "tool")),
     # Logs go to users through the gateway (which checks the user's team); operators' tools read them too.
     **_methods(AGENT, ("GetWorkerLogs", "StreamWorkerLogs"), rule("gateway", "scheduler", "tool")),
     # Operator actions on a GPU arrive through the gateway (the operator's user is recorded there).
