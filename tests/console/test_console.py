@@ -129,6 +129,39 @@ def test_a_submitted_job_runs_with_live_logs_on_its_page(api: Api, cluster: Loca
     expect(page.get_by_test_id("job-state")).to_have_text("cancelled", timeout=WAIT_MS)
 
 
+def test_a_restarted_jobs_checkpoints_show_their_lineage(api: Api, cluster: LocalCluster, tab: Tab,
+                                                         screens: Screens) -> None:
+    """Attempt 1 saves steps 2 and 4 and dies after step 5; attempt 2 resumes from step 4 and saves step 6: the
+    job page draws both attempts, where the second resumed from, and a row per checkpoint."""
+    import shlex
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_with_checkpoints.py"
+    base = f"{shlex.quote(sys.executable)} {shlex.quote(str(example))} --steps 6 --every 2 --sync"
+    script = f'if [ "$TRAINYARD_ATTEMPT" = 1 ]; then exec {base} --stop-after 5; else exec {base}; fi'
+    job = api.submit({"name": "console-lineage", "command": ["sh", "-c", script], "max_restarts": 1,
+                      "restart_backoff_s": 0, "resources": {"nodes": 1, "gpus_per_node": 1}})
+    done = api.wait(job["id"], {"succeeded", "failed"}, timeout=180)
+    assert (done["state"], done["attempt"]) == ("succeeded", 2), done["message"]
+    saved = api.http.get(f"/v1/jobs/{job['id']}/checkpoints").json()["checkpoints"]
+    assert sorted((c["attempt"], c["step"]) for c in saved) == [(1, 2), (1, 4), (2, 6)]
+
+    page = tab.login(cluster.token, f"/jobs/{job['id']}")
+    lineage = page.get_by_test_id("checkpoint-lineage")
+    rows = lineage.locator(".lineage-row")
+    expect(rows).to_have_count(2, timeout=WAIT_MS)
+    expect(rows.nth(0)).to_contain_text("attempt 1")
+    expect(rows.nth(0).locator(".lineage-ckpt")).to_have_text(["step 2", "step 4"])
+    expect(rows.nth(0).locator(".lineage-from")).to_have_count(0)
+    expect(rows.nth(1)).to_contain_text("attempt 2")
+    expect(rows.nth(1).locator(".lineage-from")).to_have_text("resumed from step 4 ›")
+    expect(rows.nth(1).locator(".lineage-ckpt.latest")).to_have_text("step 6")
+    table = page.get_by_test_id("checkpoint-table")
+    for c in saved:
+        expect(table.locator(f'tr[data-checkpoint="{c["id"]}"]')).to_contain_text(str(c["step"]))
+    screens.shoot(page, "job-checkpoints")
+
+
 def test_an_xid_turns_the_gpu_unhealthy_on_the_node_page(api: Api, cluster: LocalCluster, tab: Tab,
                                                          screens: Screens) -> None:
     node, gpu = "node-3", 2
