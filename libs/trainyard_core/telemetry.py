@@ -195,8 +195,9 @@ def tracer_provider(service: str, settings: BaseSettings, *, memory: MemorySpans
 def setup_tracing(service: str, settings: BaseSettings, *, memory: MemorySpans | None = None,
                   process: bool = False) -> None:
     """Install `tracer_provider(service, settings)` for the process and instrument grpc.aio servers and
-    clients (they carry the trace context in each call's metadata). Once per process; later calls do nothing.
-    `process`: a service's main, whose every log line names a trace from here on (`begin_process`)."""
+    clients (they carry the trace context in each call's metadata). Once per process: a later call only opens
+    the process's trace if it asks and none is open. `process`: a service's main, whose every log line names a
+    trace from here on (`begin_process`)."""
     global _configured, _recording
     first = not _configured
     if first:
@@ -223,8 +224,9 @@ def begin_process(service: str, tracer_: trace.Tracer | None = None) -> trace.Sp
     (logs.set_process_trace). Not current in any context: the requests and jobs handled meanwhile keep their
     own traces. Call after setup_tracing, once per process (`tracer_`: tests')."""
     global _process_span
-    span = (tracer_ or trace.get_tracer(__name__)).start_span(f"{service}.process", context=otel_context.Context(),
-                                                 attributes={"process.pid": os.getpid()})
+    tracer_ = tracer_ or trace.get_tracer(__name__)
+    span = tracer_.start_span(f"{service}.process", context=otel_context.Context(),
+                              attributes={"process.pid": os.getpid()})
     ctx = span.get_span_context()
     if ctx.is_valid:
         logs.set_process_trace(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
