@@ -154,7 +154,7 @@ def test_a_restarted_jobs_checkpoints_show_their_lineage(api: Api, cluster: Loca
     expect(rows.nth(0).locator(".lineage-ckpt")).to_have_text(["step 2", "step 4"])
     expect(rows.nth(0).locator(".lineage-from")).to_have_count(0)
     expect(rows.nth(1)).to_contain_text("attempt 2")
-    expect(rows.nth(1).locator(".lineage-from")).to_have_text("resumed from step 4 ›")
+    expect(rows.nth(1).locator(".lineage-from")).to_have_text("resumed from step 4 \u203a")
     expect(rows.nth(1).locator(".lineage-ckpt.latest")).to_have_text("step 6")
     table = page.get_by_test_id("checkpoint-table")
     for c in saved:
