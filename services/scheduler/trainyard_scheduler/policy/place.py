@@ -16,6 +16,12 @@ accelerator model and topology domain, then takes pending jobs in queue order an
    reservation, as in Slurm); jobs without a time limit never backfill into a reservation.
 
 Nothing here reads a clock or a store; `now` is passed in.
+
+The session (`_Session`, here) walks the queue, looks for room now, and commits its decisions; the other
+steps live apart and are called by it: model choice and quota admission (admission.py), the node-by-node
+placement of CPU-only and mixed-model gangs (pernode.py), preemption (preempt.py), reservations
+(reserve.py), and the search over releases those two share (releases.py). The result types are in
+results.py and are imported from here.
 """
 
 from __future__ import annotations
@@ -24,58 +30,23 @@ import heapq
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from ..domain.models import TIERS, Allocation, Job, JobState, NodeAssignment
-from ..domain.queues import PolicyConfig, standing
+from ..domain.queues import PolicyConfig
 from ..domain.snapshot import ClusterSnapshot
+from . import pernode
+from .admission import ModelAdmission
 from .api import Ledger, NodeView, Profile
-from .capacity import Found, Pool, select_by_leaves
+from .capacity import Found, Pool
 from .index import ClusterIndex
-from .topology import CLUSTER, NODE, TIER_INDEX, gang_tier, islands_of, pick_gpus
+from .preempt import Preemptor
+from .releases import ReleaseSearch, always
+from .reserve import Held, Reserver, expected_end
+from .results import Decision, PlacementResult, Preemption, Reservation, Unplaced
+from .topology import CLUSTER, TIER_INDEX, gang_tier, islands_of, pick_gpus
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    job_id: str
-    assignments: tuple[NodeAssignment, ...]
-    master_port: int
-    model: str = ""
-    borrowed: bool = False
-    tier: int = NODE
-
-
-@dataclass(frozen=True, slots=True)
-class Preemption:
-    preemptor: str
-    victims: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    job_id: str
-    start: float  # math.inf when some gang it waits for has no time limit
-    nodes: tuple[str, ...]
-    model: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unplaced:
-    job_id: str
-    reason: str
-
-
-@dataclass
-class PlacementResult:
-    decisions: list[Decision] = field(default_factory=list)
-    preemptions: list[Preemption] = field(default_factory=list)
-    reservations: list[Reservation] = field(default_factory=list)
-    unplaced: list[Unplaced] = field(default_factory=list)
-    # Every job the session considered, in the order it did (the queue order: domain/pending.py).
-    considered: list[str] = field(default_factory=list)
-    # (job id, seconds) per job considered, when a timer was passed (benchmarks).
-    timings: list[tuple[str, float]] = field(default_factory=list)
+__all__ = ["Decision", "PlacementResult", "Preemption", "Reservation", "Unplaced", "choose_master_port",
+           "expected_end", "place"]
 
 
 def choose_master_port(job_id: str, attempt: int, used: set[int], port_range: tuple[int, int]) -> int:
@@ -88,14 +59,6 @@ def choose_master_port(job_id: str, attempt: int, used: set[int], port_range: tu
         if port not in used:
             return port
     return lo + start  # every port taken: torch will report the clash on launch
-
-
-def expected_end(alloc: Allocation, now: float) -> float:
-    """When a running gang's GPUs will be free at the latest: now if it is being stopped, its time limit
-    if it has one, never (inf) otherwise."""
-    if alloc.stop_reason:
-        return now
-    return alloc.expected_end if alloc.expected_end is not None else math.inf
 
 
 def place(snapshot: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
@@ -117,18 +80,14 @@ def place(snapshot: ClusterSnapshot, profile: Profile, config: PolicyConfig, now
         session.index.dirty.update(session.touched)
 
 
-@dataclass
-class _Held:
-    """A reservation's hold on GPUs that are free now (lent to backfill that ends before `start`)."""
-
-    res: Reservation
-    lendable: dict[str, list[int]]
-
-
-Release = tuple[str, tuple[int, ...]]
-
-
 class _Session:
+    """One placement session over one snapshot: what is free, what it has decided, and the queue walk.
+
+    Its parts (`admission`, `preemptor`, `reserver`, `releases`, and pernode.py's functions) are handed the
+    session at each call and read its state through `find`, `node_ok`, `max_tier`, `gpu_islands`, `with_port`
+    and its attributes; only the session takes GPUs and CPUs for a decision and charges the ledger
+    (`_commit`)."""
+
     def __init__(self, snap: ClusterSnapshot, profile: Profile, config: PolicyConfig, now: float,
                  port_range: tuple[int, int], index: ClusterIndex | None, reuse_verdicts: bool = True) -> None:
         self.snap = snap
@@ -141,13 +100,13 @@ class _Session:
         self.result = PlacementResult()
         self.islands: dict[str, dict[int, int]] = {}
         self.ports = snap.used_master_ports()
-        self.held: list[_Held] = []
-        self.victims_taken: set[str] = set()
-        self.preemptors = 0
-        self.reservation_tries = 0
-        self._rel_cache: dict[str, dict[str, list[Release]]] = {}
-        self._victims: list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]] | None = None
-        self._models_cache: dict[tuple[object, ...], tuple[list[str], str]] = {}
+        # The session's parts (see each module's docstring for what it decides and why it is apart).
+        # They are handed the session at each call rather than keeping it: no reference cycle, so a session's
+        # state is freed when `place` returns, not at the next cyclic garbage collection.
+        self.admission = ModelAdmission()
+        self.releases = ReleaseSearch()
+        self.reserver = Reserver(self.releases)
+        self.preemptor = Preemptor(self.releases)
         if index is None:
             index = ClusterIndex.of(snap, profile.gates)
         else:
@@ -218,14 +177,14 @@ class _Session:
         """Changes with everything a consideration can change in the session (what it took, reserved,
         preempted, and the counters that bound reservations and preemptions)."""
         r = self.result
-        return (len(r.decisions), len(r.reservations), len(r.preemptions), self.reservation_tries, self.preemptors,
-                len(self.victims_taken))
+        return (len(r.decisions), len(r.reservations), len(r.preemptions), self.reserver.tries,
+                self.preemptor.preemptors, len(self.preemptor.victims_taken))
 
     def _consider_or_reuse(self, job: Job) -> None:
         if self._verdicts is None or job.id in self.nominated:
             self._consider(job)
             return
-        key = (*self.index.shape(job), self._max_tier(job))
+        key = (*self.index.shape(job), self.max_tier(job))
         state = self._state()
         seen = self._verdicts.get(key)
         if seen is not None and seen[0] == state:
@@ -239,20 +198,20 @@ class _Session:
 
     def _consider(self, job: Job) -> None:
         if job.spec.resources.cpu_only:
-            decision, reason = self._place_cpu(job)
+            decision, reason = pernode.place_cpu(self, job)
             if decision is not None:
                 self._commit(job, decision)
             else:
                 self.result.unplaced.append(Unplaced(job.id, reason))
             return
-        models, reasons = self._models(job)
+        models, reasons = self.admission.models(self, job)
         if not models:
             self.result.unplaced.append(Unplaced(job.id, "no accelerator in the fleet matches: " + reasons))
             return
         admitted: list[tuple[str, bool]] = []
         why: list[str] = []
         for model in models:
-            verdict_ok, borrowed, reason = self._admit(job, model)
+            verdict_ok, borrowed, reason = self.admission.admit(self, job, model)
             if not verdict_ok:
                 why.append(reason)
                 continue
@@ -262,54 +221,25 @@ class _Session:
                 self._commit(job, self._decision(job, model, borrowed, *hit))
                 return
         if admitted and job.spec.resources.allow_mixed:
-            decision = self._place_mixed(job, admitted)
+            decision = pernode.place_mixed(self, job, admitted)
             if decision is not None:
                 self._commit(job, decision)
                 return
         if not admitted:
             self.result.unplaced.append(Unplaced(job.id, "; ".join(dict.fromkeys(why))))
             return
-        if self._preempt(job, admitted):
+        if self.preemptor.preempt(self, job, admitted):
             return
-        self._reserve(job, admitted)
+        self.reserver.reserve(self, job, admitted)
         r = job.spec.resources
-        tier = self._max_tier(job)
+        tier = self.max_tier(job)
         within = f" within one {TIERS[tier]}" if tier < CLUSTER else ""
         self.result.unplaced.append(Unplaced(job.id, (
             f"waiting for {r.nodes} node(s) with {r.gpus_per_node} free {'/'.join(m for m, _ in admitted)} "
             f"GPU(s){within}" + (f"; {'; '.join(dict.fromkeys(why))}" if why else ""))))
 
-    # -- models, admission -------------------------------------------------------------------------------
-    def _models(self, job: Job) -> tuple[list[str], str]:
-        r = job.spec.resources
-        shape = (r.accelerator, r.accelerators, r.vendor, r.min_memory_gb, r.min_compute_capability,
-                 tuple(sorted(r.speed_hints.items())))
-        hit = self._models_cache.get(shape)
-        if hit is not None:
-            return hit
-        ok: list[tuple[float, str]] = []
-        reasons: list[str] = []
-        for model, info in self.catalog.items():
-            rejected = next((x for f in self.profile.model_filters if (x := f.filter(job, info)) is not None), None)
-            if rejected is None:
-                ok.append((-self.profile.model_score.score(job, info, self.config), model))
-            else:
-                reasons.append(f"{model}: {rejected}")
-        found = [m for _, m in sorted(ok)], "; ".join(reasons) or "no GPUs registered"
-        self._models_cache[shape] = found
-        return found
-
-    def _admit(self, job: Job, model: str) -> tuple[bool, bool, str]:
-        borrowed = False
-        gpus = job.spec.resources.total_gpus
-        for adm in self.profile.admissions:
-            v = adm.admit(job, model, gpus, self.ledger, self.config)
-            if not v.ok:
-                return False, False, v.reason
-            borrowed = borrowed or v.borrowed
-        return True, borrowed, ""
-
-    def _max_tier(self, job: Job) -> int:
+    # -- topology constraint ----------------------------------------------------------------------------
+    def max_tier(self, job: Job) -> int:
         t = job.spec.topology
         if not t.tier:
             return CLUSTER
@@ -319,10 +249,10 @@ class _Session:
         return CLUSTER
 
     # -- finding room ------------------------------------------------------------------------------------
-    def _node_ok(self, job: Job) -> Callable[[str], bool]:
+    def node_ok(self, job: Job) -> Callable[[str], bool]:
         filters = [f for f in self.profile.node_filters if f.applies(job, self.config)]
         if not filters:
-            return _always
+            return always
         views = self.views
 
         def ok(node_id: str) -> bool:
@@ -342,32 +272,32 @@ class _Session:
             return score.score(job, NodeView(v.node, tuple(pool.free[node_id]), v.alive, v.has_orphans))
         return order
 
-    def _find(self, job: Job, pool: Pool) -> Found | None:
+    def find(self, job: Job, pool: Pool) -> Found | None:
         r = job.spec.resources
-        return pool.find(r.nodes, r.gpus_per_node, self._max_tier(job), self._node_ok(job), self._order(job, pool))
+        return pool.find(r.nodes, r.gpus_per_node, self.max_tier(job), self.node_ok(job), self._order(job, pool))
 
-    def _find_now(self, job: Job, model: str) -> tuple[Found, list[_Held]] | None:
+    def _find_now(self, job: Job, model: str) -> tuple[Found, list[Held]] | None:
         pool = self.pools.get(model)
         if pool is None:
             return None
-        found = self._find(job, pool)
+        found = self.find(job, pool)
         if found is not None:
             return found, []
         # Backfill into held GPUs, only for a job sure to end before the reservation starts.
         end = self.now + job.spec.time_limit_s if job.spec.time_limit_s > 0 else math.inf
-        lent = [h for h in self.held if h.res.model == model and end <= h.res.start]
+        lent = [h for h in self.reserver.held if h.res.model == model and end <= h.res.start]
         if not lent:
             return None
         for h in lent:
             for node_id, gpus in h.lendable.items():
                 pool.give(node_id, gpus)
-        found = self._find(job, pool)
+        found = self.find(job, pool)
         for h in lent:
             for node_id, gpus in h.lendable.items():
                 pool.take(node_id, gpus)
         return (found, lent) if found is not None else None
 
-    def _decision(self, job: Job, model: str, borrowed: bool, found: Found, lent: Sequence[_Held]) -> Decision:
+    def _decision(self, job: Job, model: str, borrowed: bool, found: Found, lent: Sequence[Held]) -> Decision:
         r = job.spec.resources
         pool = self.pools[model]
         # Node ranks follow the topology: nodes of one leaf get consecutive ranks.
@@ -375,7 +305,7 @@ class _Session:
         assignments = []
         single_island = True
         for node_rank, node_id in enumerate(ordered):
-            islands = self._islands(node_id)
+            islands = self.gpu_islands(node_id)
             free = set(pool.free.get(node_id, []))
             for h in lent:
                 free.update(h.lendable.get(node_id, []))
@@ -386,15 +316,15 @@ class _Session:
                                               ranks=tuple(range(first, first + r.gpus_per_node)), model=model,
                                               cpus=r.cpus_per_node))
         tier = gang_tier(ordered, self.paths, single_island)
-        return self._with_port(job, Decision(job.id, tuple(assignments), 0, model, borrowed, tier))
+        return self.with_port(job, Decision(job.id, tuple(assignments), 0, model, borrowed, tier))
 
-    def _islands(self, node_id: str) -> dict[int, int]:
+    def gpu_islands(self, node_id: str) -> dict[int, int]:
         hit = self.islands.get(node_id)
         if hit is None:
             hit = self.islands[node_id] = islands_of(self.snap.nodes[node_id])
         return hit
 
-    def _with_port(self, job: Job, d: Decision) -> Decision:
+    def with_port(self, job: Job, d: Decision) -> Decision:
         master = d.assignments[0].node_id
         port = choose_master_port(job.id, job.attempt, self.ports.get(master, set()), self.port_range)
         return Decision(d.job_id, d.assignments, port, d.model, d.borrowed, d.tier)
@@ -408,7 +338,7 @@ class _Session:
             pool = self.pools[a.model]
             self.touched.add(a.node_id)
             taken = set(a.gpu_indices)
-            for h in self.held:
+            for h in self.reserver.held:
                 if a.node_id in h.lendable:
                     h.lendable[a.node_id] = [g for g in h.lendable[a.node_id] if g not in taken]
             pool.take(a.node_id, taken)
@@ -416,290 +346,6 @@ class _Session:
                                len(a.gpu_indices), d.borrowed)
         self.ports.setdefault(d.assignments[0].node_id, set()).add(d.master_port)
         self.result.decisions.append(d)
-
-    def _place_cpu(self, job: Job) -> tuple[Decision | None, str]:
-        r = job.spec.resources
-        ok = self._node_ok(job)
-        per_leaf: dict[str, list[str]] = {}
-        for node_id in self.cpu_nodes:
-            if ok(node_id):
-                per_leaf.setdefault(self.paths[node_id][0], []).append(node_id)
-        chosen = select_by_leaves(list(per_leaf.values()), r.nodes, lambda n: float(self.free_cpus[n]))
-        if chosen is None:
-            return None, (f"waiting for {r.nodes} CPU-only node(s) with {r.cpus_per_node or 1} free CPU(s); "
-                          f"{sum(len(v) for v in per_leaf.values())} have room")
-        ordered = sorted(chosen, key=lambda n: (self.paths[n][2], self.paths[n][1], self.paths[n][0], n))
-        assignments = tuple(NodeAssignment(node_id=n, node_rank=i, gpu_indices=(), ranks=(i,), model="",
-                                           cpus=r.cpus_per_node or 1) for i, n in enumerate(ordered))
-        return self._with_port(job, Decision(job.id, assignments, 0, "", False, gang_tier(ordered, self.paths))), ""
-
-    def _place_mixed(self, job: Job, admitted: Sequence[tuple[str, bool]]) -> Decision | None:
-        """A gang allowed to mix models: each node's share is of one model (the fastest the node has)."""
-        r = job.spec.resources
-        ok = self._node_ok(job)
-        best_model: dict[str, str] = {}
-        for model, _ in admitted:  # fastest first
-            pool = self.pools.get(model)
-            if pool is None:
-                continue
-            for node_id, free in pool.free.items():
-                if node_id not in best_model and len(free) >= r.gpus_per_node and ok(node_id):
-                    best_model[node_id] = model
-        per_leaf: dict[str, list[str]] = {}
-        for node_id in best_model:
-            per_leaf.setdefault(self.paths[node_id][0], []).append(node_id)
-        chosen = select_by_leaves(list(per_leaf.values()), r.nodes, lambda n: float(len(self.pools[best_model[n]]
-                                                                                       .free[n])))
-        if chosen is None:
-            return None
-        tier = gang_tier(chosen, self.paths)
-        if tier > self._max_tier(job):
-            return None
-        ordered = sorted(chosen, key=lambda n: (self.paths[n][2], self.paths[n][1], self.paths[n][0], n))
-        assignments = []
-        for node_rank, node_id in enumerate(ordered):
-            model = best_model[node_id]
-            gpus = pick_gpus(self.pools[model].free[node_id], r.gpus_per_node, self._islands(node_id))
-            first = node_rank * r.gpus_per_node
-            assignments.append(NodeAssignment(node_id, node_rank, gpus, tuple(range(first, first + r.gpus_per_node)),
-                                              model=model, cpus=r.cpus_per_node))
-        borrowed = any(b for _, b in admitted)
-        models = sorted({a.model for a in assignments})
-        return self._with_port(job, Decision(job.id, tuple(assignments), 0, models[0] if len(models) == 1 else
-                                             "mixed", borrowed, tier))
-
-    # -- search over releases (shared by reservations and preemption) -------------------------------------
-    def _min_prefix(self, job: Job, pool: Pool, releases: Sequence[Release]) -> tuple[int, Found] | None:
-        """The fewest releases, in the given order, after which the job fits in `pool`, and where. When no
-        node filter applies to the job the pool's counts answer exactly, in one sweep; otherwise doubling
-        then bisection over full searches, O(log n) of them. Leaves the pool as it was."""
-        n = len(releases)
-        r = job.spec.resources
-
-        def apply(a: int, b: int, give: bool) -> None:
-            for node_id, gpus in releases[a:b]:
-                (pool.give if give else pool.take)(node_id, gpus)
-
-        if self._node_ok(job) is _always:
-            k = pool.first_fit([(node_id, len(g)) for node_id, g in releases], r.nodes, r.gpus_per_node,
-                               self._max_tier(job))
-            if k is None:
-                return None
-            apply(0, k, True)
-            found = self._find(job, pool)
-            apply(0, k, False)
-            return (k, found) if found is not None else None
-
-        def fits() -> bool:
-            return self._find(job, pool) is not None
-
-        applied = lo = 0
-        step = 1
-        ok = False
-        while applied < n:
-            nxt = min(n, applied + step)
-            apply(applied, nxt, True)
-            lo, applied = applied, nxt
-            if fits():
-                ok = True
-                break
-            step *= 2
-        if not ok:
-            apply(0, applied, False)
-            return None
-        hi = applied
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            apply(mid, hi, False)
-            if fits():
-                hi = mid
-            else:
-                apply(mid, hi, True)
-                lo = mid
-        found = self._find(job, pool)
-        apply(0, hi, False)
-        return (hi, found) if found is not None else None
-
-    def _release_table(self, model: str) -> dict[str, list[Release]]:
-        """What each running gang would give back of `model` (healthy GPUs on schedulable nodes); the index
-        keeps these between sessions."""
-        table = self._rel_cache.get(model)
-        if table is None:
-            table = {}
-            for job_id, alloc in self.snap.allocations.items():
-                rels = self.index.releases(job_id, alloc, model)
-                if rels:
-                    table[job_id] = rels
-            self._rel_cache[model] = table
-        return table
-
-    # -- reservations (backfill guard) -----------------------------------------------------------------
-    def _reserve(self, job: Job, admitted: Sequence[tuple[str, bool]]) -> None:
-        if len(self.held) >= self.config.reservation_depth:
-            return
-        if self.reservation_tries >= self.config.reservation_depth + self.config.max_reservation_misses:
-            return  # the jobs at the top cannot fit even when everything ends; the rest wait for a later cycle
-        self.reservation_tries += 1
-        ends: list[tuple[float, str, Allocation]] = []
-        for alloc in self.snap.allocations.values():
-            ends.append((expected_end(alloc, self.now), alloc.job_id, alloc))
-        for d in self.result.decisions:
-            limit = self.snap.jobs[d.job_id].spec.time_limit_s
-            ends.append((self.now + limit if limit > 0 else math.inf, d.job_id,
-                         Allocation(d.job_id, 0, d.assignments, "", 0, self.now)))
-        ends.sort(key=lambda e: (e[0], e[1]))
-        claimed = frozenset(n for h in self.held for n in h.res.nodes)
-        best: tuple[float, int, str, Found] | None = None
-        for rank, (model, _) in enumerate(admitted):
-            pool = self.pools.get(model)
-            if pool is None:
-                continue
-            table = self._release_table(model)
-            releases: list[Release] = []
-            times: list[float] = []
-            for end, job_id, alloc in ends:
-                rels = table.get(job_id) if job_id in self.snap.allocations else self.index.releases_of(alloc, model)
-                for rel in rels or ():
-                    if rel[0] not in claimed:
-                        releases.append(rel)
-                        times.append(end)
-            hit = self._min_prefix_excluding(job, pool, releases, claimed)
-            if hit is None:
-                continue
-            k, found = hit
-            start = times[k - 1] if k else self.now
-            if best is None or (start, rank) < (best[0], best[1]):
-                best = (start, rank, model, found)
-        if best is None:
-            return
-        start, _, model, found = best
-        pool = self.pools[model]
-        lendable: dict[str, list[int]] = {}
-        need = job.spec.resources.gpus_per_node
-        for node_id in found.nodes:
-            free_now = pool.free.get(node_id, [])
-            if free_now:
-                hold = list(pick_gpus(free_now, min(need, len(free_now)), self._islands(node_id)))
-                pool.take(node_id, hold)
-                self.touched.add(node_id)
-                lendable[node_id] = hold
-        res = Reservation(job.id, start, found.nodes, model)
-        self.held.append(_Held(res, lendable))
-        self.result.reservations.append(res)
-
-    def _min_prefix_excluding(self, job: Job, pool: Pool, releases: Sequence[Release],
-                              claimed: frozenset[str]) -> tuple[int, Found] | None:
-        if not claimed:
-            return self._min_prefix(job, pool, releases)
-        # Nodes another reservation holds are not offered to this one.
-        saved = {n: list(pool.free[n]) for n in claimed if n in pool.free}
-        for n in saved:
-            pool.set_free(n, [])
-        try:
-            return self._min_prefix(job, pool, releases)
-        finally:
-            for n, free in saved.items():
-                pool.set_free(n, free)
-
-    # -- preemption --------------------------------------------------------------------------------------
-    def _preempt(self, job: Job, admitted: Sequence[tuple[str, bool]]) -> bool:
-        """Choose victims for a blocked job; True when a preemption was decided (or is under way)."""
-        if job.id in self.nominated:
-            return False  # its victims are still stopping; their GPUs come back to it then
-        cls = self.config.priority_class(job.spec.priority_class)
-        if not self.config.preemption or not cls.can_preempt:
-            return False
-        if self.preemptors >= self.config.max_preemptors:
-            return False  # bounded work per session; the rest try again next cycle
-        mine = standing(job.spec.queue, job.spec.priority_class, job.spec.priority, self.config)
-        pool_all = self._victim_pool()
-        if not pool_all or (mine <= pool_all[0][3] and all(b for _, b in admitted)):
-            return False  # outranks nobody and reclaims nothing
-        self.preemptors += 1
-        for model, borrowed in admitted:
-            candidates: list[tuple[tuple[float, ...], str, Allocation]] = []
-            for c, job_id, alloc, _ in pool_all:
-                if job_id in self.victims_taken or job_id in job.preempted_by:
-                    continue
-                outranks = mine > alloc.priority and (alloc.team == job.team or alloc.borrowed)
-                reclaims = not borrowed and alloc.borrowed and alloc.team != job.team
-                if outranks or reclaims:
-                    candidates.append((c, job_id, alloc))
-            if not candidates:
-                continue
-            pool = self.pools.get(model)
-            if pool is None:
-                continue
-            table = self._release_table(model)
-            releases: list[Release] = []
-            owner: list[str] = []
-            for _, job_id, _alloc in candidates:
-                for rel in table.get(job_id, ()):
-                    releases.append(rel)
-                    owner.append(job_id)
-            hit = self._min_prefix(job, pool, releases)
-            if hit is None:
-                continue
-            k, found = hit
-            victims = self._prune(job, pool, found, releases[:k], owner[:k])
-            if not victims:
-                continue
-            self.victims_taken.update(victims)
-            why = "reclaiming its team's quota" if not borrowed and not any(
-                mine > self.snap.allocations[v].priority for v in victims) else "higher standing"
-            self.result.preemptions.append(Preemption(job.id, tuple(victims), f"preempted by {job.id} ({why})"))
-            return True
-        return False
-
-    def _victim_pool(self) -> list[tuple[tuple[float, ...], str, Allocation, tuple[int, int, int]]]:
-        """Running gangs that could ever be preempted, cheapest first (computed once per session); the 4th
-        element of every entry is the lowest standing among them."""
-        if self._victims is None:
-            cost = self.profile.victim_cost
-            out = []
-            for alloc in self.snap.allocations.values():
-                victim = self.snap.jobs.get(alloc.job_id)
-                if (victim is not None and not alloc.stop_reason and alloc.preemptible
-                        and self.now >= self.config.exempt_until(alloc.created_at, len(victim.preempted_by))):
-                    out.append((cost.cost(victim, alloc, self.now), alloc.job_id, alloc, alloc.priority))
-            out.sort(key=lambda c: (c[0], c[1]))
-            lowest = min((c[3] for c in out), default=(0, 0, 0))
-            self._victims = [(c[0], c[1], c[2], lowest) for c in out]
-        return self._victims
-
-    def _prune(self, job: Job, pool: Pool, found: Found, releases: Sequence[Release],
-               owner: Sequence[str]) -> list[str]:
-        """The victims needed for the found block: only gangs on its nodes, and of those drop the most
-        expensive ones while every node still gets its share."""
-        need = job.spec.resources.gpus_per_node
-        nodes = set(found.nodes)
-        by_victim: dict[str, list[Release]] = {}
-        order: list[str] = []
-        for rel, v in zip(releases, owner, strict=True):
-            if rel[0] in nodes:
-                if v not in by_victim:
-                    order.append(v)
-                by_victim.setdefault(v, []).append(rel)
-
-        def enough(chosen: Sequence[str]) -> bool:
-            free = {n: len(pool.free.get(n, [])) for n in nodes}
-            for v in chosen:
-                for node_id, gpus in by_victim[v]:
-                    free[node_id] += len(gpus)
-            return all(f >= need for f in free.values())
-
-        chosen = list(order)
-        if not enough(chosen):
-            return []
-        for v in reversed(order):  # most expensive first
-            trial = [x for x in chosen if x != v]
-            if enough(trial):
-                chosen = trial
-        return chosen
-
-
-def _always(node_id: str) -> bool:
-    return True
 
 
 class _Overlay(dict[str, int]):
