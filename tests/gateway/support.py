@@ -115,12 +115,6 @@ class CallLog:
     def methods(self) -> list[str]:
         return [method for method, _ in self.calls]
 
-    @property
-    def requested(self) -> list[str]:
-        """`methods` but ListNodes, which a gateway also calls on its own (its fleet history samples the node
-        list from its start on, fleet_metrics.py): what the requests of a test that lists no nodes made."""
-        return [method for method in self.methods if method != "ListNodes"]
-
     def requests(self, method: str) -> list[Any]:
         return [request for m, request in self.calls if m == method]
 

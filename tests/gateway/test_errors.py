@@ -72,7 +72,7 @@ async def test_scheduler_errors_through_grpc(live_gateway: RunningGateway, sched
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["code"] == code
     assert message in reply.json()["error"]["message"]
-    assert scheduler.calls.requested == [method]  # the scheduler's answer, not the gateway's own check
+    assert scheduler.calls.methods == [method]  # the scheduler's answer, not the gateway's own check
 
 
 async def test_submit_refused_by_the_scheduler(live_gateway: RunningGateway, scheduler: Cluster) -> None:
@@ -85,7 +85,7 @@ async def test_submit_refused_by_the_scheduler(live_gateway: RunningGateway, sch
     assert reply.json()["error"]["code"] == "failed_precondition"
     message = reply.json()["error"]["message"]
     assert "gpus_per_node" in message and "more than any node has (the largest has 8 GPUs)" in message
-    assert scheduler.calls.requested == ["SubmitJob"]
+    assert scheduler.calls.methods == ["SubmitJob"]
 
 
 async def test_unreachable_scheduler_is_503(gateway: RunningGateway) -> None:

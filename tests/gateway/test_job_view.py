@@ -143,7 +143,7 @@ async def test_reads_come_from_the_view_and_are_the_schedulers_answers(live: Dep
         live.cluster.calls.clear()
         got = await http.get(f"/v1/jobs/{jobs[0]['id']}")
         page = await http.get("/v1/jobs", params={"state": "pending", "page_size": 2})
-    assert live.cluster.calls.requested == [], "answered by the view: no call to the scheduler"
+    assert live.cluster.calls.methods == [], "answered by the view: no call to the scheduler"
     assert got.status_code == 200 and REVISION in got.headers
     assert got.json() == await live.scheduler_get(jobs[0]["id"])
     assert page.status_code == 200 and REVISION in page.headers
@@ -197,7 +197,7 @@ async def test_another_teams_job_is_not_found_and_operators_see_every_team(live:
         asked = await b.get("/v1/jobs", params={"state": "pending", "team": "vision"})
         seen = await admin.get(f"/v1/jobs/{job['id']}")
         everyone = await admin.get("/v1/jobs", params={"state": "pending"})
-    assert live.cluster.calls.requested == []
+    assert live.cluster.calls.methods == []
     assert other.status_code == 404
     assert other.json()["error"] == {"code": "not_found", "message": f"job {job['id']} not found"}
     assert listed.json() == asked.json() == {"jobs": [], "next_page_token": ""}
@@ -404,7 +404,7 @@ async def test_a_job_that_leaves_etcd_is_a_deleted_event_and_is_read_from_the_hi
         archiving.cluster.calls.clear()
         got = await http.get(f"/v1/jobs/{job['id']}")
         assert got.status_code == 200 and got.json()["state"] == "cancelled"
-        assert REVISION not in got.headers and archiving.cluster.calls.requested == ["GetJob"]
+        assert REVISION not in got.headers and archiving.cluster.calls.methods == ["GetJob"]
         # The team's listing now reaches into the history store: the scheduler answers it, with the job.
         listed = await http.get("/v1/jobs")
         assert [j["id"] for j in listed.json()["jobs"]] == [job["id"]] and REVISION not in listed.headers

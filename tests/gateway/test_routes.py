@@ -47,8 +47,8 @@ async def test_submit_passes_team_user_and_idempotency_key(live_gateway: Running
     assert job["spec"] == {**SPEC, **SPEC_DEFAULTS, "resources": {**SPEC["resources"], **RESOURCES_DEFAULTS}}
     assert job["exit_code"] is None and job["placement"] == [] and job["finished_at"] is None
     assert datetime.fromisoformat(job["created_at"]).tzinfo is not None
-    assert scheduler.calls.requested[0] == "SubmitJob"
-    request = scheduler.calls.requests("SubmitJob")[0]
+    method, request = scheduler.calls.calls[0]
+    assert method == "SubmitJob"
     assert (request.team, request.user, request.idempotency_key) == ("vision", "alice", "abc-1")
     assert request.spec.resources.gpus_per_node == 4 and dict(request.spec.env) == {"LR": "0.1"}
 

@@ -188,7 +188,6 @@ class GatewayApp:
         feed_channels = self._feed_channels = Channels(s.tls, options=OWN_CONNECTIONS)
         view = self._job_view(scheduler, lambda: feed_channels.get(target, identity.SCHEDULER))
         fleet = self._fleet_history = FleetHistory(s.fleet_sample_interval_s, scheduler.list_nodes, clock=self._clock)
-        fleet.start()
         deps = GatewayDeps(settings=s, tokens=token_store, agents=self._agents, store=self._store, job_view=view,
                            scheduler=scheduler, limiter=TokenBuckets(s.rate_limit_per_s, s.rate_limit_burst,
                                                                      clock=self._clock),

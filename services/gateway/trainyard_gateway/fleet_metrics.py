@@ -3,11 +3,9 @@
 Two sources, each where the data is:
 - Allocation (how many GPUs jobs hold, of how many, by model) is the scheduler's knowledge. `FleetHistory`
   asks the scheduler for its node list every `fleet_sample_interval_s` and records one `AllocationPoint` in a
-  ring of the last 24 hours (at most MAX_SAMPLES points), from the gateway's start on, so the console's chart
-  of the allocation over time has the hours before anyone opened it (one node list per interval per gateway:
-  at 10,000 nodes and 15 s, well under 1 % of the scheduler's core). A request's own node list is recorded too
-  when the last point is half an interval old. Each gateway replica keeps its own; a restarted gateway starts
-  an empty one. A failed read is skipped and tried again after
+  ring of the last 24 hours (at most MAX_SAMPLES points), from the first GET /v1/fleet/metrics on (whose own
+  node list is the first point), so a gateway nobody asks costs the scheduler nothing. Each gateway replica
+  keeps its own; a restarted gateway starts an empty one. A failed read is skipped and tried again after
   RETRY_S (or the interval, if shorter); it is logged once when reads start failing and once when they work
   again.
 - GPU telemetry (utilization, memory, temperature, power) is the agents': each keeps a ring buffer of its
@@ -68,8 +66,9 @@ def allocation_point(nodes: Sequence[Node], at: datetime) -> AllocationPoint:
 
 
 class FleetHistory:
-    """The ring of allocation points, oldest first, and the loop that adds one every `interval_s` from `start`
-    (the gateway's start) on. Only the event loop touches it."""
+    """The ring of allocation points, oldest first, and the loop that adds one every `interval_s`. Only the event
+    loop touches it. Recording starts with the first `observe` (the first GET /v1/fleet/metrics): a gateway that
+    nobody asks for the fleet's history asks the scheduler nothing for it."""
 
     def __init__(self, interval_s: float, read_nodes: Callable[[], Awaitable[list[Node]]], *,
                  clock: Clock | None = None) -> None:
@@ -80,16 +79,14 @@ class FleetHistory:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
-    def start(self) -> None:
-        """Record a point now and every interval after it, until `stop`."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="fleet-history")
-
     def observe(self, nodes: Sequence[Node]) -> None:
-        """A node list a request just read: recorded unless a point is less than half an interval old."""
+        """A node list a request just read: recorded unless a point is less than half an interval old; starts the
+        loop the first time."""
         now = self._clock.now()
         if not self._points or now - self._points[-1].time.timestamp() >= self.interval_s / 2:
             self._record(nodes, now)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fleet-history")
 
     def window(self, window_s: int, now: datetime) -> list[AllocationPoint]:
         start = now.timestamp() - window_s
@@ -122,7 +119,7 @@ class FleetHistory:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        next_at = loop.time() + self.interval_s
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             recorded = False

@@ -89,7 +89,7 @@ class GatewaySettings(EtcdSettings):
     # The web console (/console) and its metrics API (fleet_metrics.py).
     fleet_sample_interval_s: float = Field(15.0, ge=0.05, le=3600, description=(
         "how often the gateway records the fleet's allocation (from the scheduler's node list) for GET "
-        "/v1/fleet/metrics and the console's charts, from the gateway's start on; it keeps the last 24 hours "
+        "/v1/fleet/metrics and the console's charts, from the first such request on; it keeps the last 24 hours "
         "or 5,760 samples, whichever is shorter"))
     console_prometheus_url: str = Field("", max_length=2000, pattern=r"^(https?://[^\s\"'<>]+)?$", description=(
         "a Prometheus server's URL the console links to (http:// or https://); empty: no link"))
