@@ -18,7 +18,7 @@ from trainyard_core.logs import log_context
 from .. import metrics
 from ..model import RunningAllocation
 from ..notify import Notifier
-from . import credentials, logs, logwriter, process, records, shim
+from . import credentials, logs, logwriter, process, records, shim, spawn
 from .allocation import Allocation, Worker
 from .model import EXIT_UNKNOWN, WorkerExit, WorkerStatus, exit_status
 from .stopping import end_groups
@@ -196,8 +196,5 @@ def _still_ours(rec: records.WorkerRecord) -> bool:
 
 def _complaints(err_path: Path) -> str:
     """The end of what a shim wrote to its stderr file, for the log."""
-    try:
-        text = err_path.read_text(errors="replace").strip()
-    except OSError:
-        return ""
-    return f" (it said: {text[-300:]})" if text else ""
+    text = spawn.shim_stderr_tail(err_path, 300)
+    return f" (it said: {text})" if text else ""

@@ -124,9 +124,14 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
             process.signal_group(pid, signal.SIGKILL)  # the worker leads its own group
 
 
-def _complaints(err_path: Path) -> str:
+def shim_stderr_tail(err_path: Path, limit: int) -> str:
+    """The last `limit` characters a shim wrote to its stderr file ("" when none, or unreadable)."""
     try:
-        text = err_path.read_text(errors="replace").strip()
+        return err_path.read_text(errors="replace").strip()[-limit:]
     except OSError:
         return ""
-    return f": {text[-500:]}" if text else ""
+
+
+def _complaints(err_path: Path) -> str:
+    text = shim_stderr_tail(err_path, 500)
+    return f": {text}" if text else ""
