@@ -61,6 +61,15 @@ class Unavailable(TrainyardError):
     """A dependency (etcd, another service) cannot be reached now; retry later."""
 
 
+class Busy(Unavailable):
+    """This server is busy with calls like this one (rpc/admission.py): the call was refused before it did
+    anything; retry after `retry_after_s` seconds (which the gRPC answer carries as trailing metadata)."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class StoreOutOfSpace(ResourceExhausted, Unavailable):
     """etcd refused a write because its database reached its space quota (the NOSPACE alarm). The write was
     not applied: unlike a plain Unavailable its outcome is known. Callers see RESOURCE_EXHAUSTED; it is an

@@ -65,6 +65,23 @@ _KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.S
                                                   "invalid-page-token": errors.InvalidPageToken}
 
 
+# How long a busy server asks the caller to wait before trying again (errors.Busy; rpc/admission.py), in whole
+# milliseconds: the gRPC counterpart of HTTP's Retry-After.
+RETRY_AFTER = "trainyard-retry-after-ms"
+
+
+def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
+    """The wait a refused call was asked for (RETRY_AFTER), in seconds; None when none (or an unreadable one)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER:
+            try:
+                ms = int(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1000 if ms >= 0 else None
+    return None
+
+
 def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:
     for key, value in exc.trailing_metadata() or ():
         if key == ERROR_KIND:
@@ -90,12 +107,17 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
         exc = exc.exceptions[0]
     if isinstance(exc, errors.TrainyardError):
         code = status_for(exc)
+        # Trailing, not initial, metadata: a stream may already have sent its initial metadata.
+        trailing: list[tuple[str, str]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader:
-            # Trailing, not initial, metadata: a stream may already have sent its initial metadata.
-            context.set_trailing_metadata((("trainyard-leader", exc.leader),))
+            trailing.append(("trainyard-leader", exc.leader))
         kind = next((k for k, cls in _KINDS.items() if isinstance(exc, cls)), None)
         if kind is not None:
-            context.set_trailing_metadata(((ERROR_KIND, kind),))
+            trailing.append((ERROR_KIND, kind))
+        if isinstance(exc, errors.Busy):
+            trailing.append((RETRY_AFTER, str(max(0, round(exc.retry_after_s * 1000)))))
+        if trailing:
+            context.set_trailing_metadata(tuple(trailing))
         await context.abort(code, exc.message)
     log.error("unhandled error in %s", method, exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see the service log")

@@ -82,6 +82,7 @@ async def start_grpc_server(
     audit: AuditSink | None = None,
     audit_service: str = "",
     options: Sequence[tuple[str, int | str]] = (),
+    admission: grpc.aio.ServerInterceptor | None = None,
 ) -> GrpcServer:
     """Start a server with the metrics and error-mapping interceptors, health and reflection; port 0 picks a
     free one.
@@ -92,9 +93,12 @@ async def start_grpc_server(
     authorized by the table in `security/authz.py`; without, it is plaintext and unauthorized. With `audit`,
     every mutating call (`authz.AUDITED`), refused ones included, is recorded there as `audit_service`.
     `options`: gRPC server options on top of (and replacing) the shared ones, e.g. the scheduler's keepalive.
+    `admission` (rpc/admission.py) sits outside the audit: a call it refuses at once did nothing to record.
     """
     # Metrics outermost: they count the status the caller gets, after the error mapping (rpc/metrics.py).
     chain: list[grpc.aio.ServerInterceptor] = [RpcMetricsInterceptor(), ErrorMappingInterceptor()]
+    if admission is not None:
+        chain.append(admission)
     if audit is not None:
         chain.append(AuditInterceptor(audit, audit_service, authorized=tls is not None))
     if tls is not None:

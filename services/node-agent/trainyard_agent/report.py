@@ -26,7 +26,9 @@
   cannot be reached) until a leader takes the node again.
 - `stop()` sends a leaving beat, which closes the session (the scheduler then counts the node's silence from
   that moment).
-- Backoff restarts from its initial delay after every successful registration.
+- Backoff restarts from its initial delay after every successful registration. A leader busy with every
+  agent's registration at once (a failover) refuses the calls it cannot serve soon with UNAVAILABLE and an
+  appointment (trainyard_core.rpc.admission); the agent keeps it instead of its backoff.
 - FATAL: the scheduler rejected this node's registration as invalid (e.g. a malformed node id).
   Retrying cannot help; `fatal` is set and main.py ends the process with a clear message.
 
@@ -57,6 +59,7 @@ from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
+from trainyard_core.rpc.errors import retry_after_s
 from trainyard_core.rpc.liveness import AGENT_IDLE_S, LEASE_RENEW_S
 
 from . import metrics
@@ -240,6 +243,7 @@ class Reporter:
             while not self._stopping.is_set():
                 link = self._connect()
                 channel = IdleChannel(link)
+                wait: float | None = None
                 try:
                     await self._session(channel, link.target)
                 except _Refused as refused:
@@ -250,6 +254,12 @@ class Reporter:
                     level = logging.DEBUG if warned else logging.WARNING
                     log.log(level, "scheduler connection failed: %s: %s", exc.code().name, exc.details())
                     warned = True
+                    # A leader busy with every agent's registration (a failover) names when to come back: an
+                    # appointment, spread from other agents' (trainyard_core.rpc.admission), kept with a little
+                    # jitter instead of the backoff, which would bring the fleet back sooner than it can be served.
+                    asked = retry_after_s(exc)
+                    if asked is not None:
+                        wait = asked * random.uniform(1.0, 1.1)
                 except _Reregister as why:
                     if not self._stopping.is_set():
                         log.info("registering again: %s", why)
@@ -260,7 +270,7 @@ class Reporter:
                 finally:
                     self.connected = False
                     await channel.close()
-                await self._pause(self._backoff.next())
+                await self._pause(self._backoff.next() if wait is None else wait)
 
     def _fail(self, exc: grpc.aio.AioRpcError) -> None:
         self.fatal = InvalidArgument(f"the scheduler refused to register node {self.node_id!r}: {exc.details()}; "

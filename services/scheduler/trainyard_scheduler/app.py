@@ -23,6 +23,7 @@ from trainyard_core import contract
 from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc import liveness as liveness_options
+from trainyard_core.rpc.admission import AdmissionInterceptor
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.service import start_or_undo
 from trainyard_core.store.api import KeyValue, Store
@@ -62,6 +63,8 @@ from .worker_credentials import WorkerCredentials
 log = logging.getLogger(__name__)
 # Ports tried with listen_port 0 until one is free over UDP too (see `_start`).
 PORT_TRIES = 5
+# The call every agent makes at once when a new leader takes over: admitted a bounded number at a time.
+REGISTER_NODE = "/" + scheduler_pb2.DESCRIPTOR.services_by_name["NodeService"].full_name + "/RegisterNode"
 
 
 class SchedulerApp:
@@ -173,7 +176,10 @@ class SchedulerApp:
         for tries_left in reversed(range(PORT_TRIES if s.listen_port == 0 else 1)):
             server = await start_grpc_server(host=s.listen_host, port=s.listen_port, register=register,
                                              service_names=names, tls=s.tls, audit=self.audit,
-                                             audit_service="scheduler", options=liveness_options.SERVER_OPTIONS)
+                                             audit_service="scheduler", options=liveness_options.SERVER_OPTIONS,
+                                             admission=AdmissionInterceptor(
+                                                 (REGISTER_NODE,), limit=s.register_concurrency,
+                                                 max_wait_s=s.register_max_wait_s))
             try:
                 self._pulse_endpoint = await pulses.start_endpoint(s.listen_host, server.port, self.pulses)
             except OSError as exc:

@@ -61,9 +61,19 @@ class SchedulerSettings(EtcdSettings):
                                        "intervals counts as a lost node")
     leader_grace_s: float = Field(10.0, ge=0, description="a new leader counts every registered node alive this "
                                   "long (at least node_timeout_s) while the agents find it, and longer while agents "
-                                  "keep registering (until none arrived for node_timeout_s; 60 s at most). Agents "
+                                  "keep registering (until none arrived for node_timeout_s) or many of them are "
+                                  "silent together (the storm still going on); 60 s at most. Agents "
                                   "notice a leader change when their pulses go unacknowledged for 4 s, so keep it "
                                   "above that plus a few seconds of reconnecting")
+    register_concurrency: int = Field(32, ge=1, le=4096, description="agent registrations the leader handles at "
+                                      "once; during a failover every agent registers at once, and those beyond "
+                                      "wait for a slot while the wait is short (register_max_wait_s)")
+    register_max_wait_s: float = Field(2.0, gt=0, le=60, description="an agent's registration that would wait "
+                                       "longer than this for a slot (estimated from the recent registration rate) "
+                                       "is refused at once, UNAVAILABLE with the time to come back, which the "
+                                       "agent waits: a failover's storm is spread over the time the leader needs "
+                                       "for it instead of being retried into collapse. Keep it well below the "
+                                       "agents' 5 s registration deadline")
     worker_fence_s: float = Field(8.0, ge=0, le=3600, description="agents renew a lease this long with every "
                                   "answer of the leader; when it runs out their workers are killed. A lost "
                                   "node's gang is released this long (+1 s) after its last heartbeat, so no old "
