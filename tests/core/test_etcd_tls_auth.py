@@ -40,6 +40,7 @@ from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.etcd_auth import enable_auth
 from trainyard_core.testing.etcd_secure import SecureEtcd, settings_of, start_secure, stop_secure
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway.app import GatewayApp
 from trainyard_gateway.settings import GatewaySettings
 from trainyard_scheduler.settings import SchedulerSettings
@@ -392,3 +393,16 @@ async def test_rotated_tls_files_are_taken_up_without_a_restart(secure_etcd: Sec
         assert got is not None and got.value == b"4"
     finally:
         await store.close()
+
+
+async def test_the_leaders_lease_keeper_thread_logs_in_with_the_password(password_store: EtcdStore) -> None:
+    """The keeper renews over its own connection (lease_thread.py), so it logs in with the password itself."""
+    lease = await password_store.grant_lease(2)
+    lost: list[str] = []
+    keeper = password_store.lease_keeper(lease, 2, loop_alive=time.monotonic, on_lost=lost.append)
+    keeper.start()
+    try:
+        await eventually(lambda: truthy(keeper.renewals >= 2), timeout=10, what="two renewals")
+    finally:
+        keeper.stop()
+    assert keeper.join(5) and lost == []

@@ -4,7 +4,9 @@ A candidate holds a lease and creates the leader key bound to it only if the key
 create revision is the leader's **epoch**: it only ever grows, and `fence()` gives the compare every
 leader write must carry, so a deposed leader (lease expired, key re-created by another) can never commit.
 Losing the lease (keepalive says 0, or the store unreachable for longer than the TTL) ends leadership;
-`lost` is set and the owner must stop acting as leader at once.
+`lost` is set and the owner must stop acting as leader at once. On etcd the lease is renewed by a thread of
+its own (lease_thread.py), so a leader whose event loop is busy (a failover's registration storm) keeps it,
+and one whose loop has stopped for LOOP_STALL_S lets it expire.
 
 A candidate that does not lead reads the leader key on every round of its campaign, so it always knows who
 leads now (`campaign(observe=...)` hears each change): a standby names the leader to the callers it refuses
@@ -15,14 +17,28 @@ good when that one read failed (an etcd member lost at that moment).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import FailedPrecondition, Unavailable
 from .api import Compare, KeyValue, Put, Store, absent
 
 log = logging.getLogger(__name__)
+# How often the leader's loop tells its lease keeper thread that it still runs (lease_thread.LOOP_STALL_S).
+LOOP_TICK_S = 0.5
+
+
+@dataclass
+class _ThreadKeeping:
+    """A term's lease thread, what it says when the lease is lost, and when this loop last ran."""
+
+    lost: asyncio.Future[str]
+    alive: list[float]
+    keeper: Any = None
 
 
 class LeaderElection:
@@ -35,6 +51,7 @@ class LeaderElection:
         self.epoch = 0
         self.lost = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
+        self._thread: _ThreadKeeping | None = None
 
     def fence(self) -> Compare:
         return Compare(self._key, "create", "==", self.epoch)
@@ -83,7 +100,10 @@ class LeaderElection:
                 if kv is not None and kv.lease == self.lease_id:
                     self.epoch = kv.create_revision
                     self.lost.clear()
-                    self._keeper = asyncio.create_task(self._keep(), name="leader keepalive")
+                    # The lease's thread starts now, not when the keeper task first runs: on a loop busy with a
+                    # failover's storm that can be seconds, and the lease lasts three.
+                    self._thread = self._start_thread_keeper()
+                    self._keeper = asyncio.create_task(self._keep(self._thread), name="leader keepalive")
                     tell(self.identity)
                     log.info("became leader", extra={"epoch": self.epoch})
                     return self.epoch
@@ -109,32 +129,86 @@ class LeaderElection:
         except TimeoutError:
             pass
 
-    async def _keep(self) -> None:
+    async def _keep(self, thread: _ThreadKeeping | None) -> None:
+        why = await (self._keep_from_thread(thread) if thread is not None else self._keep_in_loop())
+        log.error("leadership lost: %s", why, extra={"epoch": self.epoch})
+        self.lease_id = 0
+        self.epoch = 0
+        self.lost.set()
+
+    async def _keep_in_loop(self) -> str:
+        """The lease renewed by this loop (a store without a thread of its own: the in-memory one)."""
         last_ok = time.monotonic()
         while True:
             await asyncio.sleep(self._ttl / 3)
             try:
                 if await self._store.keepalive(self.lease_id) == 0:
-                    log.error("leadership lost: lease expired", extra={"epoch": self.epoch})
-                    break
+                    return "lease expired"
                 kv = await self._store.get(self._key)
                 if kv is None or kv.create_revision != self.epoch:
-                    log.error("leadership lost: leader key changed", extra={"epoch": self.epoch})
-                    break
+                    return "leader key changed"
                 last_ok = time.monotonic()
             except Unavailable as exc:
                 if time.monotonic() - last_ok > self._ttl:
-                    log.error("leadership lost: store unreachable for %.1fs: %s", self._ttl, exc)
+                    return f"store unreachable for {self._ttl:.1f}s: {exc}"
+
+    def _start_thread_keeper(self) -> _ThreadKeeping | None:
+        """The store's lease thread (lease_thread.py), started; None for a store without one (in memory)."""
+        make = getattr(self._store, "lease_keeper", None)
+        if make is None:
+            return None
+        loop = asyncio.get_running_loop()
+        keeping = _ThreadKeeping(lost=loop.create_future(), alive=[time.monotonic()])
+
+        def on_lost(why: str) -> None:  # called in the keeper's thread
+            def settle() -> None:
+                if not keeping.lost.done():
+                    keeping.lost.set_result(why)
+
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the process is ending
+                loop.call_soon_threadsafe(settle)
+
+        keeping.keeper = make(self.lease_id, self._ttl, loop_alive=lambda: keeping.alive[0], on_lost=on_lost)
+        keeping.keeper.start()
+        return keeping
+
+    async def _keep_from_thread(self, keeping: _ThreadKeeping) -> str:
+        """The lease renewed by the store's thread, so that this loop being busy (every agent registering at
+        once after a failover) does not end the term; this loop tells the thread it still runs, and checks
+        every third of the TTL that the leader key is still the one this term created."""
+        lost = keeping.lost
+
+        async def tick() -> None:
+            while True:
+                keeping.alive[0] = time.monotonic()
+                await asyncio.sleep(LOOP_TICK_S)
+
+        ticker = asyncio.create_task(tick(), name="leader loop ticker")
+        try:
+            while not lost.done():
+                await asyncio.wait({lost}, timeout=self._ttl / 3)
+                if lost.done():
                     break
-        self.lease_id = 0
-        self.epoch = 0
-        self.lost.set()
+                try:
+                    kv = await self._store.get(self._key)
+                except Unavailable:
+                    continue  # whether the store can be reached is the keeper's to judge, by its renewals
+                if kv is None or kv.create_revision != self.epoch:
+                    return "leader key changed"
+            return lost.result()
+        finally:
+            assert keeping.keeper is not None
+            keeping.keeper.stop()
+            ticker.cancel()
 
     async def resign(self) -> None:
         """Give up leadership at once (clean shutdown): a standby takes over without waiting for TTL."""
         if self._keeper is not None:
             self._keeper.cancel()
             self._keeper = None
+        if self._thread is not None:  # also when the keeper task was cancelled before it ran
+            self._thread.keeper.stop()
+            self._thread = None
         if self.lease_id:
             try:
                 await self._store.revoke_lease(self.lease_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aetcd
@@ -42,6 +42,7 @@ from .etcd_client import (
 )
 from .etcd_connection import EtcdConnection
 from .etcd_options import EtcdOptions
+from .lease_thread import ThreadLeaseKeeper
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,6 +159,15 @@ class EtcdStore:
     @property
     def endpoint(self) -> str:
         return self._conn.endpoint
+
+    def lease_keeper(self, lease_id: int, ttl_s: float, *, loop_alive: Callable[[], float],
+                     on_lost: Callable[[str], None]) -> ThreadLeaseKeeper:
+        """A thread that renews `lease_id` over its own connection (lease_thread.py), starting with the member
+        this store uses now; not started."""
+        endpoints = self._conn.endpoints
+        first = self._conn.current
+        return ThreadLeaseKeeper(endpoints=endpoints, options=self._options, lease_id=lease_id, ttl_s=ttl_s,
+                                 loop_alive=loop_alive, on_lost=on_lost, first=first)
 
     @property
     def logins(self) -> int:

@@ -68,6 +68,15 @@ class EtcdConnection:
         self.tls_reloads = 0
 
     @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        return list(self._endpoints)
+
+    @property
+    def current(self) -> int:
+        """The index in `endpoints` of the member calls go to now."""
+        return self._current
+
+    @property
     def endpoint(self) -> str:
         host, port = self._endpoints[self._current]
         return f"{host}:{port}"
