@@ -414,6 +414,46 @@ def test_in_the_grace_a_silence_many_nodes_share_waits_for_the_grace_to_end(
     assert live.alive(fleet) == set(fleet[2:]), "after the grace, as before"
 
 
+def test_the_grace_lasts_while_a_silence_many_share_goes_on() -> None:
+    """Every agent has been heard once, so arrivals no longer hold the grace open; but 100 of the 400 nodes that
+    found the leader are silent together (the storm is still going on: their agents register again). The grace
+    lasts while that goes on, where it used to end `grace_s` (here 5 s) into the term and lose them all; once the
+    silence is over (all but two back), it ends a timeout later and the two still silent are lost."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    live.reset()
+    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    stalled, others = fleet[:100], fleet[100:]
+    for n in fleet:
+        live.pulsing(n)
+    ticking(clock, live, 1.0, beats=fleet)
+    for _ in range(40):                       # 1 s → 21 s: the shared silence goes on, asked about every 0.5 s
+        ticking(clock, live, 0.5, beats=others)
+        assert live.alive(fleet) == set(fleet), "held while the storm goes on, past grace_s"
+    for n in stalled[2:]:
+        live.seen(n)
+    assert live.alive(fleet) == set(fleet) - set(stalled[:2]), "two still silent, with few: lost now"
+    ticking(clock, live, 3.0, beats=fleet[2:])
+    assert live.alive(fleet) == set(fleet[2:])
+    live.seen("n-late")                       # a first arrival now: the grace has ended, and does not reopen
+    ticking(clock, live, 3.0, beats=fleet[2:])
+    assert live.alive((*fleet, "n-late")) == set(fleet[2:])
+
+
+def test_a_silence_many_share_holds_the_grace_no_longer_than_its_cap() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
+    live.reset()
+    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    for n in fleet:
+        live.pulsing(n)
+    ticking(clock, live, 1.0, beats=fleet)
+    for _ in range(round((MAX_GRACE_S + 1) / 0.5)):
+        ticking(clock, live, 0.5, beats=fleet[100:])
+        live.alive(fleet)
+    assert live.alive(fleet) == set(fleet[100:]), "the storm's silence outlasted the longest grace: lost then"
+
+
 def test_a_node_the_grace_lost_stays_lost_when_a_shared_silence_begins_after_it(
         caplog: pytest.LogCaptureFixture) -> None:
     """n-000 dies and is lost in the grace; then a quarter of the fleet falls silent together (held as the

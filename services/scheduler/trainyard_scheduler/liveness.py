@@ -326,7 +326,8 @@ class NodeLiveness:
         if graced:
             out = ids.difference(self._expired).intersection(self._last)
         else:
-            out = ids.difference(self._expired.intersection(self._ended), self._term.lost(silent, self._last, now))
+            lost = self._term.lost(silent, self._last, now, mono)
+            out = ids.difference(self._expired.intersection(self._ended), lost)
         self._alive_memo = (node_ids, self._membership, graced, out)
         return out
 
