@@ -237,10 +237,14 @@ class Outcome:
         return {n for n, s in self.detect_s.items() if not math.isfinite(s)}
 
 
+_RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 class SchedulerView:
     """The scheduler's node view, as an operator's tool reads it (NodeService over mTLS). A read the scheduler
     answers UNAVAILABLE (no leader at that moment: its term ended) is counted in `unavailable` and retried,
-    for `patience_s` at most: a leader change is a result of the run, not the end of it."""
+    for `patience_s` at most: a leader change is a result of the run, not the end of it. So is a read that
+    passed its deadline (DEADLINE_EXCEEDED: a leader too busy to answer in time, during a failover's storm)."""
 
     def __init__(self, cluster: LocalCluster, patience_s: float = 60.0) -> None:
         self._channel = cluster.channel(cluster.scheduler_addresses[0], identity.SCHEDULER)
@@ -254,7 +258,7 @@ class SchedulerView:
             try:
                 return await call()
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                if exc.code() not in _RETRIED or time.monotonic() > deadline:
                     raise
                 self.unavailable += 1
             await asyncio.sleep(0.5)
@@ -796,8 +800,8 @@ def _report(config: Config, out: Outcome, f: dict[str, float]) -> None:
         if found:
             print(f"  false deaths, {label}: {dict(list(found.items())[:5])}")
     if out.scheduler_unavailable:
-        print(f"  the scheduler answered UNAVAILABLE (no leader) to {out.scheduler_unavailable} node-view reads: "
-              "its term ended during the run")
+        print(f"  the scheduler answered UNAVAILABLE (no leader) or not in time to {out.scheduler_unavailable} "
+              "node-view reads: its term ended, or it was busy, during the run")
     for error in out.job_errors[:5]:
         print(f"  job error: {error}")
 
