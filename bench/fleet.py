@@ -87,6 +87,7 @@ from trainyard_core.rpc.liveness import AGENT_IDLE_S
 from trainyard_core.rpc.pulse import PULSE_INTERVAL_S
 from trainyard_core.security import identity
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_scheduler.liveness import MAX_GRACE_S
 from trainyard_scheduler.settings import SchedulerSettings
 
 from ._keepalive import floor_us_per_conn_s
@@ -133,7 +134,7 @@ class Config:
     keepalive_connections: int = 500  # the bare server's, for the keepalive floor
     keepalive_window_s: float = 10.0
     failovers: int = 1             # the scheduler killed and started again (a new term): every agent at once
-    failover_watch_s: float = 60.0
+    failover_watch_s: float = 70.0
     logs_to: str = ""              # a directory to copy the run's logs to (BENCH_FLEET_LOGS_TO); "": not kept
 
 
@@ -621,13 +622,15 @@ class Fleet:
     async def _failovers(self) -> None:
         """The scheduler SIGKILLed and started again, `failovers` times: a new term that no agent's stream
         survives, so every agent registers again at once (what a failover to a standby does to the fleet). A
-        census every half second for `failover_watch_s` (and at least the new leader's grace plus a node
-        timeout): the time from the kill until every live node reads ready again, and every live node read
-        not ready on the way (one the new leader did not hear from within its grace: a false death)."""
+        census every half second for `failover_watch_s`, and at least as long as the new leader's grace may
+        last plus a node timeout (the grace lasts while agents keep arriving or many are silent together, up to
+        MAX_GRACE_S: the nodes it keeps, and loses at its end, must be watched until then): the time from the
+        kill until every live node reads ready again, and every live node read not ready on the way (one the new
+        leader did not hear from within its grace, or lost at its end: a false death)."""
         assert self.view is not None
         c = self.config
         defaults = SchedulerSettings.model_fields
-        settle = float(defaults["leader_grace_s"].default) + float(defaults["node_timeout_s"].default) + 2.0
+        settle = min(c.failover_watch_s, MAX_GRACE_S + float(defaults["node_timeout_s"].default) + 2.0)
         crashing = frozenset(n for n, _ in self.plan.failover_crash)
         live = [n for n in node_ids(c.nodes) if n not in self.out.stopped and n not in crashing]
         for r in range(c.failovers):

@@ -365,7 +365,7 @@ print(json.dumps(out))
 """
 
 
-SHARED_METRIC_PREFIXES = ("trainyard_audit_", "grpc_server_")
+SHARED_METRIC_PREFIXES = ("trainyard_audit_", "trainyard_rpc_", "grpc_server_")
 
 
 def test_the_metrics_table_says_what_each_service_exports() -> None:

@@ -20,6 +20,7 @@ from ..security.authz import AuthorizationInterceptor, JobBinding
 from ..security.identity import Principal
 from ..security.pki import CertFiles
 from ..security.tls import ClientTls, server_credentials, target_name_option
+from .admission import AdmissionInterceptor
 from .audit import AuditInterceptor, RequestIdClientInterceptor
 from .errors import ErrorMappingInterceptor
 from .liveness import merged
@@ -82,7 +83,7 @@ async def start_grpc_server(
     audit: AuditSink | None = None,
     audit_service: str = "",
     options: Sequence[tuple[str, int | str]] = (),
-    admission: grpc.aio.ServerInterceptor | None = None,
+    admission: AdmissionInterceptor | None = None,
 ) -> GrpcServer:
     """Start a server with the metrics and error-mapping interceptors, health and reflection; port 0 picks a
     free one.
