@@ -16,14 +16,15 @@ where most nodes went unhealthy together. So during the grace such a node is los
 - at that moment at most `shared_limit` of the nodes that found this leader are silent past their timeout:
   SHARED_SILENCE_MIN, or SHARED_SILENCE_SHARE of those nodes when that is more.
 
-Nodes held back by a shared silence are lost when the grace ends if they are still silent, as before; and the
-grace lasts while such a silence goes on (until none was seen for the timeout, MAX_GRACE_S at most), as it
-lasts while agents keep arriving. Measured at 5,000 simulated agents on 2 cores (bench/fleet): every agent had
-been heard once 25 s into a failover, so the grace ended 2.5 s later, while 1,701 nodes that had found the
-leader were silent together in the storm that was still going on (their agents registering again); 1,386 live
-nodes were lost at that end. When
-most of them come back, those still silent no longer share their silence with many, so they are lost then. A
-node the grace has lost stays lost until it is heard from again, whatever silence begins after it.
+Nodes held back by a shared silence are lost when the grace ends if they are still silent. When most of them
+come back, those still silent no longer share their silence with many, so they are lost then. A node the grace
+has lost stays lost until it is heard from again, whatever silence begins after it.
+
+The grace lasts while such a silence goes on (until none was seen for the timeout, MAX_GRACE_S at most), as it
+lasts while agents keep arriving. Measured at 5,000 simulated agents on 2 cores (bench/fleet) before it did:
+every agent had been heard once about 29 s into a failover, so the grace ended 2.5 s later, while some 1,700
+nodes that had found the leader were silent together in a storm still going on (their agents registering
+again); 1,354 live nodes read not ready.
 
 The grace lasts while agents keep arriving; once it has ended, a late first arrival does not open it again
 (nodes already lost would otherwise read alive for another timeout).
