@@ -69,12 +69,14 @@ class Grace:
         self._held = 0
         # Nodes this grace has lost that have stayed silent since.
         self._lost: set[str] = set()
+        self._over_told = False
 
     def begin(self, now: float) -> None:
         """A new term."""
         self.since = now
         self._last_arrival = now
         self._storm = -math.inf
+        self._over_told = False
         self.found.clear()
         self._held = 0
         self._lost.clear()
@@ -92,6 +94,14 @@ class Grace:
         busy = max(self._last_arrival, self._storm)
         ends = min(max(self._grace, MAX_GRACE_S), max(self._grace, busy - self.since + self._timeout))
         return ends - (now - self.since)
+
+    def over(self, now: float, not_alive: int) -> None:
+        """The grace has ended (`left_s` <= 0) and `not_alive` of the registered nodes are not alive: said once
+        per term, so an operator reading a failover sees when the new leader began to lose nodes again."""
+        if not self._over_told:
+            self._over_told = True
+            log.info("the new leader's grace is over", extra={
+                "grace_s": round(now - self.since, 1), "nodes_not_alive": not_alive, "found_leader": len(self.found)})
 
     def shared_limit(self) -> int:
         return max(SHARED_SILENCE_MIN, math.ceil(SHARED_SILENCE_SHARE * len(self.found)))

@@ -325,6 +325,7 @@ class NodeLiveness:
         ids = frozenset(node_ids)
         if graced:
             out = ids.difference(self._expired).intersection(self._last)
+            self._term.over(mono, len(ids) - len(out))
         else:
             lost = self._term.lost(silent, self._last, now, mono)
             out = ids.difference(self._expired.intersection(self._ended), lost)
