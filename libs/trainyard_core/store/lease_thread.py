@@ -95,8 +95,11 @@ class ThreadLeaseKeeper:
                     left = self._renew(left_s)
                 except grpc.RpcError as exc:
                     left, failure = None, _describe(exc)
+                except Exception as exc:  # e.g. TLS files unreadable mid-rotation: a failed renewal, not the end
+                    left, failure = None, f"{type(exc).__name__}: {exc}"
                 else:
-                    failure = "the lease keepalive stream ended without an answer"
+                    if left is None:
+                        failure = "the lease keepalive stream ended without an answer"
                 if left is None:
                     self._next_endpoint()
                     due = time.monotonic() + RETRY_S
