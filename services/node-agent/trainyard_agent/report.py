@@ -79,6 +79,9 @@ RPC_TIMEOUT_S = 5.0
 CLOSE_WAIT_S = 1.0
 # A beat the scheduler did not take is sent again after these delays (doubling, jittered).
 RETRY_INITIAL_S = 0.2
+# The longest wait a busy leader's appointment is kept for (the leader names at most 30 s; an answer naming more
+# is not trusted to keep the node away longer).
+MAX_APPOINTMENT_S = 60.0
 RETRY_MAX_S = 2.0
 
 
@@ -259,7 +262,7 @@ class Reporter:
                     # jitter instead of the backoff, which would bring the fleet back sooner than it can be served.
                     asked = retry_after_s(exc)
                     if asked is not None:
-                        wait = asked * random.uniform(1.0, 1.1)
+                        wait = min(asked, MAX_APPOINTMENT_S) * random.uniform(1.0, 1.1)
                 except _Reregister as why:
                     if not self._stopping.is_set():
                         log.info("registering again: %s", why)
