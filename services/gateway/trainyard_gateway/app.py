@@ -214,6 +214,7 @@ class GatewayApp:
         # headers (so never the Authorization token). log_config None: keep the service's logging.
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
                                 server_header=False, timeout_graceful_shutdown=5,
+                                timeout_keep_alive=s.http_keep_alive_s,
                                 ssl_certfile=s.http_tls_cert_file or None, ssl_keyfile=s.http_tls_key_file or None)
         try:
             config.load()  # here rather than in serve(), so unusable HTTPS files fail the start with their names

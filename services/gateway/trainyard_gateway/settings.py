@@ -50,6 +50,11 @@ class GatewaySettings(EtcdSettings):
 
     http_host: str = Field("127.0.0.1", description="address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="HTTP port; 0 picks a free one")
+    http_keep_alive_s: int = Field(75, ge=1, le=3600, description="how long an idle HTTP connection is kept open. "
+                                   "Longer than any client's or proxy's idle pool (httpx 5 s, nginx and cloud load "
+                                   "balancers 60 s): the side that closes an idle connection must be the client, "
+                                   "or a request sent on it as the server closes it fails (a dropped connection, "
+                                   "a proxy's 502). uvicorn's own default, 5 s, raced httpx's 5 s")
     grpc_host: str = Field("127.0.0.1", description="address of the internal gRPC TokenService")
     grpc_port: int = Field(50054, ge=0, le=65535, description="gRPC port of TokenService; 0 picks a free one")
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler's gRPC API; "
