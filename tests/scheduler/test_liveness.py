@@ -387,19 +387,25 @@ def test_in_the_grace_a_node_that_found_this_leader_and_went_silent_is_lost_soon
     assert live.alive(NODES) == {"n-a", "n-b"}, "an open stream without pulses is alive while open"
 
 
+def _found_the_leader(grace_s: float) -> tuple[ManualClock, NodeLiveness, tuple[str, ...]]:
+    """A new term (node timeout 2.5 s) in which 400 nodes opened a pulse session and pulsed for 1 s."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=grace_s)
+    live.reset()
+    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    for n in fleet:
+        live.pulsing(n)
+    ticking(clock, live, 1.0, beats=fleet)
+    return clock, live, fleet
+
+
 def test_in_the_grace_a_silence_many_nodes_share_waits_for_the_grace_to_end(
         caplog: pytest.LogCaptureFixture) -> None:
     """400 nodes found the new leader; 100 of them (one process driving many agents, starved in the storm) fall
     silent together. That is more than 1 % of those nodes silent at once: none is lost during the grace. When all
     but two come back, the two are lost; the rest of the fleet never was."""
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=30.0)
-    live.reset()
-    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    clock, live, fleet = _found_the_leader(grace_s=30.0)
     stalled, others = fleet[:100], fleet[100:]
-    for n in fleet:
-        live.pulsing(n)
-    ticking(clock, live, 1.0, beats=fleet)
     ticking(clock, live, 6.0, beats=others)
     with caplog.at_level(logging.WARNING, logger="trainyard_scheduler.grace"):
         assert live.alive(fleet) == set(fleet), "100 silent together in the grace: the storm's, not 100 deaths"
@@ -419,14 +425,8 @@ def test_the_grace_lasts_while_a_silence_many_share_goes_on(caplog: pytest.LogCa
     found the leader are silent together (the storm is still going on: their agents register again). The grace
     lasts while that goes on, where it used to end `grace_s` (here 5 s) into the term and lose them all; once the
     silence is over (all but two back), it ends a timeout later and the two still silent are lost."""
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
-    live.reset()
-    fleet = tuple(f"n-{i:03d}" for i in range(400))
+    clock, live, fleet = _found_the_leader(grace_s=5.0)
     stalled, others = fleet[:100], fleet[100:]
-    for n in fleet:
-        live.pulsing(n)
-    ticking(clock, live, 1.0, beats=fleet)
     for _ in range(40):                       # 1 s → 21 s: the shared silence goes on, asked about every 0.5 s
         ticking(clock, live, 0.5, beats=others)
         assert live.alive(fleet) == set(fleet), "held while the storm goes on, past grace_s"
@@ -446,13 +446,7 @@ def test_the_grace_lasts_while_a_silence_many_share_goes_on(caplog: pytest.LogCa
 
 
 def test_a_silence_many_share_holds_the_grace_no_longer_than_its_cap() -> None:
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=5.0)
-    live.reset()
-    fleet = tuple(f"n-{i:03d}" for i in range(400))
-    for n in fleet:
-        live.pulsing(n)
-    ticking(clock, live, 1.0, beats=fleet)
+    clock, live, fleet = _found_the_leader(grace_s=5.0)
     for _ in range(round((MAX_GRACE_S + 1) / 0.5)):
         ticking(clock, live, 0.5, beats=fleet[100:])
         live.alive(fleet)
@@ -463,13 +457,7 @@ def test_a_node_the_grace_lost_stays_lost_when_a_shared_silence_begins_after_it(
         caplog: pytest.LogCaptureFixture) -> None:
     """n-000 dies and is lost in the grace; then a quarter of the fleet falls silent together (held as the
     storm's). n-000 must not read alive again for that: it stays lost until it is heard from."""
-    clock = ManualClock()
-    live = NodeLiveness(clock, timeout_s=2.5, grace_s=40.0)
-    live.reset()
-    fleet = tuple(f"n-{i:03d}" for i in range(400))
-    for n in fleet:
-        live.pulsing(n)
-    ticking(clock, live, 1.0, beats=fleet)
+    clock, live, fleet = _found_the_leader(grace_s=40.0)
     ticking(clock, live, 4.1, beats=fleet[1:])
     assert live.alive(fleet) == set(fleet[1:]), "n-000 lost 4 s after its last beat"
     ticking(clock, live, 4.0, beats=fleet[101:])      # n-001..n-100 stall together

@@ -70,23 +70,29 @@ _KINDS: dict[str, type[errors.TrainyardError]] = {"store-out-of-space": errors.S
 RETRY_AFTER = "trainyard-retry-after-ms"
 
 
+def _trailer(exc: grpc.aio.AioRpcError, name: str) -> str | None:
+    """The value of trailing metadata `name` of a failed call (None when it has none)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == name:
+            return str(value)
+    return None
+
+
 def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
     """The wait a refused call was asked for (RETRY_AFTER), in seconds; None when none (or an unreadable one)."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == RETRY_AFTER:
-            try:
-                ms = int(value)
-            except (TypeError, ValueError):
-                return None
-            return ms / 1000 if ms >= 0 else None
-    return None
+    value = _trailer(exc, RETRY_AFTER)
+    if value is None:
+        return None
+    try:
+        ms = int(value)
+    except ValueError:
+        return None
+    return ms / 1000 if ms >= 0 else None
 
 
 def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:
-    for key, value in exc.trailing_metadata() or ():
-        if key == ERROR_KIND:
-            return _KINDS.get(str(value))
-    return None
+    kind = _trailer(exc, ERROR_KIND)
+    return _KINDS.get(kind) if kind is not None else None
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str = "") -> errors.TrainyardError:

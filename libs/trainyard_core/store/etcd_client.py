@@ -137,7 +137,9 @@ def tls_problem(options: EtcdOptions) -> str | None:
     return None
 
 
-def _credentials(options: EtcdOptions) -> grpc.ChannelCredentials:
+def channel_credentials(options: EtcdOptions) -> grpc.ChannelCredentials:
+    """The TLS credentials `options` name (the CA, and the client certificate and key when set), for an asyncio
+    channel or a blocking one (the lease thread's) alike."""
     assert options.ca_file is not None
     key = options.key_file.read_bytes() if options.key_file is not None else None
     cert = options.cert_file.read_bytes() if options.cert_file is not None else None
@@ -183,7 +185,7 @@ class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type informa
             # were down.
             options = [*self._options.items(), ("grpc.max_receive_message_length", 2**31 - 1)]
             if self._etcd_options.tls:
-                self.channel = grpc.aio.secure_channel(target, _credentials(self._etcd_options), options=options)
+                self.channel = grpc.aio.secure_channel(target, channel_credentials(self._etcd_options), options=options)
             else:
                 self.channel = grpc.aio.insecure_channel(target, options=options)
             if self.uses_token:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 import grpc
 from aetcd import rpc
 
+from .etcd_client import channel_credentials
 from .etcd_options import EtcdOptions
 
 log = logging.getLogger(__name__)
@@ -153,12 +154,7 @@ class ThreadLeaseKeeper:
             host, port = self._endpoints[self._current]
             target = f"{host}:{port}"
             if self._options.tls:
-                assert self._options.ca_file is not None
-                key = self._options.key_file.read_bytes() if self._options.key_file is not None else None
-                cert = self._options.cert_file.read_bytes() if self._options.cert_file is not None else None
-                credentials = grpc.ssl_channel_credentials(root_certificates=self._options.ca_file.read_bytes(),
-                                                           private_key=key, certificate_chain=cert)
-                self._channel = grpc.secure_channel(target, credentials)
+                self._channel = grpc.secure_channel(target, channel_credentials(self._options))
             else:
                 self._channel = grpc.insecure_channel(target)
         return self._channel
