@@ -182,7 +182,7 @@ class _Plain:
         self.pulsed: dict[str, int] = {}
         self.arrival = 0.0  # the last first contact this term (the grace lasts while agents arrive)
         self.ended: set[str] = set()  # nodes whose last stream ended (the evidence the grace needs)
-        # Nodes without a stream that opened a pulse session this term: lost in the grace once silent for their
+        # Nodes without a stream whose pulse session carried a pulse this term: lost in the grace once silent for their
         # timeout plus CONFIRM_S (three nodes never make a silence shared by more than SHARED_SILENCE_MIN).
         self.found: set[str] = set()
 
@@ -226,7 +226,7 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
     from hypothesis import strategies as st
 
     ops = st.lists(st.tuples(st.sampled_from(["run", "pause", "seen", "open", "close", "break", "forget",
-                                              "open_p", "close_p", "break_p", "pulsing"]),
+                                              "open_p", "close_p", "break_p", "pulsing", "held"]),
                              st.sampled_from(["n-a", "n-b", "n-c"]), st.integers(1, 40)), max_size=60)
 
     @settings(max_examples=300, deadline=None)
@@ -272,7 +272,14 @@ def test_the_incremental_bookkeeping_agrees_with_the_rules_at_every_step() -> No
                 if node not in plain.last:
                     plain.arrived(clock.monotonic() - start)
                 plain.ended.discard(node)
-                plain.found.add(node)
+                plain.last[node] = plain.eff
+            elif op == "held":  # a pulse drain carried the first pulse of the node's session
+                live.seen_many([node])
+                live.held([node])
+                if node not in plain.last:
+                    plain.arrived(clock.monotonic() - start)
+                if node not in plain.open:
+                    plain.found.add(node)
                 plain.last[node] = plain.eff
             elif op in ("close", "break", "close_p", "break_p") and (
                     plain.pulsed.get(node, 0) if op.endswith("_p")
@@ -365,14 +372,15 @@ def test_the_loop_wakes_when_the_grace_ends_for_a_node_only_the_grace_keeps() ->
 
 
 def test_in_the_grace_a_node_that_found_this_leader_and_went_silent_is_lost_soon_after_its_timeout() -> None:
-    """The connectionless path holds no stream whose end would tell of a crash. A node that opened a pulse session
-    with the new leader has found it: silent for its timeout plus CONFIRM_S, it is lost then (n-b), not when the
-    grace ends; n-a, which registered but has not reached this leader yet, is kept by the grace."""
+    """The connectionless path holds no stream whose end would tell of a crash. A node whose pulse session with the
+    new leader carried a pulse has found it: silent for its timeout plus CONFIRM_S, it is lost then (n-b), not
+    when the grace ends; n-a, which registered but has not reached this leader yet, is kept by the grace."""
     clock = ManualClock()
     live = NodeLiveness(clock, timeout_s=2.5, grace_s=20.0)
     live.reset()
     live.seen("n-a")                      # RegisterNode only
     live.pulsing("n-b")                   # its beat opened a pulse session
+    live.held(["n-b"])                    # and its first pulse arrived
     ticking(clock, live, 1.0, beats=("n-b",))
     ticking(clock, live, 2.6)             # n-b's host dies: past its timeout, but not yet CONFIRM_S past it
     assert live.alive(NODES) == {"n-a", "n-b"}
@@ -387,6 +395,27 @@ def test_in_the_grace_a_node_that_found_this_leader_and_went_silent_is_lost_soon
     assert live.alive(NODES) == {"n-a", "n-b"}, "an open stream without pulses is alive while open"
 
 
+def test_in_the_grace_a_node_whose_session_never_carried_a_pulse_is_kept_until_the_grace_ends() -> None:
+    """On a busy new leader a Beat can open a node's pulse session after the agent's call timed out: the agent never
+    got the session, and registers again (silent meanwhile, for as long as the leader's appointment says). Such a
+    node has not found the leader, so its silence is not taken as its death during the grace; n-b, whose session
+    carried a pulse, is lost after its timeout plus CONFIRM_S."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.5, grace_s=20.0)
+    live.reset()
+    live.pulsing("n-a")                   # the session's answer never reached n-a's agent
+    live.pulsing("n-b")
+    live.held(["n-b"])
+    ticking(clock, live, 2.5 + CONFIRM_S + 0.1)
+    assert live.alive(NODES) == {"n-a"}, "n-b lost; n-a kept by the grace"
+    live.seen_many(["n-a"])               # a pulse of n-a's session after all (a drain: proof of life, then held)
+    live.held(["n-a"])
+    ticking(clock, live, 2.5 + CONFIRM_S - 0.2)
+    assert live.alive(NODES) == {"n-a"}, "found now, and silent for less than its timeout plus CONFIRM_S"
+    ticking(clock, live, 0.3)
+    assert live.alive(NODES) == set(), "then lost as n-b was, long before the grace ends"
+
+
 def _found_the_leader(grace_s: float) -> tuple[ManualClock, NodeLiveness, tuple[str, ...]]:
     """A new term (node timeout 2.5 s) in which 400 nodes opened a pulse session and pulsed for 1 s."""
     clock = ManualClock()
@@ -395,6 +424,7 @@ def _found_the_leader(grace_s: float) -> tuple[ManualClock, NodeLiveness, tuple[
     fleet = tuple(f"n-{i:03d}" for i in range(400))
     for n in fleet:
         live.pulsing(n)
+    live.held(fleet)
     ticking(clock, live, 1.0, beats=fleet)
     return clock, live, fleet
 

@@ -13,6 +13,7 @@ from trainyard_core.clock import ManualClock, SystemClock
 from trainyard_core.rpc import pulse
 from trainyard_core.testing.wait import eventually, truthy
 from trainyard_scheduler import metrics
+from trainyard_scheduler.grace import CONFIRM_S
 from trainyard_scheduler.liveness import TICK_S, NodeLiveness
 from trainyard_scheduler.pulses import PulseSessions, start_endpoint
 
@@ -211,3 +212,28 @@ def test_a_batch_is_answered_in_order_and_counted_once_per_outcome() -> None:
     assert mac.ack(a, 7) == pulse.encode(pulse.ACK, a, 7, key_a)
     assert mac.pulse_seq(pulse.encode(pulse.PULSE, a, 9, key_a)) == 9
     assert mac.pulse_seq(pulse.encode(pulse.ACK, a, 9, key_a)) is None, "an acknowledgement is not a pulse"
+
+
+def test_a_node_has_found_a_new_leader_once_a_pulse_of_its_beat_opened_session_arrives() -> None:
+    """In a new leader's grace, a silent node on the connectionless path is lost soon after its timeout only if it
+    found the leader (grace.py): the first pulse of the session its Beat opened says its agent holds the session.
+    node-1's session carried a pulse; node-2's agent never got its session (the Beat's answer came after its
+    deadline); node-3 holds a heartbeat stream, whose end is its evidence instead."""
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=2.0, grace_s=20.0)
+    live.reset()
+    sessions = PulseSessions(live)
+    opened = {}
+    for node in ("node-1", "node-2"):
+        opened[node] = sessions.open(node, sole=True)
+        live.pulsing(node)
+    streamed, stream_key = sessions.open("node-3")
+    live.opened("node-3", pulsed=True)
+    ident, key = opened["node-1"]
+    assert sessions.received(pulse.encode(pulse.PULSE, ident, 1, key)) is not None
+    assert sessions.received(pulse.encode(pulse.PULSE, streamed, 1, stream_key)) is not None
+    nodes = ("node-1", "node-2", "node-3")
+    _run(clock, live, 2.0 + CONFIRM_S + 0.2)
+    assert live.alive(nodes) == {"node-2", "node-3"}, "node-1 found the leader and went silent: lost in the grace"
+    _run(clock, live, 20.0)
+    assert live.alive(nodes) == frozenset(), "the grace over, silence is death for node-2 and node-3 too"

@@ -4,8 +4,10 @@ A new leader has heard from nobody, and during a failover every agent looks for 
 registered node alive for a while (`left_s`). That protects live nodes from the storm, but it also kept a node
 whose host died during the failover alive until the grace ended, up to MAX_GRACE_S later.
 
-A node on the connectionless path (no stream whose end would tell of a crash) that opened a pulse session
-with this leader has found it: its silence since says what it says after the grace, with one exception.
+A node on the connectionless path (no stream whose end would tell of a crash) from which a pulse of the session
+this leader opened for it arrived has found it: its silence since says what it says after the grace, with one
+exception. (Opening the session is not enough: on a busy leader the answer that carries it may reach an agent
+whose call had already timed out, and that agent registers again, silent meanwhile.)
 Silence that many such nodes share at once during the grace is taken as the storm's doing (one process
 driving many agents starved, a congested switch, a saturated collector), not as that many hosts dying in
 the same second. The same reasoning is behind Kubernetes' node controller, which stops evicting in a zone
@@ -63,7 +65,7 @@ class Grace:
         self._last_arrival = now
         # When a silence many share (the storm's) was last seen: the grace lasts while it goes on.
         self._storm = -math.inf
-        # Nodes without a stream that opened a pulse session with this leader in this term.
+        # Nodes without a stream whose pulse session with this leader carried a pulse in this term.
         self.found: set[str] = set()
         # The largest shared silence held back this term (logged when it grows past the last one logged).
         self._held = 0

@@ -25,11 +25,11 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
   case MAX_GRACE_S after the term began. During the grace a node is lost only on evidence that it went: its
   heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since; or, on the
-  connectionless path, it opened a pulse session with this leader (it found it) and then stayed silent past
-  its timeout while few other such nodes were silent with it (grace.py). A node that registered but whose
-  first pulses wait behind thousands of other agents' registrations on a busy new leader is not lost for
-  that, nor are the many nodes of one silence they share during the storm; a node that died silently during
-  the failover before it found this leader is lost when the grace ends.
+  connectionless path, a pulse of the session this leader opened for it arrived (it found it) and then it
+  stayed silent past its timeout while few other such nodes were silent with it (grace.py). A node that
+  registered but whose first pulses wait behind thousands of other agents' registrations on a busy new leader
+  is not lost for that, nor are the many nodes of one silence they share during the storm; a node that died
+  silently during the failover before it found this leader is lost when the grace ends.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -248,13 +248,20 @@ class NodeLiveness:
             self.seen(node_id, backdate_s=self._broken)
 
     def pulsing(self, node_id: str) -> None:
-        """A node that holds no stream (the connectionless path) opened a pulse session: a proof of life now,
-        whatever ended before is over, and it has found this leader (grace.py)."""
-        self._term.found.add(node_id)
+        """A node that holds no stream (the connectionless path) had a pulse session opened: a proof of life now,
+        and whatever ended before is over. It has not found this leader yet (`held`): the answer that carries
+        the session may never reach an agent whose call timed out on a busy leader."""
         if node_id in self._ended:
             self._ended.discard(node_id)
             self._membership += 1
         self.seen(node_id)
+
+    def held(self, node_ids: Iterable[str]) -> None:
+        """The first pulse of each node's session (opened by `pulsing`) arrived: its agent holds the session,
+        so it has found this leader (grace.py). A node on a heartbeat stream is not counted: its stream's end
+        is the grace's evidence."""
+        found, streams = self._term.found, self._open
+        found.update(n for n in node_ids if n not in streams)
 
     def left(self, node_id: str) -> None:
         """A node that holds no stream said it is stopping (its leaving beat): as a stream's clean end, a proof

@@ -51,6 +51,8 @@ class _Session:
     node_id: str
     mac: pulse.SessionMac
     last_seq: int = 0
+    # Opened by a Beat call (the node's only session), not by a heartbeat stream.
+    sole: bool = False
 
 
 class PulseSessions:
@@ -76,7 +78,7 @@ class PulseSessions:
             if ident and ident not in self._sessions:
                 break
         key = secrets.token_bytes(pulse.KEY_BYTES)
-        self._sessions[ident] = _Session(node_id, pulse.SessionMac(key))
+        self._sessions[ident] = _Session(node_id, pulse.SessionMac(key), sole=sole)
         if sole:
             self._by_node[node_id] = ident
         metrics.PULSE_SESSIONS.set(len(self._sessions))
@@ -111,6 +113,9 @@ class PulseSessions:
         sessions = self._sessions
         acks: list[bytes | None] = []
         alive: list[str] = []
+        # Nodes whose Beat-opened session carried its first pulse: the agent holds the session (it got the
+        # answer that opened it), so it has found this leader (liveness.held).
+        holding: list[str] = []
         malformed = unknown = bad_mac = replayed = 0
         for data in datagrams:
             ident = pulse.peek_session(data)
@@ -132,12 +137,16 @@ class PulseSessions:
                 replayed += 1
                 acks.append(None)
                 continue
+            if session.last_seq == 0 and session.sole:
+                holding.append(session.node_id)
             session.last_seq = seq
             alive.append(session.node_id)
             acks.append(session.mac.ack(ident, seq))
         if alive:
             self._liveness.seen_many(alive)
             self._accepted.inc(len(alive))
+        if holding:
+            self._liveness.held(holding)
         for why, count in (("malformed", malformed), ("unknown_session", unknown), ("bad_mac", bad_mac),
                            ("replayed", replayed)):
             if count:
