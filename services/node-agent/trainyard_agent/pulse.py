@@ -98,6 +98,10 @@ class Pulser:
             self._transport.close()
             self._transport = None
 
+    def detach(self) -> None:
+        """No longer call `on_silent`: the session it would end is over (the pulser lingers, `Reporter`)."""
+        self._on_silent = None
+
     def fresh(self) -> bool:
         """The leader acknowledged a pulse sent within ACK_WINDOW_S."""
         return self._clock.monotonic() - self.acked_sent_at <= pulse.ACK_WINDOW_S

@@ -24,6 +24,16 @@
 - The worker fence's lease is renewed every LEASE_RENEW_S while the leader acknowledged a pulse sent within
   ACK_WINDOW_S; renewals stop when it did not (the leader closed the session, died, stopped answering, or
   cannot be reached) until a leader takes the node again.
+- A session that ends while the agent runs on (its pulses went unacknowledged for RECONNECT_AFTER_S, a beat
+  failed for good) leaves its pulser running, with the worker lease renewals that follow it, until the next
+  session's pulser starts: a leader that was only slow (busy with a failover's registrations) still hears the
+  node while the agent registers again, which may take as long as the leader's appointment says (up to 30 s).
+  A leader that is gone hears nothing either way, and a session the leader no longer holds (it asked for a new
+  registration) is not kept.
+- The first beat of a session, whose answer carries the pulse session, is sent again when it timed out, for
+  FIRST_BEAT_PATIENCE_S: on a leader busy with a failover's registrations it can, and registering again then
+  would put the node at the back of the leader's appointments. Any other failure (the leader gone: the
+  connection refused) sends the agent back to registering at once, with the next replica.
 - `stop()` sends a leaving beat, which closes the session (the scheduler then counts the node's silence from
   that moment).
 - Backoff restarts from its initial delay after every successful registration. A leader busy with every
@@ -83,6 +93,8 @@ RETRY_INITIAL_S = 0.2
 # is not trusted to keep the node away longer).
 MAX_APPOINTMENT_S = 60.0
 RETRY_MAX_S = 2.0
+# How long the first beat of a session is sent again after failures before the agent registers again.
+FIRST_BEAT_PATIENCE_S = 2 * RPC_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,10 @@ class Reporter:
         self.connected = False
         # The current stream's pulser (None until the leader gives the stream a pulse session).
         self.pulser: Pulser | None = None
+        # The pulser of a session that ended while the agent runs on, and its lease renewals: kept until the next
+        # session's pulser starts (see the module docstring).
+        self.lingering: Pulser | None = None
+        self._lingering_renewer: asyncio.Task[None] | None = None
         self.fatal: InvalidArgument | None = None
         self.fatal_event = asyncio.Event()
 
@@ -238,6 +254,7 @@ class Reporter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._end_lingering()
         self.connected = False
 
     async def _run(self) -> None:
@@ -314,6 +331,7 @@ class Reporter:
         self._silent = ""
         beats = self._beats(registered_version, interval)
         renewer: asyncio.Task[None] | None = None
+        held = True  # whether the leader may still hold this session when it ends here
         try:
             async for beat in beats:
                 if self.pulser is not None:
@@ -322,10 +340,12 @@ class Reporter:
                 self.acked_seq = max(self.acked_seq, response.ack_seq)
                 self._fence.observe(response.leader_epoch)
                 if response.reregister:
+                    held = False
                     raise _Reregister("the scheduler asked for it")
                 if self.pulser is None:
                     if not response.pulse_session:
                         raise _Reregister("the scheduler opened no liveness pulse session")
+                    await self._end_lingering()  # the new session proves this node alive from now on
                     self.pulser = Pulser.for_session(target, response, self._clock, functools.partial(
                         self._went_silent, "the leader stopped acknowledging liveness pulses"))
                     await self.pulser.start()
@@ -342,13 +362,32 @@ class Reporter:
                 with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
                     async with channel.using() as stub:
                         await stub.Beat(leaving, timeout=CLOSE_WAIT_S)
+                held = False
         finally:
-            if renewer is not None:
-                renewer.cancel()
             await beats.aclose()  # type: ignore[attr-defined]
-            if self.pulser is not None:
-                await self.pulser.stop()
-                self.pulser = None
+            pulser, self.pulser = self.pulser, None
+            if pulser is not None and held and not self._stopping.is_set():
+                await self._linger(pulser, renewer)
+            else:
+                if renewer is not None:
+                    renewer.cancel()
+                if pulser is not None:
+                    await pulser.stop()
+
+    async def _linger(self, pulser: Pulser, renewer: asyncio.Task[None] | None) -> None:
+        """Keep an ended session's pulser (and the worker lease renewals that follow its acknowledgements) running
+        while the agent registers again (see the module docstring)."""
+        await self._end_lingering()
+        pulser.detach()
+        self.lingering, self._lingering_renewer = pulser, renewer
+
+    async def _end_lingering(self) -> None:
+        pulser, renewer = self.lingering, self._lingering_renewer
+        self.lingering, self._lingering_renewer = None, None
+        if renewer is not None:
+            renewer.cancel()
+        if pulser is not None:
+            await pulser.stop()
 
     def _went_silent(self, why: str) -> None:
         """The pulser heard no acknowledgement for RECONNECT_AFTER_S: end the session (the beats end, a beat
@@ -358,18 +397,22 @@ class Reporter:
 
     async def _send(self, channel: IdleChannel,
                     beat: scheduler_pb2.HeartbeatRequest) -> scheduler_pb2.HeartbeatResponse:
-        """One beat, sent until the scheduler answers it. The first beat of a session is sent once (a failure
-        goes back to registering); a later one is sent again after a failure (the leader could not store a
-        health change yet, or a connection broke) for as long as the session lasts: the pulses, not the beats,
-        say whether the leader is still there."""
+        """One beat, sent until the scheduler answers it. The first beat of a session is sent again after it
+        timed out, for FIRST_BEAT_PATIENCE_S (then the agent registers again); a later one after any
+        failure but INVALID_ARGUMENT (the leader could not store a health change yet, or a connection broke) for
+        as long as the session lasts: the pulses, not the beats, say whether the leader is still there."""
         retry = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + FIRST_BEAT_PATIENCE_S
         while True:
             try:
                 async with channel.using() as stub:
                     response: scheduler_pb2.HeartbeatResponse = await stub.Beat(beat, timeout=RPC_TIMEOUT_S)
                 return response
             except grpc.aio.AioRpcError as exc:
-                if self.pulser is None or exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT or (
+                        self.pulser is None and (exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+                                                 or loop.time() >= give_up)):
                     raise
                 log.debug("beat not taken yet; sending it again: %s: %s", exc.code().name, exc.details())
             await self._wake.wait(timeout=retry.next())
