@@ -14,7 +14,8 @@ import pytest
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard_core.audit import AuditEntry
 from trainyard_core.errors import Busy
-from trainyard_core.rpc.admission import RETRY_AFTER_MIN_S, Admission, AdmissionInterceptor
+from trainyard_core.rpc import admission
+from trainyard_core.rpc.admission import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, Admission, AdmissionInterceptor
 from trainyard_core.rpc.errors import retry_after_s
 from trainyard_core.rpc.server import insecure_channel, start_grpc_server
 from trainyard_core.testing.wait import eventually, truthy
@@ -96,6 +97,40 @@ async def test_a_caller_whose_wait_would_be_long_is_refused_with_appointments_on
     calls.release.set()
     await asyncio.gather(*admitted)
     assert gate.refusal() is None
+
+
+async def test_callers_told_the_longest_appointment_do_not_push_later_appointments_past_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """400 callers refused at 10 calls a second: the first 290 are told 1 s to 29.9 s, the rest 30 s, the longest
+    the gate names, so they all come back by 30 s. A caller refused 11 s later is told to come after them (19 s),
+    not after the 110 appointments beyond 30 s that were never given (it was told 30 s, the cap, again)."""
+    monkeypatch.setattr(admission, "RATE_WINDOW", 16)  # the rate measured over the last 16 completions
+    clock = Clock()
+    gate = Admission(limit=1, max_wait_s=1.0, clock=clock)
+    await _complete(gate, clock, 11, 0.1)
+    start = clock.t
+    calls = Calls()
+    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
+    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    told = []
+    for _ in range(400):
+        with pytest.raises(Busy) as refused:
+            await gate.run(calls, "late", None, LAUNCH)
+        told.append(refused.value.retry_after_s)
+    assert told[:3] == pytest.approx([1.0, 1.1, 1.2]) and told[289] == pytest.approx(29.9)
+    assert told[290:] == pytest.approx([RETRY_AFTER_MAX_S] * 110)
+    calls.release.set()
+    await asyncio.gather(*admitted)
+    clock.t = start + 9.5
+    await _complete(gate, clock, 16, 0.1)           # the rate measured afresh, 11.1 s after the storm began
+    calls = Calls()
+    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
+    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    with pytest.raises(Busy) as refused:
+        await gate.run(calls, "later", None, LAUNCH)
+    assert refused.value.retry_after_s == pytest.approx(start + RETRY_AFTER_MAX_S + 0.1 - clock.t)
+    calls.release.set()
+    await asyncio.gather(*admitted)
 
 
 async def test_a_new_gate_without_a_measured_rate_lets_a_few_per_slot_wait_then_refuses() -> None:

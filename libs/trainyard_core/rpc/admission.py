@@ -79,7 +79,8 @@ class Admission:
         Refused callers are given appointments: the first after the calls ahead have cleared, each later one
         a call's time (1 / rate) after the one before. Told the same wait, a thousand refused agents would come
         back together and be refused again; told successive appointments, they come back at the rate the
-        server completes calls."""
+        server completes calls. No appointment is further than RETRY_AFTER_MAX_S: callers beyond it are told
+        that, and the next appointments follow it rather than the ones beyond it that were never given."""
         if self.running < self._limit:
             return None
         ahead = self.running + self.waiting
@@ -92,9 +93,9 @@ class Admission:
         if wait <= self._max_wait:
             return None
         now = self._clock()
-        appointment = max(self._next_appointment, now + wait)
+        appointment = min(max(self._next_appointment, now + wait), now + RETRY_AFTER_MAX_S)
         self._next_appointment = appointment + 1 / rate
-        return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, appointment - now))
+        return max(RETRY_AFTER_MIN_S, appointment - now)
 
     async def run(self, behavior: Behavior, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
         retry_after = self.refusal()
