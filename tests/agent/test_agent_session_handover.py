@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,10 @@ from bench._swarm import accelerators, node_info
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent import report
 from trainyard_agent.health.book import HealthBook
+from trainyard_agent.pulse import Pulser
 from trainyard_agent.report import Backoff, Link, NodeView, Reporter
 from trainyard_agent.workers.fence import LeaderFence
+from trainyard_core.clock import ManualClock
 from trainyard_core.errors import Busy
 from trainyard_core.rpc import pulse
 from trainyard_core.rpc.server import insecure_channel, start_grpc_server
@@ -151,3 +154,30 @@ async def test_a_first_beat_that_timed_out_is_sent_again_not_registered_again(
         await reporter.stop()
         udp.close()
         await server.server.stop(grace=0)  # type: ignore[attr-defined]
+
+
+async def test_a_detached_pulser_pulses_once_an_interval_and_never_says_the_leader_went_silent() -> None:
+    """A pulser of an ended session goes on pulsing (the leader may still hold the session) but no longer sends a
+    pulse twice when it is not acknowledged, nor calls `on_silent`: the session it would end is over. Beside it, an
+    attached pulser in the same unanswered silence does both."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives, never answers
+    sink.bind(("127.0.0.1", 0))
+    port = sink.getsockname()[1]
+    clock = ManualClock()
+    silent: list[str] = []
+    pulsers = {name: Pulser(host="127.0.0.1", port=port, session=7, key=bytes(pulse.KEY_BYTES), interval_s=0.1,
+                            clock=clock, on_silent=lambda name=name: silent.append(name))  # type: ignore[misc]
+               for name in ("attached", "detached")}
+    pulsers["detached"].detach()
+    clock.advance(pulse.RECONNECT_AFTER_S + 1)  # nothing acknowledged since they started, longer than that
+    for p in pulsers.values():
+        await p.start()
+    try:
+        await asyncio.sleep(0.55)
+    finally:
+        for p in pulsers.values():
+            await p.stop()
+        sink.close()
+    assert silent == ["attached"]
+    assert pulsers["attached"].retries >= 3 and pulsers["detached"].retries == 0
+    assert pulsers["detached"].sent >= 3

@@ -57,6 +57,7 @@ class Pulser:
         self._interval = interval_s
         self._clock = clock
         self._on_silent = on_silent
+        self._detached = False
         self._started_at = clock.monotonic()
         self._transport: asyncio.DatagramTransport | None = None
         self._task: asyncio.Task[None] | None = None
@@ -99,8 +100,11 @@ class Pulser:
             self._transport = None
 
     def detach(self) -> None:
-        """No longer call `on_silent`: the session it would end is over (the pulser lingers, `Reporter`)."""
+        """The session is over for the agent, which registers again (`Reporter`), but its pulses may still reach a
+        leader that holds it: they go on, once an interval (no second send when one is not acknowledged, since
+        most reach a leader that is gone), and `on_silent` is no longer called."""
         self._on_silent = None
+        self._detached = True
 
     def fresh(self) -> bool:
         """The leader acknowledged a pulse sent within ACK_WINDOW_S."""
@@ -116,7 +120,7 @@ class Pulser:
         while True:
             self._send()
             await asyncio.sleep(retry_after)
-            if self._acked_seq < self._seq:
+            if self._acked_seq < self._seq and not self._detached:
                 # Not acknowledged yet: the pulse or its answer was lost (or the leader is slow). Once more now,
                 # rather than a whole interval later.
                 self._send()
