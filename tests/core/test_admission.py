@@ -180,7 +180,8 @@ class Entries:
 async def test_a_refused_call_gets_unavailable_with_its_appointment_and_is_not_audited() -> None:
     servicer = Launches()
     sink = Entries()
-    admission = AdmissionInterceptor((LAUNCH,), limit=1, max_wait_s=0.5)
+    came: list[str] = []
+    admission = AdmissionInterceptor((LAUNCH,), limit=1, max_wait_s=0.5, on_call=came.append)
     server = await start_grpc_server(
         host="127.0.0.1", port=0, service_names=[AGENT], audit=sink, audit_service="agent", admission=admission,
         register=lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, s))
@@ -198,6 +199,7 @@ async def test_a_refused_call_gets_unavailable_with_its_appointment_and_is_not_a
         assert "busy" in (refused.value.details() or "")
         asked = retry_after_s(refused.value)
         assert asked is not None and asked >= RETRY_AFTER_MIN_S
+        assert came == [LAUNCH] * 6, "every call, refused or not, is told by its method"
         servicer.calls.release.set()
         await asyncio.gather(*admitted)
         await _until(lambda: len(sink.entries) == 5)
@@ -215,3 +217,21 @@ def test_a_call_refused_for_another_reason_names_no_appointment() -> None:
     odd = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
                                grpc.aio.Metadata(("trainyard-retry-after-ms", "soon")), details="busy")
     assert retry_after_s(odd) is None
+
+
+async def test_every_call_is_told_before_it_is_admitted_or_refused() -> None:
+    """A server that cannot serve a storm of calls yet still learns that callers keep coming (a new scheduler
+    leader's grace lasts while agents keep calling to register, served or not)."""
+    told: list[str] = []
+    clock = Clock()
+    gate = Admission(limit=1, max_wait_s=1.0, clock=clock, on_call=lambda: told.append("call"))
+    await _complete(gate, clock, 11, 0.1)
+    assert len(told) == 11
+    calls = Calls()
+    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
+    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    with pytest.raises(Busy):
+        await gate.run(calls, "late", None, LAUNCH)
+    assert len(told) == 22, "the ten admitted and the one refused"
+    calls.release.set()
+    await asyncio.gather(*admitted)

@@ -16,12 +16,17 @@ before trying again. The storm is thus spread over the time the server needs for
 into collapse. It
 is the gRPC servers' counterpart of an HTTP 503 with Retry-After. A refused call did nothing, so it is not
 audited (the interceptor sits outside the audit one, as a server's concurrency limit would).
+
+Every call of a gated method is told to `on_call` before it is admitted or refused: that a caller came at all
+is news to a server that cannot serve it yet (a new scheduler leader's grace lasts while agents keep coming,
+served or not).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -51,12 +56,14 @@ Behavior = Callable[..., Any]
 class Admission:
     """The gate of one method (see the module docstring). Times are `clock`'s (monotonic seconds)."""
 
-    def __init__(self, *, limit: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, limit: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_call: Callable[[], None] | None = None) -> None:
         if limit < 1:
             raise ValueError("an admission limit must be at least 1")
         self._limit = limit
         self._max_wait = max_wait_s
         self._clock = clock
+        self._on_call = on_call
         self._slots = asyncio.Semaphore(limit)
         self.running = 0
         self.waiting = 0
@@ -98,6 +105,8 @@ class Admission:
         return max(RETRY_AFTER_MIN_S, appointment - now)
 
     async def run(self, behavior: Behavior, request: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
+        if self._on_call is not None:
+            self._on_call()
         retry_after = self.refusal()
         if retry_after is not None:
             REFUSED.labels(method).inc()
@@ -118,10 +127,14 @@ class Admission:
 
 
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Puts each of `methods` (full gRPC method names, unary) behind its own `Admission`."""
+    """Puts each of `methods` (full gRPC method names, unary) behind its own `Admission`; `on_call` is told of
+    every call of them, with its method, before it is admitted or refused."""
 
-    def __init__(self, methods: Collection[str], *, limit: int, max_wait_s: float) -> None:
-        self.gates = {m: Admission(limit=limit, max_wait_s=max_wait_s) for m in methods}
+    def __init__(self, methods: Collection[str], *, limit: int, max_wait_s: float,
+                 on_call: Callable[[str], None] | None = None) -> None:
+        self.gates = {m: Admission(limit=limit, max_wait_s=max_wait_s,
+                                   on_call=None if on_call is None else functools.partial(on_call, m))
+                      for m in methods}
 
     async def intercept_service(
         self,

@@ -179,7 +179,8 @@ class SchedulerApp:
                                              audit_service="scheduler", options=liveness_options.SERVER_OPTIONS,
                                              admission=AdmissionInterceptor(
                                                  (REGISTER_NODE,), limit=s.register_concurrency,
-                                                 max_wait_s=s.register_max_wait_s))
+                                                 max_wait_s=s.register_max_wait_s,
+                                                 on_call=lambda _: self.liveness.knocking()))
             try:
                 self._pulse_endpoint = await pulses.start_endpoint(s.listen_host, server.port, self.pulses)
             except OSError as exc:

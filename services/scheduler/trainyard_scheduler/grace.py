@@ -84,8 +84,8 @@ class Grace:
         self._lost.clear()
 
     def arrived(self, now: float) -> None:
-        """A node was heard from for the first time this term: the grace lasts while agents keep arriving (not
-        once it has ended)."""
+        """A node was heard from for the first time this term, or an agent called to register (liveness.py,
+        `knocking`): the grace lasts while agents keep arriving (not once it has ended)."""
         if self.left_s(now) > 0:
             self._last_arrival = now
 

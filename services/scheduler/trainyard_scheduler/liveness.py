@@ -18,18 +18,19 @@ A node's proof of life is what reaches this leader from its agent (docs/architec
   open stream without pulses that carried no message for `stale_s` (three refresh intervals) means the
   agent's loop no longer runs though its process answers pings: the node is lost then as well.
 - A node is lost when it has had no proof of life for its limit, and not before.
-- A new leader has heard from nobody yet: every registered node counts as alive for `grace_s` after the
-  leader starts (long enough for the agents to find it), so a failover never declares live nodes dead. A
-  large fleet takes longer than that to register again (every agent at once: thousands of TLS handshakes
-  and registrations on one process), so the grace also lasts while agents keep arriving: it ends once
-  `grace_s` has passed and no node was heard from for the first time this term for `timeout_s`, and in any
-  case MAX_GRACE_S after the term began. During the grace a node is lost only on evidence that it went: its
-  heartbeat stream ended (a crashed agent's connection closes) and its timeout passed since; or, on the
-  connectionless path, a pulse of the session this leader opened for it arrived (it found it) and then it
-  stayed silent past its timeout while few other such nodes were silent with it (grace.py). A node that
-  registered but whose first pulses wait behind thousands of other agents' registrations on a busy new leader
-  is not lost for that, nor are the many nodes of one silence they share during the storm; a node that died
-  silently during the failover before it found this leader is lost when the grace ends.
+- A new leader has heard from nobody yet: every registered node counts as alive for `grace_s` after the leader
+  starts (long enough for the agents to find it), so a failover never declares live nodes dead. A large fleet
+  takes longer than that to register again (every agent at once: thousands of TLS handshakes and registrations
+  on one process), so the grace also lasts while agents keep arriving: it ends once `grace_s` has passed and
+  for `timeout_s` no node was heard from for the first time this term and no agent called RegisterNode (served
+  or not: `knocking`), and in any case MAX_GRACE_S after the term began. During the grace a node is lost only
+  on evidence that it went: its heartbeat stream ended (a crashed agent's connection closes) and its timeout
+  passed since; or, on the connectionless path, a pulse of the session this leader opened for it arrived (it
+  found it) and then it stayed silent past its timeout while few other such nodes were silent with it
+  (grace.py). A node that registered but whose first pulses wait behind thousands of other agents'
+  registrations on a busy new leader is not lost for that, nor are the many nodes of one silence they share
+  during the storm; a node that died silently during the failover before it found this leader is lost when the
+  grace ends.
 - Time this process itself did not run does not count as a node's silence. A ticker notes when the
   event loop last ran; a gap (a long GC pause, a CPU-starved host, a blocking call) is added to a running
   total of paused time, and a node's silence is measured without the pauses since its last proof of life.
@@ -198,6 +199,13 @@ class NodeLiveness:
             self._term.arrived(self._clock.monotonic())
         self._last[node_id] = at
         self._rearm(node_id)
+
+    def knocking(self) -> None:
+        """An agent called RegisterNode, whether or not this leader could serve it (refused while busy with the
+        others, or failed while the store does not answer): agents are still arriving, and the grace lasts
+        while they do. (Heard from only once its registration is served: a leader that cannot write to the
+        store hears nobody, and must not take the fleet for dead when its grace would otherwise end.)"""
+        self._term.arrived(self._clock.monotonic())
 
     def seen(self, node_id: str, *, backdate_s: float = 0.0) -> None:
         """A proof of life now (`backdate_s` earlier)."""
