@@ -30,6 +30,14 @@ again); 1,354 live nodes read not ready.
 
 The grace lasts while agents keep arriving; once it has ended, a late first arrival does not open it again
 (nodes already lost would otherwise read alive for another timeout).
+
+Nor does it end while it would lose many of the registered nodes at once (more than MASS_LOSS_MIN, or
+MASS_LOSS_SHARE of them), MAX_GRACE_S at most: that many unheard at once says the new leader cannot hear the
+fleet (its store does not answer, so it serves no registration; it is starved), not that a tenth of the fleet
+died in a failover. Kubernetes' node controller stops evicting in the same case ("full disruption"). Measured at
+5,000 simulated agents: with etcd starved, a new leader served 34 registrations in 12 s, its grace ended and lost
+4,966 live nodes at once. The price: a fleet where more than a tenth of the registered nodes are dead keeps every
+new leader's grace for MAX_GRACE_S (those nodes read alive that long).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ CONFIRM_S = 1.5 * PULSE_INTERVAL_S
 # past their timeout together for those nodes to be lost during the grace.
 SHARED_SILENCE_MIN = 3
 SHARED_SILENCE_SHARE = 0.01
+# The grace does not end while it would lose more than this many of the registered nodes, or this share of
+# them if that is more (MAX_GRACE_S at most).
+MASS_LOSS_MIN = 3
+MASS_LOSS_SHARE = 0.1
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +108,24 @@ class Grace:
         busy = max(self._last_arrival, self._storm)
         ends = min(max(self._grace, MAX_GRACE_S), max(self._grace, busy - self.since + self._timeout))
         return ends - (now - self.since)
+
+    @property
+    def ended(self) -> bool:
+        """The grace has been declared over (`over`): it does not open again in this term."""
+        return self._over_told
+
+    def holds(self, losing: int, registered: int, now: float) -> bool:
+        """The grace would end now, losing `losing` of the `registered` nodes: whether it goes on instead (so many
+        at once are not taken for deaths; see the module docstring). Never once it has been declared over."""
+        if self._over_told or now - self.since >= MAX_GRACE_S:
+            return False
+        if losing <= max(MASS_LOSS_MIN, math.ceil(MASS_LOSS_SHARE * registered)):
+            return False
+        if self._storm < self.since:
+            log.warning("the new leader's grace goes on: it has not heard from many registered nodes", extra={
+                "nodes_not_heard": losing, "nodes_registered": registered, "grace_s": round(now - self.since, 1)})
+        self._storm = now
+        return True
 
     def over(self, now: float, not_alive: int) -> None:
         """The grace has ended (`left_s` <= 0) and `not_alive` of the registered nodes are not alive: said once

@@ -331,13 +331,19 @@ class NodeLiveness:
         mono = self._clock.monotonic()
         now = self._eff(mono)
         self._advance(now)
+        ids: frozenset[str] | None = None
         graced = self._term.left_s(mono) <= 0
+        if graced and not self._term.ended:
+            # The grace would end now: not if it would lose too many at once (grace.py, `holds`).
+            ids = frozenset(node_ids)
+            losing = len(ids) - len(ids.difference(self._expired).intersection(self._last))
+            graced = not self._term.holds(losing, len(ids), mono)
         silent = set() if graced else self._term.silent(self._expired, self._ended)
         memo = self._alive_memo
         if (memo is not None and memo[0] is node_ids and memo[1] == self._membership and memo[2] == graced
                 and not silent and isinstance(node_ids, MappingProxyType)):
             return memo[3]
-        ids = frozenset(node_ids)
+        ids = frozenset(node_ids) if ids is None else ids
         if graced:
             out = ids.difference(self._expired).intersection(self._last)
             self._term.over(mono, len(ids) - len(out))

@@ -61,8 +61,9 @@ class SchedulerSettings(EtcdSettings):
                                        "intervals counts as a lost node")
     leader_grace_s: float = Field(10.0, ge=0, description="a new leader counts every registered node alive this "
                                   "long (at least node_timeout_s) while the agents find it, and longer while agents "
-                                  "keep registering (until none arrived for node_timeout_s) or many of them are "
-                                  "silent together (the storm still going on); 60 s at most. Agents "
+                                  "keep registering (until none arrived, or even called, for node_timeout_s), many of "
+                                  "them are silent together (the storm still going on), or its end would lose more "
+                                  "than a tenth of the registered nodes at once; 60 s at most. Agents "
                                   "notice a leader change when their pulses go unacknowledged for 4 s, so keep it "
                                   "above that plus a few seconds of reconnecting")
     register_concurrency: int = Field(32, ge=1, le=4096, description="agent registrations the leader handles at "
