@@ -71,6 +71,8 @@ RECONNECT_S = (float(_DEFAULTS["reconnect_initial_s"].default), float(_DEFAULTS[
 FAKE_PID_BASE = 100_000
 # How often a swarm agent's Reporter "renews" the lease it has no file for (see the module docstring).
 IDLE_RENEW_S = 3600.0
+# The niceness of a swarm process (serve): the simulated fleet runs below the control plane it drives.
+SWARM_NICE = 10
 
 
 def planned_seconds(command: tuple[str, ...]) -> float | None:
@@ -351,6 +353,10 @@ def serve(conn: Connection, spec: SwarmSpec) -> None:
         os.close(fd)
     logs.setup_logging(f"swarm-{spec.name}", level=spec.log_level, fmt="json")
     _quiet_lease_renewals()
+    # The simulated hosts yield the CPU to the control plane under test, whose own machines they would not share
+    # in a fleet: without it, at a failover thousands of simulated agents' TLS handshakes starved etcd and the
+    # new leader on this machine's 2 cores (leases lost to etcd answering nobody for 3 s).
+    os.nice(SWARM_NICE)
     asyncio.run(_serve(conn, spec))
 
 
