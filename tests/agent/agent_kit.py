@@ -16,13 +16,18 @@ import grpc
 import grpc.aio
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from bench._swarm import accelerators, node_info
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_agent.health.book import HealthBook
 from trainyard_agent.model import Health, Vendor
 from trainyard_agent.notify import Notifier
+from trainyard_agent.report import Backoff, Link, NodeView, Reporter
 from trainyard_agent.settings import AgentSettings
+from trainyard_agent.workers.fence import LeaderFence
 from trainyard_agent.workers.model import LaunchRequest, WorkerExit, WorkerSpec
 from trainyard_agent.workers.supervisor import Supervisor
+from trainyard_core.rpc.server import GrpcServer, insecure_channel, start_grpc_server
 from trainyard_core.testing.wait import eventually
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import WorkerExit as RecordedExit
@@ -233,6 +238,21 @@ class Scheduler:
             return sorted(found[0].exits, key=lambda e: e.rank)
         job = await self.repo.get_job(job_id)
         return list(job[0].exits) if job is not None else []
+
+
+async def scripted_reporter(servicer: scheduler_pb2_grpc.NodeServiceServicer) -> tuple[Reporter, GrpcServer]:
+    """A started `Reporter` for node-1 (backoff 50-100 ms, refresh every 30 s) towards a NodeService that
+    `servicer` scripts, served on a free loopback port; the caller stops both."""
+    server = await start_grpc_server(
+        host="127.0.0.1", port=0, service_names=["trainyard.scheduler.v1.NodeService"],
+        register=lambda s: scheduler_pb2_grpc.add_NodeServiceServicer_to_server(servicer, s))
+    target = f"127.0.0.1:{server.port}"
+    view = NodeView(node_info=lambda: node_info("node-1", "127.0.0.1:1", {}), running=list,
+                    health=HealthBook(accelerators("node-1")))
+    reporter = Reporter(node_id="node-1", connect=lambda: Link(insecure_channel(target), target), view=view,
+                        fence=LeaderFence(), interval_s=30.0, backoff=Backoff(0.1, 0.1))
+    reporter.start()
+    return reporter, server
 
 
 def seconds(ts: Timestamp) -> float:

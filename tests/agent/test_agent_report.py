@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from bench._swarm import accelerators, node_info
-from tests.agent.agent_kit import Scheduler, agent_settings, seconds, until
+from bench._swarm import accelerators
+from tests.agent.agent_kit import Scheduler, agent_settings, scripted_reporter, seconds, until
 from trainyard.agent.v1 import agent_pb2, agent_pb2_grpc
 from trainyard.common.v1 import types_pb2
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -22,11 +22,10 @@ from trainyard_agent.grpc import convert
 from trainyard_agent.health.book import HealthBook
 from trainyard_agent.model import RunningAllocation
 from trainyard_agent.notify import Notifier
-from trainyard_agent.report import Backoff, Link, NodeView, Reporter
+from trainyard_agent.report import Backoff, NodeView, Reporter
 from trainyard_agent.workers import records
 from trainyard_agent.workers.fence import LeaderFence
 from trainyard_core.errors import Busy
-from trainyard_core.rpc.server import insecure_channel, start_grpc_server
 from trainyard_core.testing.wait import eventually, truthy
 
 PY = sys.executable
@@ -279,15 +278,7 @@ async def test_a_busy_leaders_appointment_is_kept_instead_of_the_backoff() -> No
     """A leader that refuses a registration with an appointment (a failover's storm) is not asked again before
     it: the agent's own backoff (here 50-100 ms) would bring the whole fleet back long before it can be served."""
     busy = BusyScheduler(retry_after_s=1.0)
-    server = await start_grpc_server(
-        host="127.0.0.1", port=0, service_names=["trainyard.scheduler.v1.NodeService"],
-        register=lambda s: scheduler_pb2_grpc.add_NodeServiceServicer_to_server(busy, s))
-    target = f"127.0.0.1:{server.port}"
-    view = NodeView(node_info=lambda: node_info("node-1", "127.0.0.1:1", {}), running=list,
-                    health=HealthBook(accelerators("node-1")))
-    reporter = Reporter(node_id="node-1", connect=lambda: Link(insecure_channel(target), target), view=view,
-                        fence=LeaderFence(), interval_s=30.0, backoff=Backoff(0.1, 0.1))
-    reporter.start()
+    reporter, server = await scripted_reporter(busy)
     try:
         await eventually(lambda: truthy(len(busy.came) >= 3), timeout=10)
     finally:

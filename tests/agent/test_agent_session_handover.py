@@ -15,18 +15,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bench._swarm import accelerators, node_info
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from trainyard_agent import report
-from trainyard_agent.health.book import HealthBook
 from trainyard_agent.pulse import Pulser
-from trainyard_agent.report import Backoff, Link, NodeView, Reporter
-from trainyard_agent.workers.fence import LeaderFence
+from trainyard_agent.report import Reporter
 from trainyard_core.clock import ManualClock
 from trainyard_core.errors import Busy
 from trainyard_core.rpc import pulse
-from trainyard_core.rpc.server import insecure_channel, start_grpc_server
+from trainyard_core.rpc.server import GrpcServer
 from trainyard_core.testing.wait import eventually, truthy
+
+from .agent_kit import scripted_reporter
 
 
 @dataclass
@@ -94,18 +93,10 @@ class _Udp(asyncio.DatagramProtocol):
         self.leader.datagram(data, addr, self.transport)
 
 
-async def _running(leader: ScriptedLeader) -> tuple[Reporter, object, asyncio.DatagramTransport]:
-    server = await start_grpc_server(
-        host="127.0.0.1", port=0, service_names=["trainyard.scheduler.v1.NodeService"],
-        register=lambda s: scheduler_pb2_grpc.add_NodeServiceServicer_to_server(leader, s))
+async def _running(leader: ScriptedLeader) -> tuple[Reporter, GrpcServer, asyncio.DatagramTransport]:
+    reporter, server = await scripted_reporter(leader)
     loop = asyncio.get_running_loop()
     udp, _ = await loop.create_datagram_endpoint(lambda: _Udp(leader), local_addr=("127.0.0.1", server.port))
-    target = f"127.0.0.1:{server.port}"
-    view = NodeView(node_info=lambda: node_info("node-1", "127.0.0.1:1", {}), running=list,
-                    health=HealthBook(accelerators("node-1")))
-    reporter = Reporter(node_id="node-1", connect=lambda: Link(insecure_channel(target), target), view=view,
-                        fence=LeaderFence(), interval_s=30.0, backoff=Backoff(0.1, 0.1))
-    reporter.start()
     return reporter, server, udp
 
 
@@ -136,7 +127,7 @@ async def test_an_ended_sessions_pulses_go_on_while_the_agent_registers_again() 
     finally:
         await reporter.stop()
         udp.close()
-        await server.server.stop(grace=0)  # type: ignore[attr-defined]
+        await server.server.stop(grace=0)
     assert reporter.lingering is None
 
 
@@ -153,7 +144,7 @@ async def test_a_first_beat_that_timed_out_is_sent_again_not_registered_again(
     finally:
         await reporter.stop()
         udp.close()
-        await server.server.stop(grace=0)  # type: ignore[attr-defined]
+        await server.server.stop(grace=0)
 
 
 async def test_a_detached_pulser_pulses_once_an_interval_and_never_says_the_leader_went_silent() -> None:

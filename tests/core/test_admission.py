@@ -64,6 +64,14 @@ async def _complete(gate: Admission, clock: Clock, n: int, step_s: float) -> Non
         await gate.run(quick, None, None, LAUNCH)
 
 
+async def _one_running_nine_waiting(gate: Admission) -> tuple[Calls, list[asyncio.Task[Any]]]:
+    """Ten calls on a gate of one slot: one runs and nine wait, until the returned `Calls` are released."""
+    calls = Calls()
+    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
+    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    return calls, admitted
+
+
 async def test_calls_beyond_the_limit_wait_for_a_slot_and_no_more_than_the_limit_run_at_once() -> None:
     gate = Admission(limit=2, max_wait_s=2.0)
     calls = Calls()
@@ -81,10 +89,8 @@ async def test_a_caller_whose_wait_would_be_long_is_refused_with_appointments_on
     gate = Admission(limit=1, max_wait_s=1.0, clock=clock)
     await _complete(gate, clock, 11, 0.1)  # 10 calls a second
     assert gate.rate() == pytest.approx(10.0)
-    calls = Calls()
     # One running and nine waiting: the last of them waits 1 s (10 ahead at 10 a second), which is allowed.
-    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
-    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    calls, admitted = await _one_running_nine_waiting(gate)
     waits = []
     for _ in range(3):
         with pytest.raises(Busy) as refused:
@@ -109,9 +115,7 @@ async def test_callers_told_the_longest_appointment_do_not_push_later_appointmen
     gate = Admission(limit=1, max_wait_s=1.0, clock=clock)
     await _complete(gate, clock, 11, 0.1)
     start = clock.t
-    calls = Calls()
-    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
-    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    calls, admitted = await _one_running_nine_waiting(gate)
     told = []
     for _ in range(400):
         with pytest.raises(Busy) as refused:
@@ -123,9 +127,7 @@ async def test_callers_told_the_longest_appointment_do_not_push_later_appointmen
     await asyncio.gather(*admitted)
     clock.t = start + 9.5
     await _complete(gate, clock, 16, 0.1)           # the rate measured afresh, 11.1 s after the storm began
-    calls = Calls()
-    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
-    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    calls, admitted = await _one_running_nine_waiting(gate)
     with pytest.raises(Busy) as refused:
         await gate.run(calls, "later", None, LAUNCH)
     assert refused.value.retry_after_s == pytest.approx(start + RETRY_AFTER_MAX_S + 0.1 - clock.t)
@@ -227,9 +229,7 @@ async def test_every_call_is_told_before_it_is_admitted_or_refused() -> None:
     gate = Admission(limit=1, max_wait_s=1.0, clock=clock, on_call=lambda: told.append("call"))
     await _complete(gate, clock, 11, 0.1)
     assert len(told) == 11
-    calls = Calls()
-    admitted = [asyncio.create_task(gate.run(calls, i, None, LAUNCH)) for i in range(10)]
-    await _until(lambda: gate.running == 1 and gate.waiting == 9)
+    calls, admitted = await _one_running_nine_waiting(gate)
     with pytest.raises(Busy):
         await gate.run(calls, "late", None, LAUNCH)
     assert len(told) == 22, "the ten admitted and the one refused"
