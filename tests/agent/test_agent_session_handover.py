@@ -121,7 +121,8 @@ async def test_an_ended_sessions_pulses_go_on_while_the_agent_registers_again() 
         waiting = [t for t, s in leader.pulses if s == old and refused_at < t < back_at]
         assert len(waiting) >= 10, f"the old session pulsed {len(waiting)} times in the 3 s wait (every 0.2 s)"
         new_began = min(t for t, s in leader.pulses if s == new)
-        await asyncio.sleep(1.0)
+        await eventually(lambda: truthy(sum(s == new for _, s in leader.pulses) >= 5), timeout=10,
+                         what="five pulses of the new session")
         assert not [t for t, s in leader.pulses if s == old and t > new_began + 0.1], "the old session ended"
         assert reporter.lingering is None and reporter.registrations == 2
     finally:
@@ -164,7 +165,9 @@ async def test_a_detached_pulser_pulses_once_an_interval_and_never_says_the_lead
     for p in pulsers.values():
         await p.start()
     try:
-        await asyncio.sleep(0.55)
+        # Three intervals of each: the attached one has sent its second pulses and said silent by then.
+        await eventually(lambda: truthy(silent and all(p.sent >= 3 for p in pulsers.values())
+                                        and pulsers["attached"].retries >= 3), timeout=10, what="three intervals")
     finally:
         for p in pulsers.values():
             await p.stop()
