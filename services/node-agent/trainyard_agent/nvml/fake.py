@@ -22,118 +22,34 @@ injected from the event loop. `nvmlEventSetWait` waits on a condition of the loc
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
-import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
-from ..model import Vendor
-from . import api
-from .profiles import GpuProfile, common_ancestor, get_profile
+from .fake_controls import FaultControls
+from .fake_devices import (
+    _MIB,
+    _PCI_DEVICE_IDS,
+    _SUPPORTED_EVENTS,
+    _SWITCH_BUS_BASE,
+    FakeGpu,
+    _address,
+    _error,
+    _EventSet,
+    _opaque,
+)
+from .profiles import common_ancestor
 from .topology import mask_from_cpus
 
-_MIB = 1024 * 1024
-# PCI device ids as the real parts report them (device << 16 | vendor).
-_PCI_DEVICE_IDS = {"H100": 0x233010DE, "A100": 0x20B210DE, "L40S": 0x26B910DE, "MI300X": 0x74A11002}
-_SUPPORTED_EVENTS = (api.EVENT_SINGLE_BIT_ECC | api.EVENT_DOUBLE_BIT_ECC | api.EVENT_XID_CRITICAL
-                     | api.EVENT_DRAM_RETIREMENT | api.EVENT_DRAM_RETIREMENT_FAILURE)
-# NVSwitches sit on their own PCI buses, away from the GPUs'.
-_SWITCH_BUS_BASE = 0xC0
-_THERMAL_REASONS = 0x0008 | 0x0020 | 0x0040  # hw_slowdown | sw_thermal | hw_thermal
+__all__ = ["FakeGpu", "FakeNvml"]
 
 
-@dataclass
-class FakeGpu:
-    index: int
-    uuid: str
-    bus: int
-    lost: bool = False
-    utilization_percent: int = 0
-    memory_used_mib: int = 0
-    temperature_c: int = 34
-    power_mw: int = 0
-    sm_clock_mhz: int = 0
-    memory_clock_mhz: int = 0
-    throttle_reasons: int = 0
-    ecc_corrected: int = 0
-    ecc_uncorrected: int = 0
-    ecc_aggregate_uncorrected: int = 0
-    remapped_rows_pending: bool = False
-    remapped_rows_failure: bool = False
-    retired_pages: list[int] = field(default_factory=list)
-    retired_pages_pending: bool = False
-    nvlink_errors: int = 0
-    # The same errors by nvmlNvLinkErrorCounter_t (all of them on link 0).
-    nvlink_errors_by_counter: dict[int, int] = field(default_factory=dict)
-    pcie_replays: int = 0
-    mig_mode: int = 0
-    xids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _EventSet:
-    registrations: dict[int, int] = field(default_factory=dict)
-    queue: deque[tuple[int, int, int]] = field(default_factory=deque)
-
-
-def _opaque(kind: Any) -> tuple[Any, ctypes.Array[ctypes.c_char]]:
-    """A fresh pointer of pynvml's opaque handle type `kind`, and the buffer it points at (kept alive)."""
-    buffer = ctypes.create_string_buffer(8)
-    return ctypes.cast(buffer, kind), buffer
-
-
-def _address(pointer: Any) -> int | None:
-    try:
-        return ctypes.cast(pointer, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return None
-
-
-def _error(code: int) -> pynvml.NVMLError:
-    # pynvml's NVMLError(code) builds the matching subclass (NVMLError_GpuIsLost, NVMLError_Timeout, ...).
-    return pynvml.NVMLError(code)
-
-
-class FakeNvml:
-    """A pynvml-compatible module object driven by a hardware profile. `host_cpus` is how many CPUs the
-    simulated host has (default: this machine's), split evenly over the profile's NUMA nodes, so CPU
-    affinity names CPUs that exist here."""
+class FakeNvml(FaultControls):
+    """A pynvml-compatible module object driven by a hardware profile (the devices: fake_devices.py; the fault
+    controls: fake_controls.py)."""
 
     NVMLError = pynvml.NVMLError
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-
-    def __init__(self, profile: GpuProfile | str, *, seed: str = "", host_cpus: int | None = None) -> None:
-        self.profile = get_profile(profile) if isinstance(profile, str) else profile
-        self._lock = threading.Lock()
-        self._events_ready = threading.Condition(self._lock)
-        self._init_count = 0
-        p = self.profile
-        self.gpus = [
-            FakeGpu(index=i, uuid=self._uuid(seed, i), bus=p.pci_buses[i], temperature_c=33 + i % 4,
-                    power_mw=p.idle_power_w * 1000, sm_clock_mhz=p.sm_clock_mhz,
-                    memory_clock_mhz=p.memory_clock_mhz)
-            for i in range(p.count)
-        ]
-        self._handles = [_opaque(pynvml.c_nvmlDevice_t) for _ in self.gpus]
-        self._index_by_address = {_address(h): i for i, (h, _) in enumerate(self._handles)}
-        self._event_sets: dict[int, tuple[_EventSet, Any]] = {}
-        cpus = host_cpus or os.cpu_count() or 1
-        nodes = p.numa_nodes
-        per_node = cpus // nodes
-        self._numa_cpus = [tuple(range(n * per_node, (n + 1) * per_node)) if per_node else tuple(range(cpus))
-                           for n in range(nodes)]
-
-    @property
-    def vendor(self) -> Vendor:
-        return self.profile.vendor
-
-    def _uuid(self, seed: str, index: int) -> str:
-        u = uuid.uuid5(uuid.NAMESPACE_URL, f"trainyard-fake-gpu/{seed}/{self.profile.name}/{index}")
-        return f"GPU-{u}" if self.profile.vendor is Vendor.NVIDIA else str(u)
 
     # --- pynvml API: system and handles ------------------------------------------------------------
 
@@ -377,120 +293,3 @@ class FakeNvml:
         with self._lock:
             self._event_set(eventSet)
             del self._event_sets[_address(eventSet) or 0]
-
-    # --- fault and load controls (not part of pynvml) ----------------------------------------------
-
-    def fall_off_bus(self, index: int) -> None:
-        with self._lock:
-            self._by_index(index).lost = True
-            self._post(index, api.EVENT_XID_CRITICAL, 79)
-
-    def inject_xid(self, index: int, xid: int) -> None:
-        with self._lock:
-            self._by_index(index).xids.append(xid)
-            self._post(index, api.EVENT_XID_CRITICAL, xid)
-
-    def add_ecc_errors(self, index: int, count: int, *, corrected: bool = False) -> int:
-        """Raise the ECC counts; returns the volatile count of that kind. Uncorrectable errors retire a page
-        on page-retirement parts (pending until a reset) and post a double-bit ECC event."""
-        with self._lock:
-            gpu = self._by_index(index)
-            if corrected:
-                gpu.ecc_corrected += count
-                return gpu.ecc_corrected
-            gpu.ecc_uncorrected += count
-            gpu.ecc_aggregate_uncorrected += count
-            if self.profile.memory_repair == "page_retire":
-                gpu.retired_pages.extend(0x1000 * (len(gpu.retired_pages) + k + 1) for k in range(count))
-                gpu.retired_pages_pending = True
-            self._post(index, api.EVENT_DOUBLE_BIT_ECC, 0)
-            return gpu.ecc_uncorrected
-
-    def set_memory_repair(self, index: int, *, pending: bool = False, failure: bool = False) -> None:
-        """Row remapping state (or page retirement's pending flag on page-retirement parts)."""
-        with self._lock:
-            gpu = self._by_index(index)
-            if self.profile.memory_repair == "row_remap":
-                gpu.remapped_rows_pending, gpu.remapped_rows_failure = pending, failure
-            else:
-                gpu.retired_pages_pending = pending
-            self._post(index, api.EVENT_DRAM_RETIREMENT_FAILURE if failure else api.EVENT_DRAM_RETIREMENT, 0)
-
-    def add_link_errors(self, index: int, *, nvlink: int = 0, pcie_replays: int = 0,
-                        nvlink_counter: int = pynvml.NVML_NVLINK_ERROR_DL_REPLAY) -> None:
-        """Raise the NVLink error count of kind `nvlink_counter` (an nvmlNvLinkErrorCounter_t: DL replay by
-        default, recovery, CRC flit, CRC data, ECC data) and the PCIe replay count."""
-        if nvlink_counter not in api.NVML_NVLINK_ERROR_COUNTERS:
-            raise ValueError(f"nvlink_counter {nvlink_counter} is not an NVLink error counter; use one of "
-                             f"{api.NVML_NVLINK_ERROR_COUNTERS}")
-        with self._lock:
-            gpu = self._by_index(index)
-            gpu.nvlink_errors += nvlink
-            gpu.nvlink_errors_by_counter[nvlink_counter] = gpu.nvlink_errors_by_counter.get(nvlink_counter, 0) + nvlink
-            gpu.pcie_replays += pcie_replays
-
-    def set_temperature(self, index: int, celsius: int) -> None:
-        with self._lock:
-            gpu = self._by_index(index)
-            gpu.temperature_c = celsius
-            hot = celsius >= self.profile.slowdown_c
-            gpu.throttle_reasons = (gpu.throttle_reasons | _THERMAL_REASONS) if hot \
-                else (gpu.throttle_reasons & ~_THERMAL_REASONS)
-            gpu.sm_clock_mhz = self.profile.sm_clock_mhz // 2 if hot else self.profile.sm_clock_mhz
-
-    def set_load(self, index: int, utilization_percent: int, memory_used_mib: int) -> None:
-        with self._lock:
-            gpu = self._by_index(index)
-            gpu.utilization_percent = utilization_percent
-            gpu.memory_used_mib = memory_used_mib
-
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
-        with self._lock:
-            self._by_index(index).mig_mode = int(enabled)
-
-    # --- internals -----------------------------------------------------------------------------------
-
-    def _post(self, index: int, event_type: int, data: int) -> None:
-        """Queue an event on every set registered for it (the caller holds the lock)."""
-        for event_set, _ in self._event_sets.values():
-            if event_set.registrations.get(index, 0) & event_type:
-                event_set.queue.append((index, event_type, data))
-        self._events_ready.notify_all()
-
-    def _pci_info(self, bus: int) -> Any:
-        info = pynvml.nvmlPciInfo_t()
-        info.domain, info.bus, info.device = 0, bus, 0
-        info.busId = (pynvml.NVML_DEVICE_PCI_BUS_ID_FMT % (0, bus, 0)).encode()
-        info.busIdLegacy = (pynvml.NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT % (0, bus, 0)).encode()
-        return info
-
-    def _check_link(self, link: int) -> None:
-        if self.profile.nvlink == "none":
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not 0 <= link < self.profile.nvlinks:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-
-    def _require_init(self) -> None:
-        if self._init_count <= 0:
-            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
-
-    def _by_index(self, index: int) -> FakeGpu:
-        if not 0 <= index < len(self.gpus):
-            raise IndexError(f"GPU {index} does not exist (profile {self.profile.name} has {len(self.gpus)})")
-        return self.gpus[index]
-
-    def _event_set(self, handle: Any) -> _EventSet:
-        found = self._event_sets.get(_address(handle) or 0) if isinstance(handle, pynvml.c_nvmlEventSet_t) else None
-        if found is None:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return found[0]
-
-    def _gpu(self, handle: Any) -> FakeGpu:
-        self._require_init()
-        index = self._index_by_address.get(_address(handle)) if isinstance(handle, pynvml.c_nvmlDevice_t) else None
-        if index is None:
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.gpus[index]
-        if gpu.lost:
-            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return gpu
