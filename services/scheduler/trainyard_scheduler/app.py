@@ -226,7 +226,8 @@ class SchedulerApp:
                                            port_range=s.port_range, policy=s.policy(),
                                            checkpoint_store=s.checkpoint_store_address,
                                            max_infra_restarts=s.max_infra_restarts,
-                                           worker_fence_s=s.worker_fence_s),
+                                           worker_fence_s=s.worker_fence_s,
+                                           pace_s_per_pending_job=s.reconcile_pace_us_per_pending_job / 1e6),
                 worker_env=self._worker_credentials.env)
             stop_term = asyncio.Event()
 

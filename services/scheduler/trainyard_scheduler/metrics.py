@@ -25,6 +25,10 @@ from .policy.index import ClusterIndex
 RECONCILE_SECONDS = Histogram(
     "trainyard_scheduler_reconcile_seconds", "Duration of one reconcile cycle (snapshot, decide, commit)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+RECONCILE_PAUSED_SECONDS = Counter(
+    "trainyard_scheduler_reconcile_paused_seconds_total",
+    "Seconds the reconcile loop rested after cycles, in proportion to the pending jobs each looked at "
+    "(reconcile_pace_us_per_pending_job)")
 GANGS_PLACED = Counter("trainyard_scheduler_gangs_placed_total", "Gangs committed to an allocation")
 PLACEMENT_CONFLICTS = Counter("trainyard_scheduler_write_conflicts_total",
                               "Leader writes that lost a compare-and-swap (retried next cycle)")

@@ -11,6 +11,7 @@ call. The placement's decisions and preemptions become records in placement_writ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -44,6 +45,7 @@ from .domain.snapshot import ClusterSnapshot
 from .launch import node_launches
 from .liveness import NodeLiveness
 from .node_log import NodeTransitions
+from .pace import MIN_PAUSE_S, PACE_S_PER_PENDING_JOB, cycle_pause_s
 from .pending_reasons import PendingReasons
 from .placement_writes import PlacementWrites
 from .policy.api import Profile
@@ -89,6 +91,9 @@ class ReconcileSettings:
     # Agents' worker fence (see RegisterNodeResponse.worker_fence_s); 0: none, lost nodes' workers are
     # presumed dead at once.
     worker_fence_s: float = 0.0
+    # After a cycle whose placement looked at P pending jobs, the next starts no sooner than P x this (at most
+    # interval_s, and never past a node's deadline): see `cycle_pause_s`. 0: cycles run back to back.
+    pace_s_per_pending_job: float = PACE_S_PER_PENDING_JOB
 
 
 class Reconciler:
@@ -128,6 +133,8 @@ class Reconciler:
         self._holdings_checked = False
         self.cycles = 0
         self.last_result_size = 0
+        self.last_considered = 0  # pending jobs the last cycle's placement looked at
+        self.last_pause_s = 0.0  # how long the loop rested after the last cycle
         # The queue as the last cycle ordered it, built when first asked for (`pending`).
         self._pending: PendingOrder | Callable[[], PendingOrder] = EMPTY_ORDER
 
@@ -157,6 +164,7 @@ class Reconciler:
                 log.warning("reconcile: store unavailable: %s", exc)
             except Exception:
                 log.exception("reconcile cycle failed")
+            await self._rest(stop)
             waiter = asyncio.ensure_future(self._mirror.changed.wait())
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({waiter, stopper}, timeout=self._next_wait(),
@@ -205,6 +213,20 @@ class Reconciler:
         if fixed:
             log.error("GPU holdings disagreed with the allocations and were corrected", extra={"fixes": fixed})
         self._holdings_checked = True
+
+    async def _rest(self, stop: asyncio.Event) -> None:
+        """Rest after a cycle in proportion to its placement walk (`cycle_pause_s`), never past the next node
+        deadline or worker fence, and not past `stop`."""
+        pause = cycle_pause_s(self.last_considered, self._settings.pace_s_per_pending_job, self._settings.interval_s)
+        if pause > 0:
+            pause = min(pause, self._next_wait())
+        if pause < MIN_PAUSE_S:
+            self.last_pause_s = 0.0
+            return
+        self.last_pause_s = pause
+        metrics.RECONCILE_PAUSED_SECONDS.inc(pause)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), pause)
 
     def _next_wait(self) -> float:
         """The interval, or less when a node's heartbeat deadline or a lost node's worker fence comes first
@@ -274,12 +296,14 @@ class Reconciler:
     async def _place(self, snap: ClusterSnapshot, config: PolicyConfig, now: float) -> None:
         if not snap.jobs:
             self._pending = replace(EMPTY_ORDER, as_of=now)
+            self.last_considered = 0
             return
         decided_from = telemetry.now_ns()
         result = place(snap, self._profile, config, now, self._settings.port_range, index=self._index)
         self._index_of = snap
         decided = (decided_from, telemetry.now_ns())
         self.last_result_size = len(result.decisions)
+        self.last_considered = len(result.considered)
         self._pending = functools.partial(_order_of, snap, result, now)
         self._events.decided(len(result.decisions), len(result.preemptions))
         for p in result.preemptions:

@@ -14,6 +14,7 @@ from trainyard_core.settings import EtcdSettings
 
 from .domain.queues import DEFAULT_CLASS, DEFAULT_CLASSES, PolicyConfig, PriorityClass, validate_classes
 from .domain.usage import Pricing
+from .pace import PACE_S_PER_PENDING_JOB
 
 # Dense BF16 training throughput relative to an A100, roughly; a site should measure its own. Keys are the
 # model names agents report (NVML's name, vendor prefix dropped, spaces as dashes).
@@ -82,6 +83,12 @@ class SchedulerSettings(EtcdSettings):
     max_infra_restarts: int = Field(20, ge=0, le=10_000, description="restarts after infrastructure failures (node "
                                     "lost, GPU unhealthy) per job before it fails; they do not use max_restarts")
     reconcile_interval_s: float = Field(1.0, gt=0)
+    reconcile_pace_us_per_pending_job: float = Field(
+        PACE_S_PER_PENDING_JOB * 1e6, ge=0, le=10_000, description="after a reconcile cycle whose placement "
+        "looked at P pending jobs, the next starts no sooner than P x this (at most reconcile_interval_s, never "
+        "past a node's deadline): a backlog of 2,000 jobs is walked at most every 0.1 s and a queue of 20 every "
+        "1 ms, so a burst of submits over a backlog does not spend the leader's CPU on walking the queue after "
+        "each one (the changes of the rest are taken together by the next cycle). 0: cycles back to back")
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM → SIGKILL grace when stopping workers")
     master_port_range: str = Field("29500-29999", description="MASTER_PORT range for rank-0 rendezvous")
     leader_ttl_s: int = Field(3, ge=1, le=60, description="leader lease TTL; bounds failover time")
