@@ -4,6 +4,8 @@ paging, retention by leases per time bucket, writes that fail and are retried; a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import socket
 from pathlib import Path
@@ -270,3 +272,15 @@ def test_messages_are_kept_without_the_values_they_quote() -> None:
     e = entry(T0, result="invalid_argument", message="env.K: must be text without NUL characters (got 'sec\\'ret'); "
                                                      "resources.nodes: must be >= 1 (got 0) (see the docs)")
     assert e.message == "env.K: must be text without NUL characters; resources.nodes: must be >= 1 (see the docs)"
+
+
+def test_an_entry_is_written_with_every_field_and_read_back_equal() -> None:
+    entry = AuditEntry.make(time=1_700_000_000.25, principal="user:vision/ada", service="gateway",
+                            action="POST /v1/jobs", target="job/job-1", result="ok", message="submitted",
+                            request_id="r-1", role="member", team="vision", detail={"nodes": 2})
+    entry = dataclasses.replace(entry, id="e-1")
+    written = json.loads(entry.to_json())
+    assert set(written) == {f.name for f in dataclasses.fields(AuditEntry)}  # a new field is never left out
+    assert written["detail"] == {"nodes": "2"}
+    assert AuditEntry.from_json(entry.to_json()) == entry
+    assert audit.entry_to_dict(entry) == written
