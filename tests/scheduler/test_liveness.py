@@ -576,3 +576,22 @@ def test_calls_to_register_hold_the_grace_no_longer_than_its_cap() -> None:
         ticking(clock, live, 1.0)
         live.knocking()
     assert live.alive(NODES) == frozenset(), "never heard, and the longest grace is over"
+
+
+def test_what_nodes_run_is_kept_for_the_busy_ones_and_cleared_with_the_term_and_a_forgotten_node() -> None:
+    clock = ManualClock()
+    live = NodeLiveness(clock, timeout_s=3.0)
+    live.reports.report("node-a", frozenset({("job-1", 1)}))
+    clock.advance(1.0)
+    live.reports.report("node-b", frozenset())  # runs nothing: only its report's time is kept
+    assert live.reports.running() == {"node-a": frozenset({("job-1", 1)})}
+    at = live.reports.reported_at()
+    assert set(at) == {"node-a", "node-b"} and at["node-b"] - at["node-a"] == pytest.approx(1.0)
+    live.reports.report("node-a", frozenset())  # its gang ended
+    assert live.reports.running() == {}
+    live.reports.report("node-a", frozenset({("job-2", 1)}))
+    live.forget("node-a")
+    assert live.reports.running() == {} and "node-a" not in live.reports.reported_at()
+    live.reports.report("node-c", frozenset({("job-3", 1)}))
+    live.reset()  # a new term: what agents said to the last one is not taken for what they run now
+    assert live.reports.running() == {} and live.reports.reported_at() == {}

@@ -239,7 +239,7 @@ async def test_workers_no_allocation_accounts_for_are_stopped(leader: SchedulerA
     assert agent.supervisor is not None
 
     # A returning node reports what it runs in the same message that makes it alive again.
-    await eventually(lambda: truthy((sub.job.id, 1) in leader.liveness.running().get("node-a", ())),
+    await eventually(lambda: truthy((sub.job.id, 1) in leader.liveness.reports.running().get("node-a", ())),
                      what="agent reported the job running")
     # The state a lost node leaves behind: the job finished as FAILED, its allocation gone.
     found = await repo.get_job(sub.job.id)

@@ -48,6 +48,7 @@ from trainyard_core.clock import Clock
 from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
 
 from .grace import MAX_GRACE_S, Grace
+from .running_reports import RunningReports
 
 __all__ = ["MAX_GRACE_S", "TICK_S", "NodeLiveness"]
 
@@ -95,9 +96,8 @@ class NodeLiveness:
         # on the effective clock (the silence of a node never heard from).
         self._term = Grace(timeout_s if grace_s is None else grace_s, timeout_s, clock.monotonic())
         self._since_eff = self._eff(self._term.since)
-        # What each agent last said it runs: {(job_id, attempt)}.
-        self._running: dict[str, frozenset[tuple[str, int]]] = {}
-        self._running_at: dict[str, float] = {}
+        # What each agent last said it runs, cleared with each term and each forgotten node.
+        self.reports = RunningReports(clock.monotonic)
 
     @property
     def timeout_s(self) -> float:
@@ -113,8 +113,7 @@ class NodeLiveness:
         self._expired.clear()
         self._ended.clear()
         self._membership += 1
-        self._running.clear()
-        self._running_at.clear()
+        self.reports.clear()
         now = self._clock.monotonic()
         self._last_tick = now
         self._term.begin(now)
@@ -173,24 +172,6 @@ class NodeLiveness:
                 del self._deadline[node_id]
                 self._expired.add(node_id)
                 self._membership += 1
-
-    # -- reports --------------------------------------------------------------------------------------
-    def report_running(self, node_id: str, running: frozenset[tuple[str, int]]) -> None:
-        # Only nodes that run something are kept: what each cycle copies and walks (orphans) is then the busy
-        # nodes, not the fleet.
-        if running:
-            self._running[node_id] = running
-        else:
-            self._running.pop(node_id, None)
-        self._running_at[node_id] = self._clock.monotonic()
-
-    def running(self) -> dict[str, frozenset[tuple[str, int]]]:
-        """What each node that runs something last said it runs (a node absent runs nothing)."""
-        return dict(self._running)
-
-    def running_reported_at(self) -> dict[str, float]:
-        """When each node's running report arrived (monotonic seconds)."""
-        return dict(self._running_at)
 
     def _heard(self, node_id: str, at: float) -> None:
         """A proof of life at effective time `at`."""
@@ -294,8 +275,7 @@ class NodeLiveness:
         self._ended.discard(node_id)
         self._term.found.discard(node_id)
         self._membership += 1
-        self._running.pop(node_id, None)
-        self._running_at.pop(node_id, None)
+        self.reports.forget(node_id)
 
     # -- questions ------------------------------------------------------------------------------------
     def _quiet(self, node_id: str, now: float) -> float | None:

@@ -418,7 +418,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             with log_context(node_id=node.node_id):
                 log.warning("node cordoned by the health policy", extra={"reason": node.cordon_reason})
         self._liveness.seen(node.node_id)
-        self._liveness.report_running(node.node_id, _running(request.running))
+        self._liveness.reports.report(node.node_id, _running(request.running))
         self._last_heartbeat[node.node_id] = self._clock.now()
         with log_context(node_id=node.node_id):
             log.info("node registered", extra={"gpus": len(node.gpus), "agent": node.agent_address})
@@ -534,7 +534,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 log.warning("heartbeat: node lookup failed, store unavailable: %s", exc,
                             extra={"node_id": req.node_id})
         self._liveness.seen(req.node_id)
-        self._liveness.report_running(req.node_id, _running(req.running))
+        self._liveness.reports.report(req.node_id, _running(req.running))
         self._last_heartbeat[req.node_id] = self._clock.now()
         if req.gpus:
             pending = self._pending_health.setdefault(req.node_id, {})

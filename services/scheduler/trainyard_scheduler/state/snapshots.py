@@ -164,8 +164,8 @@ class SnapshotBuilder:
         snap = ClusterSnapshot(nodes=nodes, alive=alive, jobs=jobs, allocations=allocs,
                                job_revisions={ident: rev for ident, (_, rev) in self._jobs.items()},
                                allocation_revisions={ident: rev for ident, (_, rev) in self._allocs.items()},
-                               reported_running=liveness.running(),
-                               reported_at=liveness.running_reported_at(), released_at=released_at,
+                               reported_running=liveness.reports.running(),
+                               reported_at=liveness.reports.reported_at(), released_at=released_at,
                                silence=liveness.silence(dead))
         usage, usage_rev = self._usage
         return snap, PolicyState(dict(self._queues), dict(self._quotas), usage, usage_rev)
