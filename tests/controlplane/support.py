@@ -314,6 +314,21 @@ def leader_ready_nodes(etcd: Etcd, cluster: LocalCluster, *, heard: bool = False
             if n.state == types_pb2.NODE_STATE_READY and (not heard or n.HasField("last_heartbeat"))}
 
 
+def leader_heartbeats(etcd: Etcd, cluster: LocalCluster) -> dict[str, float]:
+    """Each node's last proof of life as the scheduler leader tells it (`last_heartbeat`, seconds), for the
+    nodes it has one of ({} while there is no leader)."""
+    leader = etcd.scheduler_leader()
+    if leader is None:
+        return {}
+    with cluster.sync_channel(leader[0], identity.SCHEDULER) as channel:
+        try:
+            reply = scheduler_pb2_grpc.NodeServiceStub(channel).ListNodes(scheduler_pb2.ListNodesRequest(),
+                                                                           timeout=5)
+        except grpc.RpcError:
+            return {}
+    return {n.node_id: n.last_heartbeat.ToMicroseconds() / 1e6 for n in reply.nodes if n.HasField("last_heartbeat")}
+
+
 # --- watching a fault ------------------------------------------------------------------------------------
 
 @dataclass

@@ -18,7 +18,7 @@ from trainyard_cli.local import LocalCluster
 from trainyard_scheduler.grace import CONFIRM_S
 from trainyard_scheduler.settings import SchedulerSettings
 
-from ..controlplane.support import Etcd, leader_ready_nodes, new_scheduler_leader, until
+from ..controlplane.support import Etcd, leader_heartbeats, leader_ready_nodes, new_scheduler_leader, until
 
 pytestmark = pytest.mark.e2e
 
@@ -59,8 +59,18 @@ def test_a_host_that_dies_in_the_new_leaders_grace_is_lost_at_its_timeout(cluste
     cluster.procs[by_address[old_identity]].kill()
     new_identity, _ = until(lambda: new_scheduler_leader(etcd, old_identity), 20, "the standby to lead")
     took_over = time.monotonic()
-    # Both agents find the new leader (each beat opens a pulse session with it): the leader has heard them.
-    until(lambda: leader_ready_nodes(etcd, cluster, heard=True) == nodes, 30, "both nodes heard by the new leader")
+    # Both agents find the new leader: each registers, its beat opens a pulse session, and the session's first
+    # pulse is what makes it found (grace.py; a host that dies before that is lost when the grace ends). Each
+    # is a newer proof of life, so a node whose last one moved forward twice after a first reading has pulsed.
+    readings: dict[str, list[float]] = {n: [] for n in nodes}
+
+    def found() -> bool:
+        for node_id, at in leader_heartbeats(etcd, cluster).items():
+            seen = readings.get(node_id)
+            if seen is not None and (not seen or at > seen[-1]):
+                seen.append(at)
+        return all(len(seen) >= 3 for seen in readings.values())
+    until(found, 30, lambda: f"both nodes' pulses heard by the new leader (readings {readings})")
 
     cluster.kill_node("node-2")
     died = time.monotonic()
