@@ -91,8 +91,14 @@ async def test_a_cycle_over_a_backlog_rests_and_the_changes_meanwhile_wait_for_t
         assert r.last_pause_s == pytest.approx(5.0)  # 40 jobs x 125 ms
         cycles = r.cycles
         await loop.repo.create_job(make_job("job-late", gpus=2))
+        late = loop.keys.job("job-late")
+        await eventually(lambda: truthy(late in loop.mirror.items), what="the late job in the mirror")
+        # A window for a loop that would cycle on the change (it takes a few turns of the event loop to wake):
+        # none may start one while the rest lasts. (Checked at once, the change's wake-up is still set and no
+        # cycle could have begun yet, whether the loop rests or not.)
         await asyncio.sleep(0.5)
-        assert r.cycles == cycles, "a change during the rest started a cycle"
+        assert r.cycles == cycles and r.last_considered == 40, "a change during the rest started a cycle"
+        assert loop.mirror.changed.is_set(), "the change is left for the cycle after the rest"
         await eventually(lambda: truthy(r.last_considered == 41), timeout=20,
                          what="the cycle after the rest, with the job created during it")
     finally:
