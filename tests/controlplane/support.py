@@ -296,37 +296,35 @@ def new_scheduler_leader(etcd: Etcd, old_identity: str) -> tuple[str, int] | Non
     return got if got is not None and got[0] != old_identity else None
 
 
-def leader_ready_nodes(etcd: Etcd, cluster: LocalCluster, *, heard: bool = False) -> set[str]:
-    """The nodes the scheduler leader (found through its key in etcd) holds ready, asked directly: only
-    the leader hears heartbeats, so this is the authoritative view ({} while there is no leader). With
-    `heard`, only those it has also had a heartbeat from: a leader just elected holds the nodes ready it
-    found ready (the failover grace) before their agents have found it."""
+def leader_nodes(etcd: Etcd, cluster: LocalCluster) -> list[types_pb2.Node]:
+    """The nodes as the scheduler leader (found through its key in etcd) lists them, asked directly: only the
+    leader hears heartbeats, so this is the authoritative view ([] while there is no leader or it does not
+    answer)."""
     leader = etcd.scheduler_leader()
     if leader is None:
-        return set()
+        return []
     with cluster.sync_channel(leader[0], identity.SCHEDULER) as channel:
         try:
             reply = scheduler_pb2_grpc.NodeServiceStub(channel).ListNodes(scheduler_pb2.ListNodesRequest(),
                                                                            timeout=5)
         except grpc.RpcError:
-            return set()
-    return {n.node_id for n in reply.nodes
+            return []
+    return list(reply.nodes)
+
+
+def leader_ready_nodes(etcd: Etcd, cluster: LocalCluster, *, heard: bool = False) -> set[str]:
+    """The nodes the scheduler leader holds ready ({} while there is no leader). With `heard`, only those it
+    has also had a heartbeat from: a leader just elected holds the nodes ready it found ready (the failover
+    grace) before their agents have found it."""
+    return {n.node_id for n in leader_nodes(etcd, cluster)
             if n.state == types_pb2.NODE_STATE_READY and (not heard or n.HasField("last_heartbeat"))}
 
 
 def leader_heartbeats(etcd: Etcd, cluster: LocalCluster) -> dict[str, float]:
     """Each node's last proof of life as the scheduler leader tells it (`last_heartbeat`, seconds), for the
     nodes it has one of ({} while there is no leader)."""
-    leader = etcd.scheduler_leader()
-    if leader is None:
-        return {}
-    with cluster.sync_channel(leader[0], identity.SCHEDULER) as channel:
-        try:
-            reply = scheduler_pb2_grpc.NodeServiceStub(channel).ListNodes(scheduler_pb2.ListNodesRequest(),
-                                                                           timeout=5)
-        except grpc.RpcError:
-            return {}
-    return {n.node_id: n.last_heartbeat.ToMicroseconds() / 1e6 for n in reply.nodes if n.HasField("last_heartbeat")}
+    return {n.node_id: n.last_heartbeat.ToMicroseconds() / 1e6 for n in leader_nodes(etcd, cluster)
+            if n.HasField("last_heartbeat")}
 
 
 # --- watching a fault ------------------------------------------------------------------------------------
