@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,80 +24,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainyard.common.v1 import types_pb2
-from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from trainyard_core.rpc.server import secure_channel
+from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.security import identity, pki
-from trainyard_core.security.tls import ClientTls
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway import convert
-from trainyard_gateway.job_view import JobView, ViewedJob
-from trainyard_gateway.job_view_feed import JobFeed
+from trainyard_gateway.job_view import ViewedJob
 from trainyard_gateway.job_view_pages import HistoryState, page
 from trainyard_scheduler.domain.listing import JobFilter
 from trainyard_scheduler.domain.operations import WAITING_MESSAGE
 
-from .support import Cluster, RunningGateway, running_cluster, running_gateway
+from .support import running_gateway
+from .view_support import Deployment, deployment, reasons_written
 
 REVISION = "X-Trainyard-Revision"
 SPEC: dict[str, Any] = {"name": "train", "command": ["true"], "resources": {"nodes": 1, "gpus_per_node": 1}}
-
-
-@dataclass
-class Deployment:
-    cluster: Cluster
-    gateway: RunningGateway
-    channel: grpc.aio.Channel  # to the scheduler, as the gateway principal
-
-    @property
-    def view(self) -> JobView:
-        view = self.gateway.app.app.state.deps.job_view  # type: ignore[union-attr]
-        assert isinstance(view, JobView)
-        return view
-
-    @property
-    def feed(self) -> JobFeed:
-        feed = self.gateway.app._job_feed
-        assert feed is not None
-        return feed
-
-    async def ready(self) -> None:
-        await eventually(lambda: truthy(self.view.ready), what="the job view's first snapshot")
-
-    async def scheduler_get(self, job_id: str, team: str = "") -> dict[str, Any]:
-        reply = await scheduler_pb2_grpc.JobServiceStub(self.channel).GetJob(
-            scheduler_pb2.GetJobRequest(job_id=job_id, team=team))
-        return _api(reply.job)
-
-    async def scheduler_list(self, request: scheduler_pb2.ListJobsRequest) -> dict[str, Any]:
-        reply = await scheduler_pb2_grpc.JobServiceStub(self.channel).ListJobs(request)
-        return {"jobs": [_api(j) for j in reply.jobs], "next_page_token": reply.next_page_token}
-
-
-def _api(job: Any) -> dict[str, Any]:
-    """A scheduler Job as the gateway's JSON has it."""
-    loaded: dict[str, Any] = json.loads(convert.job_from_pb(job).model_dump_json())
-    return loaded
-
-
-@contextlib.asynccontextmanager
-async def deployment(etcd_settings: dict[str, str], prefix: str, tmp_path: Path, pki_dir: Path,
-                     **scheduler: Any) -> AsyncIterator[Deployment]:
-    tls = pki.files_for(pki_dir, identity.SCHEDULER).settings()
-    async with running_cluster(etcd=etcd_settings, prefix=prefix, state_root=tmp_path / "nodes",
-                               history_url=f"sqlite+aiosqlite:///{tmp_path / 'history.db'}", **tls,
-                               **scheduler) as cluster, \
-            running_gateway(etcd=etcd_settings, etcd_prefix=cluster.settings.etcd_prefix,
-                            scheduler_address=cluster.address,
-                            **pki.files_for(pki_dir, identity.GATEWAY).settings()) as gw:
-        channel = secure_channel(cluster.address, ClientTls(pki.files_for(pki_dir, identity.GATEWAY)),
-                                 identity.SCHEDULER)
-        try:
-            d = Deployment(cluster, gw, channel)
-            await d.ready()
-            yield d
-        finally:
-            await channel.close()
 
 
 @pytest.fixture
@@ -123,23 +63,13 @@ async def _submit(http: httpx.AsyncClient, **spec: Any) -> httpx.Response:
     return reply
 
 
-async def _reasons_written(http: httpx.AsyncClient, job_ids: list[str]) -> None:
-    """Until the view shows the scheduler's pending reason on each of these jobs. The leader writes it a moment
-    after the submit answered: a view's answer compared with the scheduler's before then could differ by it."""
-    async def seen() -> bool:
-        messages = {j["id"]: j["message"] for j in (await http.get("/v1/jobs", params={"page_size": 50})).json()
-                    ["jobs"]}
-        return all(messages.get(job_id) not in (None, WAITING_MESSAGE) for job_id in job_ids)
-    await eventually(seen, what="the new jobs' pending reasons in the view")
-
-
 # --- GET and list from the view ------------------------------------------------------------------------------
 
 async def test_reads_come_from_the_view_and_are_the_schedulers_answers(live: Deployment) -> None:
     alice = await live.gateway.create_token("vision", "alice")
     async with live.gateway.client(alice) as http:
         jobs = [(await _submit(http, name=f"train-{i}", labels={"project": "atlas"})).json() for i in range(3)]
-        await _reasons_written(http, [j["id"] for j in jobs])
+        await reasons_written(http, [j["id"] for j in jobs])
         live.cluster.calls.clear()
         got = await http.get(f"/v1/jobs/{jobs[0]['id']}")
         page = await http.get("/v1/jobs", params={"state": "pending", "page_size": 2})
@@ -168,7 +98,7 @@ async def test_a_listing_that_merges_the_history_is_the_views_above_the_bound_an
             return not {kv.key[len(prefix):] for kv in (await etcd_store.range(prefix)).kvs} & set(old)
         await eventually(gone, timeout=30, what="the cancelled jobs to leave etcd")
         new = [(await _submit(http, name=f"new-{i}")).json()["id"] for i in range(4)]
-        await _reasons_written(http, new)
+        await reasons_written(http, new)
         pages, sources, token = [], [], ""
         while True:
             reply = await http.get("/v1/jobs", params={"page_size": 2, "page_token": token})
@@ -249,7 +179,7 @@ async def test_a_client_of_two_gateways_reads_its_writes_with_the_revision(live:
             # A revision no view reaches in time: the scheduler answers (from etcd: no revision header). Compared
             # with the view's answer once the leader's pending reason, written a moment after the submit, is in
             # the view: the two reads could otherwise straddle that write.
-            await _reasons_written(second, [submitted.json()["id"]])
+            await reasons_written(second, [submitted.json()["id"]])
             now = await second.get(f"/v1/jobs/{submitted.json()['id']}")
             far = await second.get(f"/v1/jobs/{submitted.json()['id']}", headers={REVISION: str(2**62)})
             assert far.status_code == 200 and REVISION not in far.headers

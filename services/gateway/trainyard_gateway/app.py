@@ -41,7 +41,7 @@ from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
 
-from . import audit_http, http_errors, http_methods, http_tracing, openapi
+from . import audit_http, http_errors, http_methods, http_tracing, openapi, view_fast_path
 from .checkpoint_client import CheckpointStoreClient
 from .clients import AgentClients, SchedulerClient
 from .console.router import make_router as console_router
@@ -96,6 +96,7 @@ def create_app(deps: GatewayDeps, *, traced: bool = True) -> FastAPI:
     app = FastAPI(title="Trainyard gateway", version="v1", description=API_DESCRIPTION, redoc_url=None,
                   telemetry={"tracing": False, "operation_spans": False, "metrics": False, "logs": False})
     app.state.deps = deps
+    view_fast_path.install(app)  # innermost: the view's answers to GET /v1/jobs/{id}, past every check below
     http_methods.install(app)  # inside the access log and catch-all, which http_errors adds outermost
     http_errors.install(app, HttpMetrics())  # the access log records each request's latency (http_metrics.py)
     audit_http.install(app, getattr(deps, "audit", None))  # the answer waits for its audit entry

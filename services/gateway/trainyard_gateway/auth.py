@@ -66,12 +66,18 @@ async def current_principal(request: Request) -> TokenRecord:
 setattr(current_principal, AUTHENTICATES, True)
 
 
+async def authorize(request: Request, action: Action) -> TokenRecord:
+    """The caller, authenticated (once per request) and allowed `action`: what every route's dependency below
+    does, and the view's fast path of GET /v1/jobs/{id} (view_fast_path.py) too."""
+    principal = await _authenticate(request)
+    roles.check(principal, action)
+    return principal
+
+
 def _requiring(action: Action) -> Callable[[Request], Awaitable[TokenRecord]]:
     """One dependency that authenticates and checks `action` (not two chained: see bearer_scheme)."""
     async def allowed(request: Request) -> TokenRecord:
-        principal = await _authenticate(request)
-        roles.check(principal, action)
-        return principal
+        return await authorize(request, action)
 
     allowed.__name__ = f"requires_{action.name.lower()}"
     setattr(allowed, AUTHENTICATES, True)
