@@ -35,6 +35,7 @@ class _Template:
     literal: int  # characters of the template that are not parameters
     methods: frozenset[str]
     head: str
+    exact: str | None  # the path itself, for a template without parameters
 
 
 _HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
@@ -49,7 +50,7 @@ def _templates(document: dict[str, Any]) -> list[_Template]:
         pattern = "".join(re.escape(part) if i % 2 == 0 else "[^/]+" for i, part in enumerate(parts))
         regex = re.compile(f"^{pattern}$")
         methods = frozenset(m.upper() for m in item if m in _HTTP_METHODS)
-        out.append(_Template(regex, len(_PARAM.sub("", path)), methods, _head(path)))
+        out.append(_Template(regex, len(_PARAM.sub("", path)), methods, _head(path), None if "{" in path else path))
     return out
 
 
@@ -63,6 +64,9 @@ class Templates:
     """The templates by head, so a request is matched against its own resource's few, not every one."""
 
     def __init__(self, templates: list[_Template]) -> None:
+        # A template without parameters that is the path itself has the most literal text of any that match it
+        # (a parameter takes at least one character): its methods are the answer, found by one look-up.
+        self._exact = {t.exact: t.methods for t in templates if t.exact is not None}
         self._by_head: dict[str, list[_Template]] = {}
         self._anywhere: list[_Template] = []  # a parameter in the head: tried for every path
         for t in templates:
@@ -73,6 +77,9 @@ class Templates:
 
     def allowed_methods(self, path: str) -> frozenset[str] | None:
         """The methods of the operation `path` names, or None when no route serves it."""
+        exact = self._exact.get(path)
+        if exact is not None:
+            return exact
         candidates = self._by_head.get(_head(path), [])
         matching = [t for t in (*candidates, *self._anywhere) if t.regex.match(path)]
         if not matching:
