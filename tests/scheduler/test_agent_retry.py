@@ -50,7 +50,7 @@ async def test_a_launch_to_an_unreachable_agent_backs_off_then_goes_through(key_
     store = MemoryStore()
     repo = Repository(store, keys)
     node = make_node("node-1", gpus=8)
-    await repo.modify_node(node.node_id, lambda _: node)
+    await repo.nodes.modify(node.node_id, lambda _: node)
     await repo.create_job(make_job("job-a", gpus=1))
     mirror = PrefixMirror(store, keys.prefix + "/")
     await mirror.start()

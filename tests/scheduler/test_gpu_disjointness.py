@@ -154,7 +154,7 @@ async def test_a_lagging_mirror_never_puts_a_gpu_into_two_gangs(kind: str, guard
         store = HeldWatch(inner, keys)
         admin = Repository(store, keys)
         node = make_node("node-1", gpus=8)
-        await admin.modify_node(node.node_id, lambda _: node)
+        await admin.nodes.modify(node.node_id, lambda _: node)
         await admin.create_job(make_job("job-a", gpus=8, priority=0))
         store.release(admin.written_revision)
         mirror = PrefixMirror(store, keys.prefix + "/")
@@ -216,7 +216,7 @@ async def test_a_new_leader_does_not_cycle_before_its_mirror_reaches_its_epoch(k
     store = HeldWatch(inner, keys)
     admin = Repository(store, keys)
     node = make_node("node-1", gpus=8)
-    await admin.modify_node(node.node_id, lambda _: node)
+    await admin.nodes.modify(node.node_id, lambda _: node)
     store.release(admin.written_revision)
     mirror = PrefixMirror(store, keys.prefix + "/")
     await mirror.start()
@@ -250,7 +250,7 @@ async def test_the_store_refuses_a_gang_decided_on_stale_holdings(key_prefix: st
     store = HeldWatch(MemoryStore(), keys)
     first = Repository(store, keys)
     node = make_node("node-1", gpus=8)
-    await first.modify_node(node.node_id, lambda _: node)
+    await first.nodes.modify(node.node_id, lambda _: node)
     for job_id in ("job-a", "job-c"):
         await first.create_job(make_job(job_id, gpus=8))
     a = await first.get_job("job-a")
@@ -283,7 +283,7 @@ async def test_gangs_sharing_a_node_in_one_cycle_both_commit(key_prefix: str, et
     keys = Keys(key_prefix.rstrip("/"))
     repo = Repository(etcd_store, keys)
     node = make_node("node-1", gpus=8)
-    await repo.modify_node(node.node_id, lambda _: node)
+    await repo.nodes.modify(node.node_id, lambda _: node)
     for job_id in ("job-a", "job-b"):
         await repo.create_job(make_job(job_id, gpus=4))
     a, b = await repo.get_job("job-a"), await repo.get_job("job-b")
@@ -328,7 +328,7 @@ async def test_gangs_waiting_on_a_busy_node_share_one_transaction_and_one_lost_r
     store = HoldNextTxn(MemoryStore())
     repo = Repository(store, keys)
     node = make_node("node-1", gpus=8)
-    await repo.modify_node(node.node_id, lambda _: node)
+    await repo.nodes.modify(node.node_id, lambda _: node)
     for job_id in ("job-a", "job-b", "job-c"):
         await repo.create_job(make_job(job_id, gpus=2))
     a, b, c = [await repo.get_job(j) for j in ("job-a", "job-b", "job-c")]

@@ -187,7 +187,7 @@ async def test_a_write_waiting_for_a_busy_node_is_not_overtaken_on_its_nodes(key
     repo = Repository(store, keys)
     for n in ("node-1", "node-2"):
         node = make_node(n, gpus=8)
-        await repo.modify_node(n, lambda _, node=node: node)
+        await repo.nodes.modify(n, lambda _, node=node: node)
     jobs = await _pending(repo, ["job-a", "job-wide", "job-late"])
     store.sent.clear()
     store.entered.clear()  # the setup's transactions entered too

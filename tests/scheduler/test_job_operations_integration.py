@@ -55,7 +55,7 @@ async def _agent(leader: SchedulerApp, state_dir: Path) -> AgentApp:
     await app.start()
 
     async def registered() -> bool:
-        return bool(await Repository(leader.store, leader.keys).list_nodes())
+        return bool(await Repository(leader.store, leader.keys).nodes.list())
 
     await eventually(registered, what="the node to register")
     return app

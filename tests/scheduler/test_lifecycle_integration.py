@@ -57,7 +57,7 @@ async def start_agents(leader: SchedulerApp, tmp_path: Path, count: int) -> list
         agents.append(app)
 
     async def registered() -> bool:
-        return len(await Repository(leader.store, leader.keys).list_nodes()) == count
+        return len(await Repository(leader.store, leader.keys).nodes.list()) == count
     await eventually(registered, what=f"{count} nodes registered")
     return agents
 

@@ -76,7 +76,7 @@ async def _leader_with_a_node(store: Any, keys: Keys) -> tuple[Repository, Node,
     """A registered 8-GPU node and the node servicer of a replica that leads (epoch 1)."""
     repo = Repository(store, keys)
     node = make_node("node-1", gpus=8)
-    await repo.modify_node(node.node_id, lambda _: node)
+    await repo.nodes.modify(node.node_id, lambda _: node)
     leadership = Leadership("me")
     leadership.epoch = 1
     clock = SystemClock()
@@ -101,7 +101,7 @@ async def test_a_cordon_is_never_lost_to_a_concurrent_health_update(kind: str, k
         store.resume()
         await health
 
-        stored = await repo.get_node(node.node_id)
+        stored = await repo.nodes.get(node.node_id)
         assert stored.cordoned and stored.cordon_reason == "maintenance"
         assert not stored.gpus[3].healthy and stored.gpus[3].health_reason == "XID 79"
 
@@ -118,7 +118,7 @@ async def test_many_concurrent_node_writes_all_land(key_prefix: str, etcd_option
             servicer.CordonNode(scheduler_pb2.CordonNodeRequest(node_id=node.node_id, cordoned=True,
                                                                 reason="maintenance"), None),  # type: ignore[arg-type]
             *(servicer._update_health(node.node_id, {i: g}) for i, g in bad.items()))
-        stored = await repo.get_node(node.node_id)
+        stored = await repo.nodes.get(node.node_id)
         assert stored.cordoned and stored.cordon_reason == "maintenance"
         assert [g.health_reason for g in stored.gpus] == [f"XID 79 on {i}" for i in range(8)]
     finally:
@@ -136,7 +136,7 @@ async def test_a_registration_reads_the_mirror_first_and_a_stale_mirror_loses_no
         return mirror.get(key)
     repo = Repository(store, keys, node_source=from_mirror)
     node = make_node("n-1")
-    assert await repo.modify_node("n-1", lambda old: node, mirror_first=True) == (None, node)
+    assert await repo.nodes.modify("n-1", lambda old: node, mirror_first=True) == (None, node)
     stored = await store.get(keys.node("n-1"))
     assert stored is not None
     mirror[keys.node("n-1")] = stored
@@ -148,17 +148,17 @@ async def test_a_registration_reads_the_mirror_first_and_a_stale_mirror_loses_no
         store_reads += 1
         return await real_get(key)
     store.get = counting_get  # type: ignore[method-assign]
-    assert await repo.modify_node("n-1", lambda old: old, mirror_first=True) == (node, None)
+    assert await repo.nodes.modify("n-1", lambda old: old, mirror_first=True) == (node, None)
     assert store_reads == 0, "an unchanged registration read the mirror only"
 
     cordoned = replace(node, cordoned=True, cordon_reason="maintenance")
-    await repo.modify_node("n-1", lambda old: cordoned)  # etcd moves on; the mirror has not seen it yet
+    await repo.nodes.modify("n-1", lambda old: cordoned)  # etcd moves on; the mirror has not seen it yet
     relabelled = replace(node, labels={"rack": "r2"})
 
     def register(old: Node | None) -> Node:
         assert old is not None
         return replace(relabelled, cordoned=old.cordoned, cordon_reason=old.cordon_reason)
-    before, after = await repo.modify_node("n-1", register, mirror_first=True)
+    before, after = await repo.nodes.modify("n-1", register, mirror_first=True)
     assert before == cordoned, "what the store held, not what the mirror showed"
     assert after is not None and after.cordoned and after.labels == {"rack": "r2"}, \
         "the stale mirror's compare-and-swap was refused, and the store's record (cordoned) was merged"

@@ -63,7 +63,7 @@ class Loop:
 
     async def start(self, jobs: int) -> Reconciler:
         node = make_node("node-1", gpus=1)
-        await self.repo.modify_node(node.node_id, lambda _: node)
+        await self.repo.nodes.modify(node.node_id, lambda _: node)
         for i in range(jobs):
             await self.repo.create_job(make_job(f"job-{i:03d}", gpus=2))  # larger than the node: never placed
         self.mirror = PrefixMirror(self.store, self.keys.prefix + "/")

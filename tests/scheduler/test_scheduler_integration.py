@@ -83,7 +83,7 @@ async def test_job_runs_to_success_and_gpus_are_released(leader: SchedulerApp, a
 
 
 async def _nodes(app: SchedulerApp) -> bool:
-    return bool(await Repository(app.store, app.keys).list_nodes())
+    return bool(await Repository(app.store, app.keys).nodes.list())
 
 
 async def test_bad_submissions_change_nothing_in_etcd(leader: SchedulerApp, agent: AgentApp, key_prefix: str) -> None:

@@ -72,7 +72,7 @@ async def test_a_gang_larger_than_one_transaction_is_refused_at_submit(key_prefi
     repo = Repository(MemoryStore(), keys)
     for i in range(200):
         node = make_node(f"n-{i}", gpus=8)
-        await repo.modify_node(node.node_id, lambda _, node=node: node)
+        await repo.nodes.modify(node.node_id, lambda _, node=node: node)
     servicer = JobServicer(repo, SystemClock(), asyncio.Event())
     spec = convert.spec_to_pb(make_job("x", nodes=max_gang_nodes(ETCD_DEFAULT_MAX_TXN_OPS) + 1, gpus=8).spec)
     with pytest.raises(FailedPrecondition, match="--max-txn-ops"):

@@ -140,7 +140,7 @@ class SchedulerApp:
             a moment ago shows); from etcd when the mirror lags more than a second."""
             if await mirror.wait_for(repo.written_revision, timeout=1.0):
                 return await mirrored_nodes.nodes()
-            return await repo.list_nodes()
+            return await repo.nodes.list()
         node_servicer = NodeServicer(repo, self.leadership, self.liveness, self.clock, s.heartbeat_interval_ms,
                                      worker_fence_s=s.worker_fence_s, pulses=self.pulses,
                                      registered=lambda node_id: self.keys.node(node_id) in self._mirror.items,

@@ -101,7 +101,7 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         # Finished jobs that have left etcd are read from here (None: no history store, they never leave).
         self._history = history
         # The registered nodes a submit is checked against (the app's mirror; default: read from etcd).
-        self._fleet = fleet or repo.list_nodes
+        self._fleet = fleet or repo.nodes.list
         self._fit = FleetFit()
         self._tool_teams = dict(tool_teams or {})
         self._repo = repo
@@ -373,7 +373,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                  fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None) -> None:
         self._repo = repo
         # Where ListNodes reads the registered nodes (the leader's mirror; etcd by default), and their messages.
-        self._fleet = fleet or repo.list_nodes
+        self._fleet = fleet or repo.nodes.list
         self._messages = NodeMessages()
         # Whether this replica's mirror holds the node's record: a stream's first beat then needs no etcd read
         # to know its node is registered (every agent opens its stream right after registering; after a
@@ -411,7 +411,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             if old is not None and replace(kept, registered_at=old.registered_at) == old:
                 return old
             return kept
-        old, written = await self._repo.modify_node(fresh.node_id, merge, mirror_first=True)
+        old, written = await self._repo.nodes.modify(fresh.node_id, merge, mirror_first=True)
         node = written or merge(old)
         self._registered_at[node.node_id] = fresh.registered_at
         if node.cordoned and (old is None or not old.cordoned):
@@ -525,7 +525,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             known.add(req.node_id)
         if req.node_id not in known:
             try:
-                await self._repo.get_node(req.node_id)
+                await self._repo.nodes.get(req.node_id)
                 known.add(req.node_id)
             except NotFound:
                 return scheduler_pb2.HeartbeatResponse(ack_seq=req.seq, leader_epoch=epoch, reregister=True)
@@ -588,7 +588,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
             if stored is None:
                 raise NotFound(f"node {node_id} is not registered")
             return apply_gpu_health(stored, changed)
-        node, updated = await self._repo.modify_node(node_id, health)
+        node, updated = await self._repo.nodes.modify(node_id, health)
         if node is not None and updated is not None:
             with log_context(node_id=node.node_id):
                 log.warning("GPU health changed", extra={
@@ -619,7 +619,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
     async def GetNode(self, request: scheduler_pb2.GetNodeRequest,
                       context: grpc.aio.ServicerContext) -> scheduler_pb2.GetNodeResponse:
         self._leadership.require()
-        node = await self._repo.get_node(request.node_id)
+        node = await self._repo.nodes.get(request.node_id)
         used = await self._used_gpus()
         alive = node.node_id in self._liveness.alive([node.node_id])
         return scheduler_pb2.GetNodeResponse(node=convert.node_to_pb(
@@ -636,7 +636,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
                 raise NotFound(f"node {request.node_id} is not registered")
             return replace(stored, cordoned=request.cordoned,
                            cordon_reason=(request.reason or "cordoned by an operator") if request.cordoned else "")
-        old, written = await self._repo.modify_node(request.node_id, cordon)
+        old, written = await self._repo.nodes.modify(request.node_id, cordon)
         node = written or cordon(old)
         with log_context(node_id=node.node_id):
             log.info("node cordon changed", extra={"cordoned": node.cordoned, "reason": request.reason})

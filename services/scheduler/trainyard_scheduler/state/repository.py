@@ -2,7 +2,7 @@
 election's fence, so a deposed leader's write fails instead of landing (see `trainyard_core.store.election`).
 
 A write that loses its compare-and-swap raises `Conflict`; callers re-read and decide again. Every write is
-a compare-and-swap on the revision the caller read (nodes included: `modify_node`), so no acknowledged
+a compare-and-swap on the revision the caller read (nodes included: `nodes.modify`, node_records.py), so no acknowledged
 write is overwritten by one that was decided before it. Placing and releasing a gang also move the GPU
 holdings of its nodes in the same transaction (`state/holdings.py`), so the store itself refuses a GPU to a
 second gang. `written_revision` is the newest revision this repository's writes produced, so a reader of a
@@ -18,25 +18,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from trainyard_core.audit import inline_audit
-from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused, NotFound
+from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 from trainyard_core.store.batch import TxnBatcher
 
-from ..domain.models import Allocation, Job, Node, WorkerExit
+from ..domain.models import Allocation, Job, WorkerExit
 from ..domain.queues import FairShareUsage
 from . import holdings
 from .codec import (
     decode_allocation,
     decode_job,
-    decode_node,
     encode_allocation,
     encode_job,
-    encode_node,
     encode_usage,
 )
 from .group_commit import HoldingsCommitter
 from .holdings import HoldingsLedger, Source
 from .keys import Keys
+from .node_records import NodeRecords
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +81,12 @@ class Repository:
                  max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
                  idempotency_ttl_s: float = DEFAULT_IDEMPOTENCY_TTL_S) -> None:
         """`holdings_source` reads a holdings key for the GPU ledger (the leader passes its mirror; the
-        default reads the store); `node_source`, where given (the mirror), is where `modify_node` reads first;
+        default reads the store); `node_source`, where given (the mirror), is where `nodes.modify` reads first;
         `max_txn_ops` bounds the transactions that merge waiting writes."""
         self.store = store
-        self._node_source = node_source
         self.keys = keys
         self._fence = fence
+        self.nodes = NodeRecords(store, keys, self._txn, fence, node_source)
         self.holdings = HoldingsLedger(keys, holdings_source or store.get)
         # New jobs are independent writes (each compares only its own absent keys): submitted concurrently, they
         # share etcd transactions (store/batch.py).
@@ -357,48 +356,3 @@ class Repository:
         if not res.succeeded:
             raise Conflict("usage record changed concurrently or leadership lost")
         return res.revision
-
-    # -- nodes ---------------------------------------------------------------------------------------
-    async def list_nodes(self) -> list[Node]:
-        page = await self.store.range(self.keys.nodes)
-        return [decode_node(kv.value) for kv in page.kvs]
-
-    async def get_node(self, node_id: str) -> Node:
-        kv = await self.store.get(self.keys.node(node_id))
-        if kv is None:
-            raise NotFound(f"node {node_id} is not registered")
-        return decode_node(kv.value)
-
-    async def modify_node(self, node_id: str, change: Callable[[Node | None], Node | None],
-                          tries: int = 10, *, mirror_first: bool = False) -> tuple[Node | None, Node | None]:
-        """Read-modify-write of a node record, a compare-and-swap on the revision read, retried on
-        conflict. `change` gets the stored node (None: not registered) and returns the new record, or None
-        for 'no change'; it may run several times. Returns (before, after) of the write that landed (after
-        is None when nothing was written). `mirror_first`: the first read is from `node_source` (for a
-        registration, whose unchanged case needs no write at all; not for health changes, where a mirror a
-        moment behind could make a change look already written)."""
-        key = self.keys.node(node_id)
-        for attempt in range(tries):
-            # The first read from the mirror where there is one: an agent registering again with what is stored
-            # (after a failover, every agent at once) then costs no etcd round trip. A mirror behind etcd costs
-            # a refused compare-and-swap and a read from the store, never a lost change.
-            if attempt == 0 and mirror_first and self._node_source is not None:
-                kv = await self._node_source(key)
-            else:
-                kv = await self.store.get(key)
-            old = decode_node(kv.value) if kv else None
-            new = change(old)
-            if new is None or new == old:
-                return old, None
-            res = await self._txn(self._fenced([mod_revision_is(key, kv.mod_revision if kv else 0)]),
-                                  [Put(key, encode_node(new))])
-            if res.succeeded:
-                return old, new
-            if self._fence is not None and not await self._still_leading():
-                raise Conflict("leadership lost while writing a node")
-        raise Conflict(f"node {node_id} kept changing; giving up after {tries} tries")
-
-    async def _still_leading(self) -> bool:
-        assert self._fence is not None
-        res = await self.store.txn([self._fence()], [])
-        return res.succeeded
