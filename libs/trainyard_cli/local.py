@@ -42,17 +42,15 @@ from trainyard_core.security.identity import Principal
 from trainyard_core.security.job_credentials import CA_ENV, CERT_ENV, KEY_ENV, JobCredential, JobIssuer
 from trainyard_core.security.tls import ClientTls, target_name_option
 from trainyard_core.store.etcd_options import EtcdOptions
-from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, start_cluster, stop_cluster
-from trainyard_core.testing.etcd_auth import ROOT, enable_auth
+from trainyard_core.testing.etcd import EtcdProcess, find_etcd, free_port, stop_cluster
+from trainyard_core.testing.etcd_auth import ROOT
 from trainyard_core.testing.netns import HostNetwork
+
+from .local_etcd import ETCD_PREFIX, ETCD_USER, start_etcd
 
 # Two nodes of one model, so a newcomer's first multi-node job (the minimal spec, one model per gang) runs,
 # and one of another model, so heterogeneous placement is on show.
 DEFAULT_NODES = (("node-1", "h100x8"), ("node-2", "h100x8"), ("node-3", "a100x4"))
-# The etcd user every service of the local cluster logs in as (its client certificate's CN), and the prefix
-# its role may read and write.
-ETCD_USER = "trainyard"
-ETCD_PREFIX = "/trainyard"
 
 
 @dataclass
@@ -263,37 +261,14 @@ class LocalCluster:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
         pki.ensure(self.pki_dir, self._principals(), job_issuer=True)
         self.pki_dir.chmod(0o700)
-        # etcd as production runs it (docs/security.md, etcd): TLS only, client certificates required, auth on,
-        # the services logging in as the CN of their etcd client certificate, whose role has the prefix only.
-        etcd_tls, etcd_admin = None, None
         if self.netns:
             # The hosts first: in the control-plane mode etcd listens on the bridge.
             roots = self.etcd_members if self.control_plane_netns else 0
             self.network = HostNetwork(self._host_names(), root_addresses=roots).create()
         etcd_hosts = self.network.root_addresses if self.network is not None and self.control_plane_netns else []
-        if self.tls:
-            etcd_tls, users = pki.ensure_etcd(self.pki_dir, [ROOT, ETCD_USER],
-                                              server_ips=(*pki.ETCD_SERVER_IPS, *etcd_hosts))
-            etcd_admin = users[ROOT]
-        if self.etcd_members == 1:
-            etcd_host = etcd_hosts[0] if etcd_hosts else "127.0.0.1"
-            self.etcd = EtcdProcess(name="local", host=etcd_host, client_port=free_port(etcd_host),
-                                    peer_port=free_port(etcd_host), data_dir=self.workdir / "etcd" / "data",
-                                    log_path=self.workdir / "logs" / "etcd.log", tls=etcd_tls, admin=etcd_admin)
-            self.etcd.start()
-            self.etcd.wait_ready()
-            self.etcd_cluster = [self.etcd]
-        elif etcd_hosts:
-            # One member on each of the root namespace's bridge addresses, forming one cluster.
-            self.etcd_cluster = start_cluster(len(etcd_hosts), workdir=self.workdir / "etcd", tls=etcd_tls,
-                                              admin=etcd_admin, hosts=etcd_hosts, log_dir=self.workdir / "logs")
-            self.etcd = self.etcd_cluster[0]
-        else:
-            self.etcd_cluster = start_cluster(self.etcd_members, workdir=self.workdir / "etcd", tls=etcd_tls,
-                                              admin=etcd_admin)
-            self.etcd = self.etcd_cluster[0]
-        if etcd_admin is not None:
-            enable_auth(self.etcd.endpoint, etcd_admin, ETCD_PREFIX + "/", {ETCD_USER: None})
+        self.etcd_cluster = start_etcd(self.workdir, self.pki_dir, members=self.etcd_members, hosts=etcd_hosts,
+                                       tls=self.tls)
+        self.etcd = self.etcd_cluster[0]
         common = {"etcd_endpoints": self.etcd_endpoints, **self._etcd_settings()}
 
         # Where the nodes reach the control plane: loopback, the bridge when nodes are hosts of their own, or
