@@ -42,16 +42,13 @@ from trainyard_core.security.unix_ids import Identity
 from ..checksum import ChecksumMismatch
 from ..domain.gc import StoredLocation
 from ..domain.validation import is_checkpoint_id
+from .posix_files import directory_here, open_shard
 
 # Errors from link() that mean "this filesystem has no hard links", not "something is wrong".
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 # With owners: the root and each job's directory let others pass by name, not list; a checkpoint's is its team's.
 PASS_MODE = 0o711
 PRIVATE_MODE = 0o700
-
-
-def _inside(path: str, directory: str) -> bool:
-    return os.path.commonpath([path, directory]) == directory
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -157,30 +154,18 @@ class PosixStorage:
         raise FailedPrecondition(f"team {team!r} has no Unix identity on the checkpoint storage: add it to the "
                                  f"checkpoint-store's run_as (e.g. --run-as {team}=<uid>:<gid>, as on the agents)")
 
-    @staticmethod
-    def _directory_here(path: Path, mode: int) -> os.stat_result:
-        """`path` as a directory (made with `mode` if missing), never a link."""
-        try:
-            os.mkdir(path, mode)
-        except FileExistsError:
-            pass
-        st = os.lstat(path)
-        if not stat_mod.S_ISDIR(st.st_mode):
-            raise FailedPrecondition(f"{path} is not a directory (a link or a file in its place)")
-        return st
-
     def _prepare_sync(self, directory: Path, owner: Identity | None) -> None:
         if owner is None:
             directory.mkdir(parents=True, exist_ok=True)
             return
         # The root is the store's (ensure_root); the job's directory too, so nothing in it can be swapped.
         job = directory.parent
-        st = self._directory_here(job, PASS_MODE)
+        st = directory_here(job, PASS_MODE)
         if st.st_uid != 0:
             raise FailedPrecondition(f"the job's checkpoint directory {job} belongs to uid {st.st_uid}, not to the "
                                      "store: remove it (its checkpoints would be at the mercy of that user)")
         os.chmod(job, PASS_MODE, follow_symlinks=False)
-        self._directory_here(directory, PRIVATE_MODE)
+        directory_here(directory, PRIVATE_MODE)
         os.chown(directory, owner.uid, owner.gid, follow_symlinks=False)
         os.chmod(directory, PRIVATE_MODE, follow_symlinks=False)
 
@@ -192,54 +177,9 @@ class PosixStorage:
         except OSError as e:
             raise Unavailable(f"cannot create checkpoint directory {directory}: {e.strerror}") from e
 
-    def _resolve(self, directory: Path, path: str) -> tuple[int, int] | None:
-        """An open read-only descriptor of a shard and its size, None when missing; refuses what is not a
-        regular file inside the checkpoint's directory. The caller closes the descriptor.
-
-        The real path is checked first (for a clear message), then the file is opened without following a
-        final link and without blocking (a FIFO planted in place of a shard would hang a read), and what was
-        opened is checked again: a regular file, whose path (the kernel's, /proc/self/fd) is inside the
-        directory, so a link swapped in after the look leads nowhere else."""
-        full = directory / path
-        try:
-            real = os.path.realpath(full, strict=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise FailedPrecondition(f"shard {path!r} is a symbolic link loop") from e
-            raise Unavailable(f"cannot read shard {path!r} in {directory}: {e.strerror}") from e
-        real_dir = os.path.realpath(directory)
-        if not _inside(real, real_dir):
-            raise FailedPrecondition(f"shard {path!r} is a link that leads outside the checkpoint's "
-                                     "directory")
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise FailedPrecondition(f"shard {path!r} became a symbolic link while it was read") from e
-            raise Unavailable(f"cannot read shard {path!r} in {directory}: {e.strerror}") from e
-        try:
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                raise FailedPrecondition(f"shard {path!r} is not a regular file")
-            try:
-                opened = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                opened = real  # no /proc: the look above is all there is
-            if not _inside(opened, real_dir):
-                raise FailedPrecondition(f"shard {path!r} is a link that leads outside the checkpoint's "
-                                         "directory")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, st.st_size
-
     async def stat(self, location: str, path: str) -> int | None:
         directory = self._directory(location)
-        found = await asyncio.to_thread(self._resolve, directory, path)
+        found = await asyncio.to_thread(open_shard, directory, path)
         if found is None:
             return None
         os.close(found[0])
@@ -247,7 +187,7 @@ class PosixStorage:
 
     def read_blocks(self, location: str, path: str, block_bytes: int) -> Generator[bytes, None, None]:
         directory = self._directory(location)
-        found = self._resolve(directory, path)
+        found = open_shard(directory, path)
         if found is None:
             raise ChecksumMismatch(path, "missing")
         f = os.fdopen(found[0], "rb", buffering=0)
