@@ -25,8 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from trainyard_core import logs
-from trainyard_scheduler import gc_tuning, metrics
+from trainyard_core import gc_tuning, logs
+from trainyard_scheduler import metrics
 from trainyard_scheduler.app import SchedulerApp
 from trainyard_scheduler.domain.models import Node
 from trainyard_scheduler.launch import NodeLaunch

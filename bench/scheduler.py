@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
+from trainyard_core import gc_tuning
 from trainyard_core.security import pki
 from trainyard_core.store import Compare, KeyValue, Put, absent, mod_revision_is
 from trainyard_core.store.etcd import EtcdStore
@@ -51,7 +52,6 @@ from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.testing import etcd as etcd_proc
 from trainyard_core.testing.etcd_auth import ROOT, enable_auth
-from trainyard_scheduler import gc_tuning
 from trainyard_scheduler.domain.jobs import admit
 from trainyard_scheduler.domain.models import Allocation, Job, JobSpec, JobState, Node, Resources, TopologyRequest
 from trainyard_scheduler.domain.queues import PolicyConfig, standing

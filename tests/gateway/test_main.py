@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trainyard_core import gc_tuning
 from trainyard_core.security import identity, pki
 from trainyard_core.testing.etcd import free_port
 from trainyard_core.testing.etcd_secure import as_flags
@@ -98,6 +99,10 @@ def test_process_serves_and_stops_on_sigterm(tmp_path: Path, etcd_settings: dict
     assert secret not in text
     assert "Traceback" not in text
     assert "/v1/nodes" in text  # the access log ran, with no token in it
+    lines = [json.loads(t) for t in err.decode().splitlines() if t.startswith("{")]
+    [tuned] = [line for line in lines if line["msg"] == "garbage collector tuned"]
+    assert tuned["gc_thresholds"] == list(gc_tuning.THRESHOLDS)
+    assert tuned["gc_frozen_objects"] > 10_000  # the start-up heap: modules, routes, models
 
 
 def test_unreachable_etcd_is_a_clean_start_failure(tmp_path: Path) -> None:

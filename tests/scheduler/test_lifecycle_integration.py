@@ -19,6 +19,7 @@ import pytest
 
 from trainyard_agent.app import AgentApp
 from trainyard_agent.settings import AgentSettings
+from trainyard_core import gc_tuning
 from trainyard_core.ids import new_id
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_options import EtcdOptions
@@ -215,6 +216,11 @@ async def test_leader_sigkilled_while_placing_standby_finishes_without_double_pl
     try:
         await eventually(lambda: truthy(all((tmp_path / f"sched-{i}.ready").exists() for i in range(2))),
                          timeout=60, what="both schedulers up")
+        for i in range(2):  # the collector tuned, the start-up heap frozen, before the ready file
+            lines = (tmp_path / f"sched-{i}.log").read_text().splitlines()
+            [tuned] = [line for line in map(json.loads, (t for t in lines if t.startswith("{")))
+                       if line["msg"] == "garbage collector tuned"]
+            assert tuned["gc_thresholds"] == list(gc_tuning.THRESHOLDS) and tuned["gc_frozen_objects"] > 10_000
         await agent.start()
         await eventually(lambda: truthy(agent.reporter is not None and agent.reporter.connected), timeout=20,
                          what="agent connected to the leader")

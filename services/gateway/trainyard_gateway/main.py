@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from trainyard_core import gc_tuning
 from trainyard_core.service import run
 from trainyard_core.settings import write_ready_file
 
@@ -13,10 +14,12 @@ from .settings import GatewaySettings
 
 
 async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
+    gc_tuning.tune()
     app = GatewayApp(settings)
     # A start failure (e.g. etcd unreachable while storing the bootstrap token) is a TrainyardError or
     # OSError, which service.run reports as "cannot start" with exit code 1, without a traceback.
     await app.start()
+    gc_tuning.freeze_startup_heap()
     try:
         write_ready_file(settings.ready_file, http_port=app.http_port, grpc_port=app.grpc_port)
         await stop.wait()

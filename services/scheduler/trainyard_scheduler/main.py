@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from trainyard_core import service
+from trainyard_core import gc_tuning, service
 from trainyard_core.settings import write_ready_file
 
-from . import gc_tuning
 from .app import SchedulerApp
 from .settings import SchedulerSettings
 
@@ -16,6 +15,7 @@ async def serve(settings: SchedulerSettings, stop: asyncio.Event) -> None:
     gc_tuning.tune()
     app = SchedulerApp(settings)
     await app.start()
+    gc_tuning.freeze_startup_heap()
     write_ready_file(settings.ready_file, grpc_port=app.grpc_port)
     try:
         await stop.wait()
