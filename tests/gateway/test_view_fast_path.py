@@ -197,3 +197,32 @@ async def test_only_what_the_view_cannot_answer_reaches_the_route(live: Deployme
     for path, query in ((f"/v1/jobs/{job_id}", b"x=1"), (f"/v1/jobs/{job_id}/logs", b""), ("/v1/jobs", b"")):
         passed = await request(path, query)
         assert reached[-1] == path and "route" not in passed, path
+
+
+async def test_an_app_without_the_route_is_left_alone(live: Deployment) -> None:
+    """The same deps behind an app that does not serve GET /v1/jobs/{id}: the request is that app's."""
+    alice = await live.gateway.create_token("vision", "alice")
+    async with live.gateway.client(alice) as http:
+        job_id = (await http.post("/v1/jobs", json=SPEC)).json()["id"]
+    other = FastAPI()
+    other.state.deps = _deps(live)
+    reached: list[str] = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(str(scope["path"]))
+        await send({"type": "http.response.start", "status": 299, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    path = f"/v1/jobs/{job_id}"
+    await ViewFastPath(inner)({"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+                               "query_string": b"", "root_path": "", "app": other, "state": {},
+                               "headers": [(b"authorization", f"Bearer {alice}".encode())]}, receive, send)
+    assert reached == [path] and sent[0]["status"] == 299

@@ -55,10 +55,13 @@ _REVISION = re.compile(r"^[0-9]{1,19}$")
 _INT64_MAX = 2**63 - 1
 
 
-def _route() -> APIRoute | None:
-    """The GET route of TEMPLATE, as the router sets it in the scope of the requests it serves."""
+def _route(app: FastAPI) -> APIRoute | None:
+    """The GET route of TEMPLATE, as the router sets it in the scope of the requests it serves; None when `app`
+    does not serve it (then nothing is taken here)."""
     from .routers import jobs  # the router module, at the first request (it imports much of the gateway)
 
+    if "get" not in app.openapi().get("paths", {}).get(TEMPLATE, {}):
+        return None
     for route in jobs.router.routes:
         if isinstance(route, APIRoute) and route.path == TEMPLATE and "GET" in (route.methods or ()):
             return route
@@ -94,7 +97,7 @@ class ViewFastPath:
 
     def _prepare(self, app: Any) -> None:
         if isinstance(app, FastAPI):
-            self._route = _route()
+            self._route = _route(app)
             self._literals = _literals(app)
         self._ready = True
 
@@ -111,7 +114,7 @@ class ViewFastPath:
         return job_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._ready:
+        if not self._ready and scope["type"] == "http":  # the app's routes are all in place by its first request
             self._prepare(scope.get("app"))
         job_id = self._job_id(scope) if self._route is not None else None
         deps = getattr(getattr(scope.get("app"), "state", None), "deps", None) if job_id else None
