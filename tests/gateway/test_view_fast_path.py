@@ -151,52 +151,58 @@ async def test_a_token_out_of_requests_is_refused_alike_and_spends_one_request_p
     assert fast[2][1]["error"]["code"] == "resource_exhausted" and "retry-after" in fast[2][2]
 
 
-async def test_only_what_the_view_cannot_answer_reaches_the_route(live: Deployment) -> None:
-    """The middleware alone, over an app that records what reaches it: a live job is answered without it, and
-    what the router sets for the requests it serves is set (the route object and the path parameters, which
-    the metrics, the access log and the trace name the request by)."""
-    alice = await live.gateway.create_token("vision", "alice")
-    async with live.gateway.client(alice) as http:
-        job_id = (await http.post("/v1/jobs", json=SPEC)).json()["id"]
-    gateway = create_app(_deps(live), traced=False)
-    reached: list[str] = []
+class Direct:
+    """The middleware alone, over an app that records the paths that reach it and answers 299; `request` sends it
+    a GET as uvicorn would, for the FastAPI `app` the scope names, and returns the scope as the request left it."""
 
-    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
-        reached.append(str(scope["path"]))
+    def __init__(self) -> None:
+        self.reached: list[str] = []
+        self.sent: list[Message] = []
+        self.middleware = ViewFastPath(self._inner)
+
+    async def _inner(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.reached.append(str(scope["path"]))
         await send({"type": "http.response.start", "status": 299, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    middleware = ViewFastPath(inner)
-    sent: list[Message] = []
-
-    async def request(path: str, query: bytes = b"", token: str = alice) -> Scope:
+    async def request(self, app: FastAPI, path: str, token: str, query: bytes = b"") -> Scope:
         scope: Scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
-                        "query_string": query, "root_path": "", "app": gateway, "state": {},
+                        "query_string": query, "root_path": "", "app": app, "state": {},
                         "headers": [(b"authorization", f"Bearer {token}".encode())]}
 
         async def receive() -> Message:
             return {"type": "http.request", "body": b"", "more_body": False}
 
         async def send(message: Message) -> None:
-            sent.append(message)
+            self.sent.append(message)
 
-        await middleware(scope, receive, send)
+        await self.middleware(scope, receive, send)
         return scope
 
-    served = await request(f"/v1/jobs/{job_id}")
-    assert reached == [] and sent[0]["status"] == 200
-    assert json.loads(sent[1]["body"])["id"] == job_id
+
+async def test_only_what_the_view_cannot_answer_reaches_the_route(live: Deployment) -> None:
+    """A live job is answered without the app behind, and what the router sets for the requests it serves is
+    set (the route object and the path parameters, which the metrics, the access log and the trace name the
+    request by)."""
+    alice = await live.gateway.create_token("vision", "alice")
+    async with live.gateway.client(alice) as http:
+        job_id = (await http.post("/v1/jobs", json=SPEC)).json()["id"]
+    gateway = create_app(_deps(live), traced=False)
+    direct = Direct()
+    served = await direct.request(gateway, f"/v1/jobs/{job_id}", alice)
+    assert direct.reached == [] and direct.sent[0]["status"] == 200
+    assert json.loads(direct.sent[1]["body"])["id"] == job_id
     assert served["route"].path == TEMPLATE and served["path_params"] == {"job_id": job_id}
-    sent.clear()
-    refused = await request(f"/v1/jobs/{job_id}", token="ty_not-a-token-at-all-x")
-    assert reached == [] and sent[0]["status"] == 401
+    direct.sent.clear()
+    refused = await direct.request(gateway, f"/v1/jobs/{job_id}", "ty_not-a-token-at-all-x")
+    assert direct.reached == [] and direct.sent[0]["status"] == 401
     assert refused["route"].path == TEMPLATE and refused["path_params"] == {"job_id": job_id}
     # Not live: the route asks the scheduler (it would set the same route, as the router matched it).
-    assert (await request("/v1/jobs/job-never-submitted"))["route"].path == TEMPLATE
-    assert reached == ["/v1/jobs/job-never-submitted"]
+    assert (await direct.request(gateway, "/v1/jobs/job-never-submitted", alice))["route"].path == TEMPLATE
+    assert direct.reached == ["/v1/jobs/job-never-submitted"]
     for path, query in ((f"/v1/jobs/{job_id}", b"x=1"), (f"/v1/jobs/{job_id}/logs", b""), ("/v1/jobs", b"")):
-        passed = await request(path, query)
-        assert reached[-1] == path and "route" not in passed, path
+        passed = await direct.request(gateway, path, alice, query)
+        assert direct.reached[-1] == path and "route" not in passed, path
 
 
 async def test_an_app_without_the_route_is_left_alone(live: Deployment) -> None:
@@ -206,23 +212,7 @@ async def test_an_app_without_the_route_is_left_alone(live: Deployment) -> None:
         job_id = (await http.post("/v1/jobs", json=SPEC)).json()["id"]
     other = FastAPI()
     other.state.deps = _deps(live)
-    reached: list[str] = []
-
-    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
-        reached.append(str(scope["path"]))
-        await send({"type": "http.response.start", "status": 299, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    sent: list[Message] = []
-
-    async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
+    direct = Direct()
     path = f"/v1/jobs/{job_id}"
-    await ViewFastPath(inner)({"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
-                               "query_string": b"", "root_path": "", "app": other, "state": {},
-                               "headers": [(b"authorization", f"Bearer {alice}".encode())]}, receive, send)
-    assert reached == [path] and sent[0]["status"] == 299
+    await direct.request(other, path, alice)
+    assert direct.reached == [path] and direct.sent[0]["status"] == 299

@@ -47,19 +47,19 @@ from .auth import authorize, team_scope
 from .deps import GatewayDeps
 from .http_errors import domain_error_response
 from .roles import Action
+from .routers import jobs
 
 TEMPLATE = "/v1/jobs/{job_id}"
-_PREFIX = "/v1/jobs/"
+_PREFIX = jobs.router.prefix + "/"
 _REVISION_HEADER = job_view_reads.REVISION_HEADER.lower().encode("latin-1")
-_REVISION = re.compile(r"^[0-9]{1,19}$")
-_INT64_MAX = 2**63 - 1
+# A revision as the route's parameter takes one: the digits of an etcd revision (the watch's event ids), at most
+# int64's largest.
+_REVISION = re.compile(jobs.EVENT_ID)
 
 
 def _route(app: FastAPI) -> APIRoute | None:
     """The GET route of TEMPLATE, as the router sets it in the scope of the requests it serves; None when `app`
     does not serve it (then nothing is taken here)."""
-    from .routers import jobs  # the router module, at the first request (it imports much of the gateway)
-
     if "get" not in app.openapi().get("paths", {}).get(TEMPLATE, {}):
         return None
     for route in jobs.router.routes:
@@ -83,7 +83,7 @@ def _revision(headers: list[tuple[bytes, bytes]]) -> int | None:
     if len(sent) > 1 or not _REVISION.match(sent[0].decode("latin-1")):
         return None
     value = int(sent[0])
-    return value if value <= _INT64_MAX else None
+    return value if value <= jobs.INT64_MAX else None
 
 
 class ViewFastPath:
