@@ -463,3 +463,36 @@ def test_which_pages_the_view_answers(flt: JobFilter, before: str, limit: int, h
     candidates = sorted(j.id for j in LIVE if not flt.team or j.team == flt.team)
     got = page(candidates, ids, jobs, flt, before=before, limit=limit, history=history)
     assert (None if got is None else ([j.id for j in got.jobs], got.more)) == want
+
+
+# --- a job's JSON is made when first read, once ---------------------------------------------------------------
+
+def test_changes_are_turned_into_json_only_when_read_and_only_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard_gateway.job_view import JobView
+
+    made: list[str] = []
+    real = convert.job_from_pb
+    monkeypatch.setattr(convert, "job_from_pb", lambda pb: made.append(pb.id) or real(pb))
+
+    def job(job_id: str, state: int, reason: str = "", exits: bool = False) -> scheduler_pb2.WatchedJob:
+        pb = types_pb2.Job(id=job_id, team="vision", user="alice", state=state, message=reason,
+                           spec=types_pb2.JobSpec(name=job_id, queue="default"))
+        if exits:
+            pb.exits.add(rank=0, exit_code=1)
+        return scheduler_pb2.WatchedJob(job=pb, exits_from_allocation=exits)
+
+    view = JobView()
+    view.apply(scheduler_pb2.WatchJobsResponse(reset=True, synced=True, revision=1, jobs=[job("job-1", 1)]))
+    for rev, reason in enumerate(["waiting", "still waiting", "no room"], start=2):  # changes nobody read
+        view.apply(scheduler_pb2.WatchJobsResponse(revision=rev, jobs=[job("job-1", 1, reason), job("job-2", 1)]))
+    assert view.ready and made == []
+    got = view.get("job-1", "vision")
+    assert got is not None
+    assert json.loads(got.body)["message"] == "no room"   # the latest change, made at its first read
+    assert got.list_body == got.body and got.listed.state.value == "pending" and made == ["job-1"]
+    view.apply(scheduler_pb2.WatchJobsResponse(revision=5, jobs=[job("job-2", 2, exits=True)]))
+    running = view.get("job-2", "vision")
+    assert running is not None and made == ["job-1"]
+    assert json.loads(running.body)["exits"] and not json.loads(running.list_body)["exits"]  # lists leave them out
+    assert made == ["job-1", "job-2", "job-2"]
+    assert running.body is running.body and made == ["job-1", "job-2", "job-2"]  # kept, not made again

@@ -3,8 +3,8 @@ a round trip to the scheduler per request.
 
 Fed by the scheduler's JobWatchService (job_view_feed.py): a snapshot of every job in etcd at one revision,
 then every change, each message at the etcd revision the view is at once it is applied. The view holds each
-job as GetJob answers it, already turned into the JSON the API sends (`ViewedJob.body`), so a read is a
-dictionary look-up and a write of those bytes.
+job as GetJob answers it, turned into the JSON the API sends on its first read and kept (`ViewedJob.body`),
+so a read is a dictionary look-up and a write of those bytes.
 
 States: not ready (at start, and from a broken stream until the next snapshot is complete) → ready. A read
 that the view cannot answer goes to the scheduler, as every read did before (`None` from `get` and `page`):
@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -49,34 +48,65 @@ from .job_view_pages import HistoryState, Page, page
 DEFAULT_WAIT_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
 class ViewedJob:
-    """One live job: the JSON bodies the API answers with, and what the listing filter reads."""
+    """One live job: the JSON bodies the API answers with, and what the listing filter reads.
 
-    id: str
-    team: str
-    body: bytes        # as GET /v1/jobs/{id} answers it (GetJob)
-    list_body: bytes   # as a page of GET /v1/jobs shows it (ListJobs: no exits of the live allocation)
-    listed: ListedJob  # the scheduler's listing rules (domain/listing.py) read this
+    Each is made from the job's message when first asked for, and kept: most changes of a job (a submit, its
+    pending reason, its admission) are never read before the next replaces them, and turning a message into the
+    API's JSON was a tenth of the gateway's CPU in a burst of submits."""
+
+    __slots__ = ("_body", "_list_body", "_listed", "_watched", "id", "team")
+
+    def __init__(self, watched: scheduler_pb2.WatchedJob) -> None:
+        self.id: str = watched.job.id
+        self.team: str = watched.job.team
+        self._watched = watched
+        self._body: bytes | None = None
+        self._list_body: bytes | None = None
+        self._listed: ListedJob | None = None
 
     @classmethod
     def of(cls, watched: scheduler_pb2.WatchedJob) -> ViewedJob:
-        pb = watched.job
-        body = convert.job_from_pb(pb).model_dump_json().encode()
-        list_body = body
-        if watched.exits_from_allocation:
-            listed_pb = scheduler_pb2.WatchedJob()
-            listed_pb.job.CopyFrom(pb)
-            del listed_pb.job.exits[:]
-            list_body = convert.job_from_pb(listed_pb.job).model_dump_json().encode()
-        spec = JobSpec(name=pb.spec.name, command=(), resources=Resources(nodes=0, gpus_per_node=0),
-                       queue=pb.spec.queue, labels=dict(pb.spec.labels))
-        # The times as the API shows them (to the nanosecond, not the scheduler's exact float): what a watch's
-        # time bounds read; a listing with time bounds is never the view's (job_view_pages.py).
-        listed = ListedJob(id=pb.id, spec=spec, state=JobState(convert.job_state_name(pb.state)), team=pb.team,
-                           user=pb.user, created_at=_seconds(pb.created_at), updated_at=0.0,
-                           finished_at=_seconds(pb.finished_at) if pb.HasField("finished_at") else None)
-        return cls(id=pb.id, team=pb.team, body=body, list_body=list_body, listed=listed)
+        return cls(watched)
+
+    @property
+    def body(self) -> bytes:
+        """As GET /v1/jobs/{id} answers it (GetJob)."""
+        if self._body is None:
+            self._body = convert.job_from_pb(self._watched.job).model_dump_json().encode()
+        return self._body
+
+    @property
+    def list_body(self) -> bytes:
+        """As a page of GET /v1/jobs shows it (ListJobs: no exits of the live allocation)."""
+        if self._list_body is None:
+            if self._watched.exits_from_allocation:
+                listed_pb = scheduler_pb2.WatchedJob()
+                listed_pb.job.CopyFrom(self._watched.job)
+                del listed_pb.job.exits[:]
+                self._list_body = convert.job_from_pb(listed_pb.job).model_dump_json().encode()
+            else:
+                self._list_body = self.body
+        return self._list_body
+
+    @property
+    def listed(self) -> ListedJob:
+        """What the scheduler's listing rules (domain/listing.py) read."""
+        if self._listed is None:
+            pb = self._watched.job
+            spec = JobSpec(name=pb.spec.name, command=(), resources=Resources(nodes=0, gpus_per_node=0),
+                           queue=pb.spec.queue, labels=dict(pb.spec.labels))
+            # The times as the API shows them (to the nanosecond, not the scheduler's exact float): what a
+            # watch's time bounds read; a listing with time bounds is never the view's (job_view_pages.py).
+            self._listed = ListedJob(
+                id=pb.id, spec=spec, state=JobState(convert.job_state_name(pb.state)), team=pb.team,
+                user=pb.user, created_at=_seconds(pb.created_at), updated_at=0.0,
+                finished_at=_seconds(pb.finished_at) if pb.HasField("finished_at") else None)
+        return self._listed
+
+    def same_as(self, other: ViewedJob) -> bool:
+        """Whether the two answer every read alike (the same message)."""
+        return self._watched == other._watched
 
 
 def _seconds(ts: Timestamp) -> float:
@@ -192,7 +222,7 @@ class JobView:
         if self.log.started:  # the watchers' changes between the two: what differs
             for job_id, job in snapshot.jobs.items():
                 before = old.get(job_id)
-                if before is None or before.body != job.body:
+                if before is None or not before.same_as(job):
                     self.log.append(snapshot.revision, job, before)
             for job_id, before in old.items():
                 if job_id not in snapshot.jobs:
