@@ -29,7 +29,7 @@ from trainyard_core.security import identity, pki
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway import convert
-from trainyard_gateway.job_view import ViewedJob
+from trainyard_gateway.job_view import JobView, ViewedJob
 from trainyard_gateway.job_view_pages import HistoryState, page
 from trainyard_scheduler.domain.listing import JobFilter
 from trainyard_scheduler.domain.operations import WAITING_MESSAGE
@@ -468,8 +468,6 @@ def test_which_pages_the_view_answers(flt: JobFilter, before: str, limit: int, h
 # --- a job's JSON is made when first read, once ---------------------------------------------------------------
 
 def test_changes_are_turned_into_json_only_when_read_and_only_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainyard_gateway.job_view import JobView
-
     made: list[str] = []
     real = convert.job_from_pb
     monkeypatch.setattr(convert, "job_from_pb", lambda pb: made.append(pb.id) or real(pb))
