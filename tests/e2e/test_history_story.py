@@ -135,7 +135,7 @@ def test_a_jobs_whole_story_is_read_back_after_it_left_etcd(story_cluster: Story
         told = alice.job(story["id"])
         print(f"\nthe story as the history tells it: {[(e['kind'], e['message']) for e in told['events']]}")
         # The gateway shows the job from the history as it showed it from etcd. Exits apart: a rank's exit reported
-        # after its gang was released is added to the finished job's record (Repository.record_exit), also after
+        # after its gang was released is added to the finished job's record (state/exit_records.py), also after
         # the job was archived (the archiver writes it again), so the history has at least what etcd had when
         # the cancel was seen.
         assert _without_exits(told) == _without_exits(ended)

@@ -161,7 +161,7 @@ async def test_a_write_after_the_archive_is_archived_too(
 
         await eventually(marked, what="the job to be archived", timeout=20)
         late = WorkerExit(rank=3, node_id="n-b", exit_code=0, signal=15, at=NOW + 12)
-        assert await app._repo.record_exit(done.id, done.attempt, late)
+        assert await app._repo.exits.record(done.id, done.attempt, late)
 
         async def gone() -> bool:
             return await app.store.get(app.keys.job(done.id)) is None

@@ -196,9 +196,9 @@ async def test_exits_reported_after_the_gang_was_released_still_land_on_the_job(
     assert job is not None
     late = WorkerExit(1, "node-a", 143, 15, 2.0)
     assert job.attempt == 1  # attempts count from 1
-    assert await repo.record_exit(job.id, 1, late)
-    assert await repo.record_exit(job.id, 1, late)  # idempotent
-    assert not await repo.record_exit(job.id, 2, late)  # another attempt: not this job's
+    assert await repo.exits.record(job.id, 1, late)
+    assert await repo.exits.record(job.id, 1, late)  # idempotent
+    assert not await repo.exits.record(job.id, 2, late)  # another attempt: not this job's
     final = await repo.get_job(job.id)
     assert final is not None and [(e.rank, e.exit_code) for e in final[0].exits] == [(0, 3), (1, 143)]
 

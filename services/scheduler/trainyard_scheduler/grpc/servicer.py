@@ -603,7 +603,7 @@ class NodeServicer(scheduler_pb2_grpc.NodeServiceServicer):
         _check_job_id(request.job_id)
         exit = convert.exit_from_pb(request.exit, request.node_id or request.exit.node_id, self._clock.now())
         with log_context(job_id=request.job_id, node_id=exit.node_id):
-            recorded = await self._repo.record_exit(request.job_id, request.attempt, exit)
+            recorded = await self._repo.exits.record(request.job_id, request.attempt, exit)
             log.info("worker exited", extra={"rank": exit.rank, "exit_code": exit.exit_code,
                                              "signal": exit.signal, "recorded": recorded})
         return scheduler_pb2.ReportWorkerExitResponse()

@@ -15,14 +15,14 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from trainyard_core.audit import inline_audit
 from trainyard_core.errors import Conflict, FailedPrecondition, IdempotencyKeyReused
 from trainyard_core.store import Compare, Delete, Put, Store, TxnResult, absent, mod_revision_is
 from trainyard_core.store.batch import TxnBatcher
+from trainyard_core.store.merged_updates import MergedUpdates
 
-from ..domain.models import Allocation, Job, WorkerExit
+from ..domain.models import Allocation, Job
 from ..domain.queues import FairShareUsage
 from . import holdings
 from .codec import (
@@ -32,12 +32,16 @@ from .codec import (
     encode_job,
     encode_usage,
 )
+from .exit_records import ExitRecords
 from .group_commit import HoldingsCommitter
 from .holdings import HoldingsLedger, Source
 from .keys import Keys
 from .node_records import NodeRecords
 
 log = logging.getLogger(__name__)
+
+# A change of an allocation record: the record as it should become, or None for no change.
+AllocationChange = Callable[[Allocation], Allocation | None]
 
 # etcd's default --max-txn-ops: the most compares, or writes, one transaction may carry.
 ETCD_DEFAULT_MAX_TXN_OPS = 128
@@ -92,6 +96,9 @@ class Repository:
         # share etcd transactions (store/batch.py).
         self._creates = TxnBatcher(store)
         self._annotations = TxnBatcher(store)
+        self._allocation_changes: MergedUpdates[tuple[str, int], AllocationChange, bool] = MergedUpdates(
+            self._modify_allocation)
+        self.exits = ExitRecords(self)
         self.holdings_writes = HoldingsCommitter(self.holdings, self._txn, lambda: self._fenced([]), max_txn_ops)
         self.written_revision = 0
         # The newest revision at which this repository created a job: at or after any job it created, and a
@@ -298,16 +305,29 @@ class Repository:
         return True
 
     async def modify_allocation(self, job_id: str, attempt: int,
-                                change: Callable[[Allocation], Allocation | None], tries: int = 10) -> bool:
+                                change: Callable[[Allocation], Allocation | None]) -> bool:
         """Read-modify-write of an allocation with CAS retries. `change` returns None for 'no change'.
-        Returns False when the allocation (of that attempt) no longer exists."""
+        Returns False when the allocation (of that attempt) no longer exists.
+
+        A gang's nodes confirm its launch and its stop, and its ranks report their exits, all at about the same
+        moment, each a change of this one record: changes of one attempt asked for while a write of it is in
+        flight wait and are applied together, in order, in the next (store/merged_updates.py), instead of
+        losing each other's compare-and-swap. `change` must not raise: it would fail the changes merged with it."""
+        return await self._allocation_changes.submit((job_id, attempt), change)
+
+    async def _modify_allocation(self, gang: tuple[str, int], changes: list[AllocationChange], tries: int = 10) -> bool:
+        job_id, attempt = gang
         for _ in range(tries):
             found = await self.get_allocation(job_id)
             if found is None or found[0].attempt != attempt:
                 return False
             alloc, rev = found
-            new = change(alloc)
-            if new is None:
+            new = alloc
+            for change in changes:
+                changed = change(new)
+                if changed is not None:
+                    new = changed
+            if new is alloc:
                 return True
             try:
                 await self.write(alloc=new, alloc_rev=rev)
@@ -315,37 +335,6 @@ class Repository:
             except Conflict:
                 continue
         raise Conflict(f"allocation of {job_id} kept changing; giving up after {tries} tries")
-
-    async def record_exit(self, job_id: str, attempt: int, exit: WorkerExit, tries: int = 10) -> bool:
-        """Idempotent per rank: a repeated report changes nothing. Lands in the gang's allocation; when
-        the gang has already been released (its stop was confirmed before this report arrived), the exit
-        is added to the finished job's record instead, so a job's exits end up complete.
-        Returns False when neither the allocation nor the job of that attempt exists."""
-
-        def add(alloc: Allocation) -> Allocation | None:
-            if any(e.rank == exit.rank for e in alloc.exits):
-                return None
-            return replace(alloc, exits=(*alloc.exits, exit))
-
-        if await self.modify_allocation(job_id, attempt, add):
-            return True
-        for _ in range(tries):
-            found = await self.get_job(job_id)
-            if found is None or found[0].attempt != attempt:
-                return False
-            job, rev = found
-            if await self.get_allocation(job_id) is not None:
-                # Re-placed meanwhile (a new allocation of the same attempt): record it there.
-                return await self.modify_allocation(job_id, attempt, add)
-            if any(e.rank == exit.rank for e in job.exits):
-                return True
-            exits = tuple(sorted((*job.exits, exit), key=lambda e: e.rank))
-            try:
-                await self.update_job(replace(job, exits=exits), rev)
-                return True
-            except Conflict:
-                continue
-        raise Conflict(f"job {job_id} kept changing; exit of rank {exit.rank} not recorded yet")
 
     # -- fair-share usage (leader only) -------------------------------------------------------------------
     async def put_usage(self, usage: FairShareUsage, revision: int) -> int:
