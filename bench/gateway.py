@@ -6,8 +6,9 @@ in production, holds `jobs` jobs of team `bench` (8 running, the rest pending: t
 team (the gateway rate-limits per token; one shared token would measure the limiter) and sends its next
 request as soon as the last one answered, for `duration_s` per phase after `warmup_s`:
 
-- `hello`: `GET /hello` of a bare FastAPI app served by uvicorn in its own process (the same venv, uvicorn
-  and FastAPI as the gateway, no middleware, no auth): the framework's own floor on this machine, now.
+- `hello`: `GET /hello` of a bare FastAPI app served by uvicorn in its own process (the same venv, uvicorn,
+  its HTTP parser (httptools) and FastAPI as the gateway, no middleware, no auth): the framework's own floor on
+  this machine, now.
 - `get`: `GET /v1/jobs/{id}` of a random job of the team (team-scoped, as every non-operator's read).
 - `list`: `GET /v1/jobs?page_size=50` (the team's newest 50, live and finished merged).
 - `submit`: `POST /v1/jobs` of a one-GPU job, `submits` of them in all (they stay pending), last, so the
@@ -62,8 +63,8 @@ app = FastAPI()
 async def hello() -> dict[str, str]:
     return {"hello": "world"}
 
-config = uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), log_config=None, access_log=False,
-                        lifespan="off", server_header=False)
+config = uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), http="httptools", log_config=None,
+                        access_log=False, lifespan="off", server_header=False)
 asyncio.run(uvicorn.Server(config).serve())
 """
 
