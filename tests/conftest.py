@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,11 @@ from trainyard_core.store.etcd_options import EtcdOptions
 from trainyard_core.testing import etcd as etcd_proc
 from trainyard_core.testing import etcd_secure
 from trainyard_core.testing.etcd_secure import SecureEtcd
+from trainyard_core.testing.hang_report import Watchdog
+
+# A teardown still running after this long prints every asyncio task's stack (testing/hang_report.py), so a
+# stop that never returns says in the CI log which await it is stuck on.
+TEARDOWN_REPORT_AFTER_S = 120.0
 
 
 class ReservedExtraKey(AssertionError):
@@ -45,6 +50,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before collection, so even import-time log lines go through it; caplog.set_level still works
     # (pytest restores the root level to INFO after each test).
     logs.setup_logging("tests", level="INFO", fmt="json", handler=FormatEveryRecord())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    watchdog = Watchdog(TEARDOWN_REPORT_AFTER_S, f"{item.nodeid}: teardown still running after "
+                                                 f"{TEARDOWN_REPORT_AFTER_S:g}s").start()
+    try:
+        return (yield)
+    finally:
+        watchdog.cancel()
 
 
 @pytest.fixture(scope="session")
