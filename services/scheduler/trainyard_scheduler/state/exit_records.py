@@ -60,9 +60,9 @@ class ExitRecords:
             new = added(job.exits)
             if not new:
                 return True
+            complete = tuple(sorted((*job.exits, *new), key=lambda e: e.rank))
             try:
-                await self._repo.update_job(replace(job, exits=tuple(sorted((*job.exits, *new), key=lambda e: e.rank))),
-                                      rev)
+                await self._repo.update_job(replace(job, exits=complete), rev)
                 return True
             except Conflict:
                 continue

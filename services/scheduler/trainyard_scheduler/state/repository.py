@@ -304,8 +304,7 @@ class Repository:
             raise Conflict(f"allocation of {alloc.job_id} or its nodes' holdings changed concurrently")
         return True
 
-    async def modify_allocation(self, job_id: str, attempt: int,
-                                change: Callable[[Allocation], Allocation | None]) -> bool:
+    async def modify_allocation(self, job_id: str, attempt: int, change: AllocationChange) -> bool:
         """Read-modify-write of an allocation with CAS retries. `change` returns None for 'no change'.
         Returns False when the allocation (of that attempt) no longer exists.
 
