@@ -5,10 +5,10 @@ every change lands (store/merged_updates.py), none is refused for losing a compa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import replace
 
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_scheduler.agent_calls import launch_confirmed, stop_confirmed, stopping_for
 from trainyard_scheduler.domain.models import Allocation, Job, WorkerExit
 from trainyard_scheduler.state.keys import Keys
 from trainyard_scheduler.state.repository import Repository
@@ -43,17 +43,9 @@ async def test_every_nodes_launch_and_stop_confirmed_at_once_are_recorded(etcd_s
                                                                           key_prefix: str) -> None:
     repo, job, _ = await _gang(etcd_store, key_prefix)
     ids = [n.node_id for n in NODES]
-
-    def launched(node_id: str) -> Callable[[Allocation], Allocation | None]:
-        return lambda a: None if node_id in a.launched else replace(a, launched=a.launched | {node_id})
-
-    def stopped(node_id: str) -> Callable[[Allocation], Allocation | None]:
-        return lambda a: None if node_id in a.stopped else replace(a, stopped=a.stopped | {node_id})
-
-    assert await asyncio.gather(*(repo.modify_allocation(job.id, job.attempt, launched(n)) for n in ids)) == \
-        [True] * len(ids)
-    changes = [lambda a: replace(a, stop_reason="cancelled by alice") if not a.stop_reason else None,
-               *(stopped(n) for n in ids)]
+    assert await asyncio.gather(*(repo.modify_allocation(job.id, job.attempt, launch_confirmed(n)) for n in ids)) \
+        == [True] * len(ids)
+    changes = [stopping_for("cancelled by alice"), *(stop_confirmed(n) for n in ids), stopping_for("later")]
     assert await asyncio.gather(*(repo.modify_allocation(job.id, job.attempt, c) for c in changes)) == \
         [True] * len(changes)
     found = await repo.get_allocation(job.id)

@@ -25,7 +25,7 @@ from trainyard_core.logs import log_context
 from . import metrics
 from .domain.models import Allocation, Node
 from .launch import NodeLaunch
-from .state.repository import Repository
+from .state.repository import AllocationChange, Repository
 
 log = logging.getLogger(__name__)
 # The spans keep the names the docs give them (reconcile.launch, reconcile.stop): they are the cycle's work.
@@ -41,6 +41,21 @@ AGENT_RETRY_MAX_S = 5.0
 _REMEMBERED = 10_000
 
 CallKey = tuple[str, int, str, str]  # (job id, attempt, node id, kind)
+
+
+# The changes the agents' answers make to a gang's allocation (each None when already made, so a repeat writes
+# nothing). A gang's nodes answer at about the same moment; Repository.modify_allocation merges their changes.
+def launch_confirmed(node_id: str) -> AllocationChange:
+    return lambda a: None if node_id in a.launched else replace(a, launched=a.launched | {node_id})
+
+
+def stop_confirmed(node_id: str) -> AllocationChange:
+    return lambda a: None if node_id in a.stopped else replace(a, stopped=a.stopped | {node_id})
+
+
+def stopping_for(reason: str) -> AllocationChange:
+    """The gang to be stopped for `reason`, unless a reason is already set (the first one stands)."""
+    return lambda a: None if a.stop_reason else replace(a, stop_reason=reason)
 
 
 class AgentPort(Protocol):
@@ -145,13 +160,9 @@ class AgentCalls:
         except TrainyardError as exc:
             reason = f"launch refused by {node.node_id}: {exc.message}"
             log.warning(reason)
-            await self._repo.modify_allocation(
-                launch.job_id, launch.attempt,
-                lambda a: None if a.stop_reason else replace(a, stop_reason=reason))
+            await self._repo.modify_allocation(launch.job_id, launch.attempt, stopping_for(reason))
             return True
-        await self._repo.modify_allocation(
-            launch.job_id, launch.attempt,
-            lambda a: None if node.node_id in a.launched else replace(a, launched=a.launched | {node.node_id}))
+        await self._repo.modify_allocation(launch.job_id, launch.attempt, launch_confirmed(node.node_id))
         log.info("workers launched", extra={"ranks": [w.rank for w in launch.workers]})
         return True
 
@@ -182,8 +193,6 @@ class AgentCalls:
             metrics.AGENT_CALL_FAILURES.labels("stop").inc()
             log.warning("stop on %s failed, will retry: %s", node.node_id, exc)
             return False
-        await self._repo.modify_allocation(
-            alloc.job_id, alloc.attempt,
-            lambda a: None if node.node_id in a.stopped else replace(a, stopped=a.stopped | {node.node_id}))
+        await self._repo.modify_allocation(alloc.job_id, alloc.attempt, stop_confirmed(node.node_id))
         return True
 
