@@ -30,15 +30,20 @@ class Flushes:
         return f"{key}:{sum(items)}"
 
 
+def _held() -> tuple[Flushes, MergedUpdates[str, int, str]]:
+    """Merged updates over a flush whose writes stay open until `flush.gate` is set."""
+    flush = Flushes()
+    flush.gate = asyncio.Event()
+    return flush, MergedUpdates(flush)
+
+
 async def _settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
 
 
 async def test_an_idle_key_is_written_at_once_and_changes_that_wait_go_in_one_next_write() -> None:
-    flush = Flushes()
-    merged: MergedUpdates[str, int, str] = MergedUpdates(flush)
-    flush.gate = asyncio.Event()
+    flush, merged = _held()
     first = asyncio.create_task(merged.submit("a", 1))
     await _settle()
     assert flush.writes == [("a", [1])]  # alone, at once
@@ -55,9 +60,7 @@ async def test_an_idle_key_is_written_at_once_and_changes_that_wait_go_in_one_ne
 
 
 async def test_a_failed_write_fails_its_callers_only() -> None:
-    flush = Flushes()
-    merged: MergedUpdates[str, int, str] = MergedUpdates(flush)
-    flush.gate = asyncio.Event()
+    flush, merged = _held()
     flush.fail = Unavailable("etcd did not answer")
     first = [asyncio.create_task(merged.submit("a", i)) for i in (1, 2)]
     await _settle()
@@ -73,9 +76,7 @@ async def test_a_failed_write_fails_its_callers_only() -> None:
 
 
 async def test_a_caller_that_stops_waiting_still_has_its_change_written() -> None:
-    flush = Flushes()
-    merged: MergedUpdates[str, int, str] = MergedUpdates(flush)
-    flush.gate = asyncio.Event()
+    flush, merged = _held()
     running = asyncio.create_task(merged.submit("a", 1))
     await _settle()
     gone = asyncio.create_task(merged.submit("a", 2))
@@ -91,9 +92,7 @@ async def test_a_caller_that_stops_waiting_still_has_its_change_written() -> Non
 
 
 async def test_callers_waiting_on_a_cancelled_writer_are_cancelled_not_left_waiting() -> None:
-    flush = Flushes()
-    merged: MergedUpdates[str, int, str] = MergedUpdates(flush)
-    flush.gate = asyncio.Event()
+    _, merged = _held()
     carried = asyncio.create_task(merged.submit("a", 1))
     await _settle()
     queued = asyncio.create_task(merged.submit("a", 2))
