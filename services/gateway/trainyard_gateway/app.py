@@ -159,6 +159,7 @@ class GatewayApp:
         self._grpc: GrpcServer | None = None
         self._job_feed: JobFeed | None = None
         self._fleet_history: FleetHistory | None = None
+        self._tokens: TokenStore | None = None
         self._http: _EmbeddedServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self.app: FastAPI | None = None
@@ -171,8 +172,9 @@ class GatewayApp:
         if self._store is None:
             self._store = EtcdStore.from_options(s.etcd_options())
             await check_access(self._store, s.etcd_prefix)  # a wrong etcd credential stops the start here
-        token_store = TokenStore(self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock,
-                                 default_ttl_s=s.token_default_ttl_s, max_ttl_s=s.token_max_ttl_s)
+        token_store = self._tokens = TokenStore(
+            self._store, s.etcd_prefix, cache_ttl_s=s.token_cache_ttl_s, clock=self._clock,
+            default_ttl_s=s.token_default_ttl_s, max_ttl_s=s.token_max_ttl_s)
         if s.bootstrap_admin_token is not None:
             record = await token_store.ensure(s.bootstrap_admin_token.get_secret_value(), team="admin",
                                               user="admin", role=Role.OPERATOR,
@@ -289,6 +291,9 @@ class GatewayApp:
             if pool is not None:
                 await pool.close()
         self._channels = self._feed_channels = None
+        if self._tokens is not None:
+            await self._tokens.close()
+            self._tokens = None
         if self._store is not None and self._owns_store:
             await self._store.close()
             self._store = None

@@ -1,0 +1,168 @@
+"""The gateway's cache of verified tokens reads a token in use again in the background before its entry runs
+out (refresh-ahead), against real etcd and an injected clock: no request waits for that read, a revocation
+made elsewhere still ends the entry, one made here is not undone by a read in flight, a failed read leaves the
+entry to run out, and `close` ends the reads in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+
+from trainyard_core.clock import ManualClock
+from trainyard_core.contract import Role
+from trainyard_core.errors import Unauthenticated, Unavailable
+from trainyard_core.store import Store
+from trainyard_core.store.api import KeyValue
+from trainyard_core.store.etcd import EtcdStore
+from trainyard_gateway.tokens import TokenStore
+
+TTL_S = 10.0
+
+
+class GatedReads:
+    """The real store, whose next `get` can be held after it has read (`hold_next`), or made to fail
+    (`fail_next`); every other call goes straight through. Counts the reads asked and answered."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self._store = store
+        self.asked = 0
+        self.answered = 0
+        self.hold_next = False
+        self.fail_next: Exception | None = None
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def get(self, key: str) -> KeyValue | None:
+        self.asked += 1
+        hold, self.hold_next = self.hold_next, False
+        fail, self.fail_next = self.fail_next, None
+        if fail is not None:
+            self.answered += 1
+            raise fail
+        kv = await self._store.get(key)
+        if hold:
+            await self.gate.wait()
+        self.answered += 1
+        return kv
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def _answered(reads: GatedReads, count: int) -> None:
+    """Until `count` reads have been answered (the background read's task has then used its answer: nothing
+    awaits between the read's answer and the cache's update)."""
+    for _ in range(500):
+        if reads.answered >= count:
+            await asyncio.sleep(0)
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} reads never answered ({reads.answered})")
+
+
+def _tokens(reads: GatedReads, prefix: str, clock: ManualClock) -> TokenStore:
+    return TokenStore(cast(Store, reads), prefix, clock=clock, cache_ttl_s=TTL_S)
+
+
+async def test_a_token_in_use_is_read_again_in_the_background_and_no_request_waits_for_it(
+        etcd_store: EtcdStore, key_prefix: str) -> None:
+    clock = ManualClock()
+    reads = GatedReads(etcd_store)
+    tokens = _tokens(reads, key_prefix, clock)
+    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert reads.asked == 1  # the first use reads it
+    clock.advance(TTL_S / 2 - 1)
+    await tokens.authenticate(secret)
+    assert reads.asked == 1  # in the first half of its TTL: from the cache alone
+    clock.advance(2)
+    reads.hold_next, reads.gate = True, asyncio.Event()
+    # Past half the TTL: answered from the entry at once while the record is read again (held at the gate).
+    got = await asyncio.wait_for(tokens.authenticate(secret), 5)
+    assert got.token_id == record.token_id
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert reads.asked == 2
+    await tokens.authenticate(secret)
+    assert reads.asked == 2  # one background read of a token at a time
+    reads.gate.set()
+    await _answered(reads, 2)
+    # The first read's entry would have run out at TTL_S; the background read (begun at TTL_S / 2 + 1) holds.
+    clock.advance(TTL_S / 2)
+    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert reads.asked == 2
+
+
+async def test_a_token_revoked_elsewhere_is_dropped_by_the_background_read(etcd_store: EtcdStore,
+                                                                          key_prefix: str) -> None:
+    clock = ManualClock()
+    reads = GatedReads(etcd_store)
+    tokens = _tokens(reads, key_prefix, clock)
+    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    await tokens.authenticate(secret)
+    await TokenStore(etcd_store, key_prefix, clock=clock).revoke(record.token_id)  # another gateway
+    clock.advance(TTL_S / 2 + 1)
+    await tokens.authenticate(secret)  # still within the TTL of the read that filled the entry, as before
+    await _answered(reads, 2)
+    with pytest.raises(Unauthenticated, match="invalid or revoked token"):
+        await tokens.authenticate(secret)  # before the TTL ran out: the background read found it gone
+
+
+async def test_a_revoke_here_is_not_undone_by_a_background_read_in_flight(etcd_store: EtcdStore,
+                                                                          key_prefix: str) -> None:
+    clock = ManualClock()
+    reads = GatedReads(etcd_store)
+    tokens = _tokens(reads, key_prefix, clock)
+    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    await tokens.authenticate(secret)
+    clock.advance(TTL_S / 2 + 1)
+    reads.hold_next, reads.gate = True, asyncio.Event()
+    await tokens.authenticate(secret)  # the background read has read the record, and is held
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert reads.asked == 2
+    await tokens.revoke(record.token_id)
+    reads.gate.set()
+    await _answered(reads, 2 + 2)  # the held read, and the revoke's two
+    with pytest.raises(Unauthenticated, match="invalid or revoked token"):
+        await tokens.authenticate(secret)
+
+
+async def test_a_failed_background_read_leaves_the_entry_to_run_out(etcd_store: EtcdStore, key_prefix: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock()
+    reads = GatedReads(etcd_store)
+    tokens = _tokens(reads, key_prefix, clock)
+    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    await tokens.authenticate(secret)
+    clock.advance(TTL_S / 2 + 1)
+    reads.fail_next = Unavailable("etcd is not answering")
+    await tokens.authenticate(secret)
+    await _answered(reads, 2)
+    assert "reading token" in caplog.text and "Unavailable" in caplog.text
+    assert secret not in caplog.text
+    clock.advance(TTL_S / 2 - 2)  # the entry still serves (a new background read is started, and answered)
+    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    await _answered(reads, 3)
+    clock.advance(TTL_S)
+    asked = reads.asked
+    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert reads.asked == asked + 1  # run out: read by the request itself
+
+
+async def test_close_ends_the_background_reads_in_flight(etcd_store: EtcdStore, key_prefix: str) -> None:
+    clock = ManualClock()
+    reads = GatedReads(etcd_store)
+    tokens = _tokens(reads, key_prefix, clock)
+    _, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    await tokens.authenticate(secret)
+    clock.advance(TTL_S / 2 + 1)
+    reads.hold_next, reads.gate = True, asyncio.Event()
+    await tokens.authenticate(secret)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert reads.asked == 2
+    await asyncio.wait_for(tokens.close(), 5)
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "token cache refresh"]
