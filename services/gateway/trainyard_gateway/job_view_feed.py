@@ -85,13 +85,18 @@ class JobFeed:
         messages = call.__aiter__()
         recovered = False
         try:
-            while True:
-                message = await asyncio.wait_for(messages.__anext__(), self._silence_s)
+            # The flag, and asyncio.timeout rather than asyncio.wait_for: on Python 3.11 a cancel (stop's) that
+            # lands while a message is arriving is swallowed by wait_for, which returns the message, and the
+            # scheduler's progress messages then kept this loop, and the gateway's stop, going for ever.
+            while not self._stopping:
+                async with asyncio.timeout(self._silence_s):
+                    message = await messages.__anext__()
                 self._view.apply(message)
                 if self._view.ready and not recovered:
                     recovered = True
                     log.info("job view ready", extra={"revision": self._view.revision,
                                                        "jobs": len(self._view.jobs()), "stream": self.streams})
+            return "the gateway is stopping", recovered, None
         except StopAsyncIteration:
             return "the scheduler closed it", recovered, None
         except TimeoutError:
