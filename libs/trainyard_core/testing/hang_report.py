@@ -22,7 +22,10 @@ def dump_tasks(out: TextIO | None = None, *, why: str = "") -> int:
             print(f"\n==== {why}: {len(tasks)} asyncio tasks ====", file=out)
             for task in tasks:
                 print(f"-- {task.get_name()}", file=out)
-                task.print_stack(limit=15, file=out)
+                try:
+                    task.print_stack(limit=15, file=out)
+                except Exception as exc:  # grpc.aio's Cython coroutines have frames print_stack cannot read
+                    print(f"   {task.get_coro()!r} (no stack: {type(exc).__name__})", file=out)
             out.flush()
         loop.call_soon_threadsafe(report)
     return len(loops)
