@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import __main__ as bench_main
-from bench import agent, checkpoint, e2e_latency, fleet, gateway, heartbeat, history, recovery, scheduler
+from bench import agent, checkpoint, e2e_latency, fleet, gateway, grpc_accept, heartbeat, history, recovery, scheduler
 from trainyard_scheduler.sim.simulator import BUCKETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +65,10 @@ FIGURES: dict[str, set[str]] = {
         "list_p95_ms", "list_throughput_rps", "submit_p50_ms", "submit_p99_ms", "submit_throughput_rps", "errors",
         "get_throughput_vs_hello", "get_p95_vs_hello", "list_throughput_vs_hello", "list_p95_vs_hello", "clients",
         "jobs", "submits", "job_view",
+    },
+    "grpc_accept": {
+        "accept_gap_ms_idle", "accept_gap_ms_busy", "accept_span_ms_idle", "accept_span_ms_busy",
+        "accept_gap_busy_vs_loop_turn_ms", "calls", "busy", "burn_us",
     },
     "heartbeat": {
         "heartbeat_cpu_us_tls", "heartbeat_cpu_us_plaintext", "heartbeat_cpu_tls_vs_plaintext", "beat_ack_p50_ms_tls",
@@ -117,6 +121,8 @@ COUNTS: dict[str, dict[str, float]] = {
     "e2e_latency": {"jobs": e2e_latency.TINY.jobs},
     "fleet": {"nodes": fleet.TINY.nodes, "stops": 2 * fleet.TINY.stop_rounds * fleet.TINY.stop_per_round},
     "gateway": {"clients": gateway.TINY.clients, "jobs": gateway.TINY.jobs, "submits": gateway.TINY.submits},
+    "grpc_accept": {"calls": grpc_accept.TINY.calls, "busy": grpc_accept.TINY.busy,
+                    "burn_us": grpc_accept.TINY.burn_us},
     "heartbeat": {"nodes": heartbeat.TINY.nodes, "interval_ms": heartbeat.TINY.interval_ms,
                   "windows": heartbeat.TINY.rounds},
     "history": {"jobs": history.TINY.jobs, "pushed_jobs": history.TINY.push, "fleet_nodes": history.TINY.nodes,

@@ -65,7 +65,7 @@ async def test_stop_returns_when_it_lands_as_a_message_arrives(
         def __init__(self, channel: Any) -> None:
             self._stub = real(channel)
 
-        def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest) -> _Call:  # noqa: N802 - the gRPC name
+        def WatchJobs(self, request: scheduler_pb2.WatchJobsRequest) -> _Call:
             return _Call(self._stub.WatchJobs(request), armed)
 
     monkeypatch.setattr(job_view_feed.scheduler_pb2_grpc, "JobWatchServiceStub", Stub)
