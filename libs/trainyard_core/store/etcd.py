@@ -304,7 +304,10 @@ class EtcdStore:
                 client = await self._conn.client()
                 stale = client.metadata
                 stream = watch_responses(client, key, end, start_revision)
-                first = await asyncio.wait_for(anext(stream), self._timeout)
+                # Not asyncio.wait_for: on Python 3.11 it drops a cancel that lands as the first response
+                # arrives, and the watch would then go on for ever under a caller that was stopped.
+                async with asyncio.timeout(self._timeout):
+                    first = await anext(stream)
                 break
             except WatchRefused as refused:
                 if client.uses_token and not renewed and is_stale_token(refused):
