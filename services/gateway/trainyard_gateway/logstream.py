@@ -57,6 +57,7 @@ from typing import Any
 
 from trainyard_core.contract import JobState
 from trainyard_core.errors import NotFound, TrainyardError
+from trainyard_core.waits import completes_within
 
 from . import joblogs
 from .clients import AgentClients, SchedulerClient
@@ -246,9 +247,7 @@ class LogFollow:
         return done and all(s.task is not None and s.task.done() for s in self._sources.values())
 
     async def _wait_change(self, timeout_s: float) -> None:
-        changed = self._changed
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout_s)
+        await completes_within(self._changed.wait(), timeout_s)
 
     def _set_job(self, job: Job) -> None:
         self.job = job

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from trainyard_core.waits import completes_within
+
 
 class Notifier:
     """`notify()` wakes every task currently in `wait()`.
@@ -37,10 +39,7 @@ async def wait_any(notifiers: Iterable[Notifier], timeout: float | None = None) 
     for n in chosen:
         n._waiters.add(fut)
     try:
-        await asyncio.wait_for(fut, timeout)
-        return True
-    except TimeoutError:
-        return False
+        return await completes_within(fut, timeout)
     finally:
         for n in chosen:
             n._waiters.discard(fut)
