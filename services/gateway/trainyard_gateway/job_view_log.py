@@ -15,6 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainyard_core.waits import completes_within
+
 if TYPE_CHECKING:
     from .job_view import ViewedJob
 
@@ -95,7 +97,4 @@ class ChangeLog:
             return
         if self._moved is None:
             self._moved = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._moved), timeout_s)
-        except TimeoutError:
-            pass
+        await completes_within(asyncio.shield(self._moved), timeout_s)
