@@ -6,6 +6,7 @@ entry to run out, and `close` ends the reads in flight."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any, cast
 
 import pytest
@@ -19,6 +20,8 @@ from trainyard_core.store.etcd import EtcdStore
 from trainyard_gateway.tokens import TokenStore
 
 TTL_S = 10.0
+# Stands for what a request carries in its context (its trace span, its request id in the logs).
+REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="")
 
 
 class GatedReads:
@@ -29,6 +32,7 @@ class GatedReads:
         self._store = store
         self.asked = 0
         self.answered = 0
+        self.contexts: list[str] = []  # REQUEST as each read saw it
         self.hold_next = False
         self.fail_next: Exception | None = None
         self.gate = asyncio.Event()
@@ -36,6 +40,7 @@ class GatedReads:
 
     async def get(self, key: str) -> KeyValue | None:
         self.asked += 1
+        self.contexts.append(REQUEST.get())
         hold, self.hold_next = self.hold_next, False
         fail, self.fail_next = self.fail_next, None
         if fail is not None:
@@ -80,11 +85,13 @@ async def test_a_token_in_use_is_read_again_in_the_background_and_no_request_wai
     clock.advance(2)
     reads.hold_next, reads.gate = True, asyncio.Event()
     # Past half the TTL: answered from the entry at once while the record is read again (held at the gate).
+    REQUEST.set("request-2")
     got = await asyncio.wait_for(tokens.authenticate(secret), 5)
     assert got.token_id == record.token_id
     for _ in range(20):
         await asyncio.sleep(0)
     assert reads.asked == 2
+    assert reads.contexts[-1] == ""  # the background read carries no request's context (trace, request id)
     await tokens.authenticate(secret)
     assert reads.asked == 2  # one background read of a token at a time
     reads.gate.set()

@@ -28,6 +28,7 @@ admin → operator, otherwise member, never expiring, marked `legacy` so listing
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
@@ -227,7 +228,10 @@ class TokenStore:
         """Read the token's record again in the background, unless a read of it is in flight already."""
         if digest in self._refreshing:
             return
-        task = asyncio.create_task(self._refresh(digest, hit), name="token cache refresh")
+        # A context of its own: the read belongs to no request (the one that started it does not wait for it),
+        # so it carries none's trace or request id.
+        task = asyncio.create_task(self._refresh(digest, hit), name="token cache refresh",
+                                   context=contextvars.Context())
         self._refreshing[digest] = task
         task.add_done_callback(lambda _: self._refreshing.pop(digest, None))
 
