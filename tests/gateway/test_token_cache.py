@@ -67,30 +67,37 @@ async def _answered(reads: GatedReads, count: int) -> None:
     raise AssertionError(f"{count} reads never answered ({reads.answered})")
 
 
-def _tokens(reads: GatedReads, prefix: str, clock: ManualClock) -> TokenStore:
-    return TokenStore(cast(Store, reads), prefix, clock=clock, cache_ttl_s=TTL_S)
+async def _in_use(store: EtcdStore, prefix: str) -> tuple[ManualClock, GatedReads, TokenStore, str, str]:
+    """A token store over gated reads of the real store, and a token of it read once (cached since): the
+    clock, the reads, the store, the token's id and its secret."""
+    clock = ManualClock()
+    reads = GatedReads(store)
+    tokens = TokenStore(cast(Store, reads), prefix, clock=clock, cache_ttl_s=TTL_S)
+    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
+    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert reads.asked == 1  # the first use reads it
+    return clock, reads, tokens, record.token_id, secret
+
+
+async def _refresh_held(reads: GatedReads, tokens: TokenStore, secret: str) -> None:
+    """A request past half the TTL starts the background read, which reads the record and is held."""
+    reads.hold_next, reads.gate = True, asyncio.Event()
+    await asyncio.wait_for(tokens.authenticate(secret), 5)  # answered without waiting for that read
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert reads.asked == 2
 
 
 async def test_a_token_in_use_is_read_again_in_the_background_and_no_request_waits_for_it(
         etcd_store: EtcdStore, key_prefix: str) -> None:
-    clock = ManualClock()
-    reads = GatedReads(etcd_store)
-    tokens = _tokens(reads, key_prefix, clock)
-    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
-    assert (await tokens.authenticate(secret)).token_id == record.token_id
-    assert reads.asked == 1  # the first use reads it
+    clock, reads, tokens, token_id, secret = await _in_use(etcd_store, key_prefix)
     clock.advance(TTL_S / 2 - 1)
     await tokens.authenticate(secret)
     assert reads.asked == 1  # in the first half of its TTL: from the cache alone
     clock.advance(2)
-    reads.hold_next, reads.gate = True, asyncio.Event()
     # Past half the TTL: answered from the entry at once while the record is read again (held at the gate).
     REQUEST.set("request-2")
-    got = await asyncio.wait_for(tokens.authenticate(secret), 5)
-    assert got.token_id == record.token_id
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert reads.asked == 2
+    await _refresh_held(reads, tokens, secret)
     assert reads.contexts[-1] == ""  # the background read carries no request's context (trace, request id)
     await tokens.authenticate(secret)
     assert reads.asked == 2  # one background read of a token at a time
@@ -98,18 +105,14 @@ async def test_a_token_in_use_is_read_again_in_the_background_and_no_request_wai
     await _answered(reads, 2)
     # The first read's entry would have run out at TTL_S; the background read (begun at TTL_S / 2 + 1) holds.
     clock.advance(TTL_S / 2)
-    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert (await tokens.authenticate(secret)).token_id == token_id
     assert reads.asked == 2
 
 
 async def test_a_token_revoked_elsewhere_is_dropped_by_the_background_read(etcd_store: EtcdStore,
                                                                           key_prefix: str) -> None:
-    clock = ManualClock()
-    reads = GatedReads(etcd_store)
-    tokens = _tokens(reads, key_prefix, clock)
-    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
-    await tokens.authenticate(secret)
-    await TokenStore(etcd_store, key_prefix, clock=clock).revoke(record.token_id)  # another gateway
+    clock, reads, tokens, token_id, secret = await _in_use(etcd_store, key_prefix)
+    await TokenStore(etcd_store, key_prefix, clock=clock).revoke(token_id)  # another gateway
     clock.advance(TTL_S / 2 + 1)
     await tokens.authenticate(secret)  # still within the TTL of the read that filled the entry, as before
     await _answered(reads, 2)
@@ -119,18 +122,10 @@ async def test_a_token_revoked_elsewhere_is_dropped_by_the_background_read(etcd_
 
 async def test_a_revoke_here_is_not_undone_by_a_background_read_in_flight(etcd_store: EtcdStore,
                                                                           key_prefix: str) -> None:
-    clock = ManualClock()
-    reads = GatedReads(etcd_store)
-    tokens = _tokens(reads, key_prefix, clock)
-    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
-    await tokens.authenticate(secret)
+    clock, reads, tokens, token_id, secret = await _in_use(etcd_store, key_prefix)
     clock.advance(TTL_S / 2 + 1)
-    reads.hold_next, reads.gate = True, asyncio.Event()
-    await tokens.authenticate(secret)  # the background read has read the record, and is held
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert reads.asked == 2
-    await tokens.revoke(record.token_id)
+    await _refresh_held(reads, tokens, secret)
+    await tokens.revoke(token_id)
     reads.gate.set()
     await _answered(reads, 2 + 2)  # the held read, and the revoke's two
     with pytest.raises(Unauthenticated, match="invalid or revoked token"):
@@ -139,11 +134,7 @@ async def test_a_revoke_here_is_not_undone_by_a_background_read_in_flight(etcd_s
 
 async def test_a_failed_background_read_leaves_the_entry_to_run_out(etcd_store: EtcdStore, key_prefix: str,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    clock = ManualClock()
-    reads = GatedReads(etcd_store)
-    tokens = _tokens(reads, key_prefix, clock)
-    record, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
-    await tokens.authenticate(secret)
+    clock, reads, tokens, token_id, secret = await _in_use(etcd_store, key_prefix)
     clock.advance(TTL_S / 2 + 1)
     reads.fail_next = Unavailable("etcd is not answering")
     await tokens.authenticate(secret)
@@ -151,25 +142,17 @@ async def test_a_failed_background_read_leaves_the_entry_to_run_out(etcd_store: 
     assert "reading token" in caplog.text and "Unavailable" in caplog.text
     assert secret not in caplog.text
     clock.advance(TTL_S / 2 - 2)  # the entry still serves (a new background read is started, and answered)
-    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert (await tokens.authenticate(secret)).token_id == token_id
     await _answered(reads, 3)
     clock.advance(TTL_S)
     asked = reads.asked
-    assert (await tokens.authenticate(secret)).token_id == record.token_id
+    assert (await tokens.authenticate(secret)).token_id == token_id
     assert reads.asked == asked + 1  # run out: read by the request itself
 
 
 async def test_close_ends_the_background_reads_in_flight(etcd_store: EtcdStore, key_prefix: str) -> None:
-    clock = ManualClock()
-    reads = GatedReads(etcd_store)
-    tokens = _tokens(reads, key_prefix, clock)
-    _, secret = await tokens.create(team="vision", user="alice", role=Role.MEMBER)
-    await tokens.authenticate(secret)
+    clock, reads, tokens, _, secret = await _in_use(etcd_store, key_prefix)
     clock.advance(TTL_S / 2 + 1)
-    reads.hold_next, reads.gate = True, asyncio.Event()
-    await tokens.authenticate(secret)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert reads.asked == 2
+    await _refresh_held(reads, tokens, secret)
     await asyncio.wait_for(tokens.close(), 5)
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "token cache refresh"]
