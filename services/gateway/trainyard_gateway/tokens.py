@@ -15,7 +15,8 @@ request, cached or not, against the injected clock's wall time.
 
 A token in use is read again before its entry runs out (refresh-ahead): a request that finds its entry past
 half the TTL is answered from it at once, and the record is read from etcd in the background (one read per
-token at a time); the entry then holds the new read, or is dropped if the token is gone. Without it every
+token at a time); the entry then holds the new read, or is dropped if the token is gone. A read that fails
+is not tried again for that entry (in an etcd outage every request would start, and log, another). Without it every
 client in use paid a synchronous etcd read every TTL, behind whatever else etcd was doing: in a burst of
 1,000 submits from 100 clients, 84 requests carried such a read (42-44 ms each under the burst's writes) and
 they were the slowest ones. The bound on a revocation made elsewhere is the same (an entry never serves
@@ -123,6 +124,16 @@ class TokenRecord:
                    scopes=tuple(Scope(s) for s in data.get("scopes", ())))
 
 
+@dataclass(eq=False)
+class _Entry:
+    """A verified token in the cache: its record, until when it may serve (monotonic seconds), and whether a
+    background read of it failed (then it is not read again until a request must: once it has run out)."""
+
+    record: TokenRecord
+    until: float
+    refresh_failed: bool = False
+
+
 class TokenStore:
     """Creates, verifies, lists and revokes tokens. Safe for concurrent use from one event loop."""
 
@@ -137,8 +148,8 @@ class TokenStore:
         self._clock = clock or SystemClock()
         self.default_ttl_s = default_ttl_s
         self.max_ttl_s = max_ttl_s
-        # secret hash → (record, until when it may serve: monotonic), and the background reads in flight.
-        self._cache: OrderedDict[str, tuple[TokenRecord, float]] = OrderedDict()
+        # secret hash → its cache entry, and the background reads in flight.
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._refreshing: dict[str, asyncio.Task[None]] = {}
 
     def lifetime(self, ttl: str | None) -> float:
@@ -204,10 +215,10 @@ class TokenStore:
         digest = hash_secret(secret)
         now = self._clock.monotonic()
         hit = self._cache.get(digest)
-        if hit is not None and hit[1] > now:
-            if hit[1] - now < self._ttl / 2:
+        if hit is not None and hit.until > now:
+            if hit.until - now < self._ttl / 2 and not hit.refresh_failed:
                 self._refresh_ahead(digest, hit)
-            return self._unexpired(hit[0])
+            return self._unexpired(hit.record)
         if hit is not None:
             del self._cache[digest]
         kv = await self._store.get(self._by_hash + digest)
@@ -219,12 +230,12 @@ class TokenStore:
             log.error("unreadable token record %s…: %s", digest[:12], exc)
             raise Unauthenticated("this token's record cannot be read by this gateway; ask an operator") from None
         if self._ttl > 0:
-            self._cache[digest] = (record, now + self._ttl)
+            self._cache[digest] = _Entry(record, now + self._ttl)
             while len(self._cache) > _CACHE_MAX:
                 self._cache.popitem(last=False)
         return self._unexpired(record)
 
-    def _refresh_ahead(self, digest: str, hit: tuple[TokenRecord, float]) -> None:
+    def _refresh_ahead(self, digest: str, hit: _Entry) -> None:
         """Read the token's record again in the background, unless a read of it is in flight already."""
         if digest in self._refreshing:
             return
@@ -235,11 +246,13 @@ class TokenStore:
         self._refreshing[digest] = task
         task.add_done_callback(lambda _: self._refreshing.pop(digest, None))
 
-    async def _refresh(self, digest: str, hit: tuple[TokenRecord, float]) -> None:
+    async def _refresh(self, digest: str, hit: _Entry) -> None:
         began = self._clock.monotonic()
         try:
             kv = await self._store.get(self._by_hash + digest)
         except Exception as exc:  # etcd did not answer: the entry serves out its TTL, then a request reads it
+            # Not tried again for this entry: in an outage every request would start (and log) another read.
+            hit.refresh_failed = True
             log.warning("token cache: reading token %s… again failed (%s); its entry serves until it runs out",
                         digest[:12], type(exc).__name__)
             return
@@ -252,7 +265,7 @@ class TokenStore:
         if record is None:
             del self._cache[digest]
         else:
-            self._cache[digest] = (record, began + self._ttl)
+            self._cache[digest] = _Entry(record, began + self._ttl)
 
     async def close(self) -> None:
         """Stop the background reads in flight (the gateway's stop, before its store closes)."""
