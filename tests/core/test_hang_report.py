@@ -37,7 +37,6 @@ def test_a_running_loops_tasks_are_printed_with_where_they_wait() -> None:
     assert "stuck_stop" in text and "asyncio.Event().wait()" in text
 
 
-
 def test_every_task_is_listed_when_one_has_no_readable_stack() -> None:
     """grpc.aio runs Cython coroutines (a server's accept loop) whose frames print_stack cannot read: the
     report names such a task and goes on to the rest, rather than ending at the first one."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FailedPrecondition, Unavailable
+from ..waits import completes_within
 from .api import Compare, KeyValue, Put, Store, absent
 
 log = logging.getLogger(__name__)
@@ -124,10 +125,7 @@ class LeaderElection:
         if stop is None:
             await asyncio.sleep(seconds)
             return
-        try:
-            await asyncio.wait_for(stop.wait(), seconds)
-        except TimeoutError:
-            pass
+        await completes_within(stop.wait(), seconds)
 
     async def _keep(self, thread: _ThreadKeeping | None) -> None:
         why = await (self._keep_from_thread(thread) if thread is not None else self._keep_in_loop())

@@ -33,6 +33,7 @@ from collections import defaultdict
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, TrainyardError
 from trainyard_core.store import Put, absent
+from trainyard_core.waits import completes_within
 
 from . import metrics
 from .domain.gc import ActionKind, GcAction, GcTiming, JobSnapshot, StoredLocation, VersionedCheckpoint, plan
@@ -191,11 +192,8 @@ class GarbageCollector:
     async def run_forever(self, interval_s: float, stop: asyncio.Event) -> None:
         """A pass every `interval_s` until `stop` is set. A failed pass is logged and the loop goes on."""
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), interval_s)
+            if await completes_within(stop.wait(), interval_s):
                 return
-            except TimeoutError:
-                pass
             try:
                 await self.run_once()
             except Conflict as e:

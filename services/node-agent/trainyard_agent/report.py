@@ -71,6 +71,7 @@ from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.errors import retry_after_s
 from trainyard_core.rpc.liveness import AGENT_IDLE_S, LEASE_RENEW_S
+from trainyard_core.waits import completes_within
 
 from . import metrics
 from .grpc import convert
@@ -299,8 +300,7 @@ class Reporter:
         self.fatal_event.set()
 
     async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+        await completes_within(self._stopping.wait(), seconds)
 
     async def _session(self, channel: IdleChannel, target: str) -> None:
         health = self._view.health

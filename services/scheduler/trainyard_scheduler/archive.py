@@ -40,6 +40,7 @@ from trainyard_core.clock import Clock
 from trainyard_core.errors import Conflict, Unavailable
 from trainyard_core.logs import log_context
 from trainyard_core.store.mirror import PrefixMirror
+from trainyard_core.waits import completes_within
 
 from . import metrics
 from .domain.models import Job
@@ -269,14 +270,7 @@ class Archiver:
                 wait = self._s.retry_s
             if not self._failing:  # while archiving cannot reach the store, neither could a prune
                 await self.prune()
-            await sleep_or(stop, wait)
-
-
-async def sleep_or(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
+            await completes_within(stop.wait(), wait)
 
 
 __all__: Sequence[str] = ["ArchiveSettings", "Archiver", "archived", "redacted", "usage_of"]

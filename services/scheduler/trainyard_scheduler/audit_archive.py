@@ -28,9 +28,9 @@ from trainyard_core.audit import AuditEntry, AuditFilter, AuditLog, AuditPage, d
 from trainyard_core.clock import Clock
 from trainyard_core.errors import Unavailable
 from trainyard_core.store.api import Delete, Store
+from trainyard_core.waits import completes_within
 
 from . import metrics
-from .archive import sleep_or
 from .history.access import History
 from .history.store import HistoryUnavailable
 
@@ -146,7 +146,7 @@ class AuditMover:
             except Exception:  # a bug here must not end the term's other work
                 log.exception("moving the audit log failed; trying again")
                 wait = self._s.retry_s
-            await sleep_or(stop, wait)
+            await completes_within(stop.wait(), wait)
 
 
 class AuditReader:

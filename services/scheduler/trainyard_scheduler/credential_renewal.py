@@ -55,9 +55,9 @@ from trainyard_core.logs import log_context
 from trainyard_core.security.job_credentials import JobCredential
 from trainyard_core.store.api import KeyValue
 from trainyard_core.store.mirror import PrefixMirror
+from trainyard_core.waits import completes_within
 
 from . import metrics
-from .archive import sleep_or
 from .domain.models import Allocation, Node
 from .state.codec import decode_allocation, decode_node
 from .state.keys import Keys
@@ -218,7 +218,7 @@ class CredentialRenewer:
                 p = Plan((), 0, None)
             now = self._clock.now()
             wait = self._s.interval_s if p.next_at is None else min(self._s.interval_s, max(0.0, p.next_at - now))
-            await sleep_or(stop, wait)
+            await completes_within(stop.wait(), wait)
 
     async def step(self) -> Plan:
         """One pass: snapshot, plan, deliver. Returns the plan it carried out."""

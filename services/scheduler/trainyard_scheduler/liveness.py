@@ -46,6 +46,7 @@ from types import MappingProxyType
 
 from trainyard_core.clock import Clock
 from trainyard_core.rpc.liveness import KEEPALIVE_TIMEOUT_S
+from trainyard_core.waits import completes_within
 
 from .grace import MAX_GRACE_S, Grace
 from .running_reports import RunningReports
@@ -139,10 +140,7 @@ class NodeLiveness:
     async def run_ticker(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.tick()
-            try:
-                await asyncio.wait_for(stop.wait(), TICK_S)
-            except TimeoutError:
-                pass
+            await completes_within(stop.wait(), TICK_S)
 
     # -- deadlines ------------------------------------------------------------------------------------
     def _limit(self, node_id: str) -> float:

@@ -11,7 +11,6 @@ call. The placement's decisions and preemptions become records in placement_writ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -26,6 +25,7 @@ from trainyard_core.logs import log_context
 from trainyard_core.rpc.liveness import LEASE_RENEW_S
 from trainyard_core.rpc.pulse import ACK_WINDOW_S
 from trainyard_core.store.mirror import PrefixMirror
+from trainyard_core.waits import completes_within
 
 from . import metrics
 from .agent_calls import AGENT_RETRY_MAX_S, AGENT_RETRY_MIN_S, ORPHAN_STOP_RETRY_S, AgentCalls, AgentPort
@@ -225,8 +225,7 @@ class Reconciler:
             return
         self.last_pause_s = pause
         metrics.RECONCILE_PAUSED_SECONDS.inc(pause)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), pause)
+        await completes_within(stop.wait(), pause)
 
     def _next_wait(self) -> float:
         """The interval, or less when a node's heartbeat deadline or a lost node's worker fence comes first
