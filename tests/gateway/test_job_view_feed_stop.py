@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from trainyard.scheduler.v1 import scheduler_pb2
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway import job_view_feed
 
 from .view_support import deployment
@@ -77,10 +78,7 @@ async def test_stop_returns_when_it_lands_as_a_message_arrives(
             reply = await http.post("/v1/jobs", json={"name": "feed-stop", "command": ["true"],
                                                       "resources": {"nodes": 1, "gpus_per_node": 1}})
             assert reply.status_code == 201, reply.text
-        for _ in range(500):
-            if armed.task is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert armed.task is not None, "no message of the job watch arrived"
+        await eventually(lambda: truthy(armed.task), interval=0.01, what="a message of the job watch")
+        assert armed.task is not None
         await asyncio.wait_for(asyncio.shield(armed.task), 10)  # waited for ever before
         assert not d.view.ready

@@ -17,6 +17,7 @@ from trainyard_core.errors import Unauthenticated, Unavailable
 from trainyard_core.store import Store
 from trainyard_core.store.api import KeyValue
 from trainyard_core.store.etcd import EtcdStore
+from trainyard_core.testing.wait import eventually, truthy
 from trainyard_gateway.tokens import TokenStore
 
 TTL_S = 10.0
@@ -57,14 +58,9 @@ class GatedReads:
 
 
 async def _answered(reads: GatedReads, count: int) -> None:
-    """Until `count` reads have been answered (the background read's task has then used its answer: nothing
+    """Until `count` reads have been answered (a background read's task has then used its answer: nothing
     awaits between the read's answer and the cache's update)."""
-    for _ in range(500):
-        if reads.answered >= count:
-            await asyncio.sleep(0)
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} reads never answered ({reads.answered})")
+    await eventually(lambda: truthy(reads.answered >= count), interval=0.01, what=f"{count} reads answered")
 
 
 async def _in_use(store: EtcdStore, prefix: str) -> tuple[ManualClock, GatedReads, TokenStore, str, str]:
