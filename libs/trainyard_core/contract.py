@@ -191,6 +191,8 @@ MAX_TOKEN_DESCRIPTION = 256
 # --- listing -----------------------------------------------------------------------------------------------
 
 MAX_PAGE_SIZE = 500
+# Submits in one SubmitJobs call (the gateway's batches of its concurrent submits).
+MAX_SUBMIT_BATCH = 256
 DEFAULT_PAGE_SIZE = 50
 MAX_JOB_NAME_LENGTH = 63  # JOB_NAME's; a name-prefix filter is at most this long
 # The times a filter may name: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z, RFC 3339's range (and

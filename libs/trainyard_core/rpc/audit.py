@@ -37,7 +37,7 @@ from ..audit import (
 )
 from ..clock import Clock, SystemClock
 from ..security import identity
-from ..security.authz import AUDITED, Audited, current_principal
+from ..security.authz import AUDITED, BATCHES, Audited, current_principal
 from ..security.tls import peer_principal
 from .errors import status_for
 
@@ -111,15 +111,15 @@ def forwarded_entry(raw: str | None, context: Any, request_id: str, *, authorize
                            request_id=request_id, role=e.role, team=e.team, detail=e.detail)
 
 
-class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Records each call of an audited (unary) method in `sink` as `service`."""
+class CallAudit:
+    """The audit of one service's calls into `sink` as `service`: the entry of a call, and `run`, which serves a
+    call with its entry written (carried by the action's own transaction where it can be). Used by the
+    interceptor for each call, and by a servicer for each item of a batch (SubmitJobs: `authz.BATCHES`)."""
 
-    def __init__(self, sink: AuditSink, service: str, table: Mapping[str, Audited] = AUDITED,
-                 clock: Clock | None = None, *, authorized: bool = True) -> None:
+    def __init__(self, sink: AuditSink, service: str, clock: Clock | None = None, *, authorized: bool = True) -> None:
         self._sink = sink
         self._authorized = authorized  # calls are authorized by certificate (mTLS): see forwarded_entry
         self._service = service
-        self._table = table
         self._clock = clock or SystemClock()
 
     def entry(self, method: str, spec: Audited, request: Any, response: Any | None, context: Any,
@@ -135,6 +135,44 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             request_id=request_id, team=_safe(lambda: spec.team(request) if spec.team else "", ""),
             detail=detail)
 
+    async def record(self, entry: AuditEntry) -> None:
+        await record(self._sink, entry)
+
+    async def run(self, method: str, spec: Audited, request: Any, context: Any, *, request_id: str,
+                  forwarded: str | None, serve: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
+        """`serve()`'s answer, and whether the forwarded entry (`forwarded`, raw) was stored with the action.
+        Sets the request id, acting user and inline audit of the current context: call it in the call's own
+        task (a batch item: in its own task)."""
+        current_request_id.set(request_id)
+        acting_user.set(("", ""))
+        response: Any | None = None
+        failure: BaseException | None = None
+        inline = None
+        if isinstance(self._sink, AuditLog):
+            # The action's own transaction may carry the entry (a submit's create): see audit.InlineAudit.
+            inline = InlineAudit(self._sink, lambda target: replace(
+                self.entry(method, spec, request, None, context, None, request_id), target=target),
+                forwarded=forwarded_entry(forwarded, context, request_id, authorized=self._authorized))
+        inline_audit.set(inline)
+        try:
+            response = await serve()
+            return response, inline is not None and inline.forwarded_written
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            if inline is None or not inline.written:
+                await record(self._sink, self.entry(method, spec, request, response, context, failure, request_id))
+
+
+class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Records each call of an audited (unary) method in `sink` as `service`."""
+
+    def __init__(self, sink: AuditSink, service: str, table: Mapping[str, Audited] = AUDITED,
+                 clock: Clock | None = None, *, authorized: bool = True) -> None:
+        self.calls = CallAudit(sink, service, clock, authorized=authorized)
+        self._table = table
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -142,6 +180,8 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
+        if handler is not None and handler.unary_unary is not None and method in BATCHES:
+            return self._batch(method, handler, _request_id(handler_call_details))
         spec = self._table.get(method)
         if handler is None or spec is None or handler.unary_unary is None:
             return handler
@@ -150,29 +190,28 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         forwarded = _metadata(handler_call_details, FORWARDED_ENTRY_HEADER)
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            current_request_id.set(request_id)
-            acting_user.set(("", ""))
-            response: Any | None = None
-            failure: BaseException | None = None
-            inline = None
-            if isinstance(self._sink, AuditLog):
-                # The action's own transaction may carry the entry (a submit's create): see audit.InlineAudit.
-                inline = InlineAudit(self._sink, lambda target: replace(
-                    self.entry(method, spec, request, None, context, None, request_id), target=target),
-                    forwarded=forwarded_entry(forwarded, context, request_id, authorized=self._authorized))
-            inline_audit.set(inline)
+            response, carried = await self.calls.run(method, spec, request, context, request_id=request_id,
+                                                     forwarded=forwarded, serve=lambda: behavior(request, context))
+            if carried:
+                context.set_trailing_metadata(((CARRIED_HEADER, "1"),))
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer, handler.response_serializer)
+
+    def _batch(self, method: str, handler: grpc.RpcMethodHandler, request_id: str) -> grpc.RpcMethodHandler:
+        """A batch (authz.BATCHES): its servicer audits each item as a call of the batched method; the batch is
+        recorded only when it fails as a whole (refused, malformed, cut off), so an attempt whose items never ran
+        still leaves its entry."""
+        behavior = handler.unary_unary
+        spec = Audited(lambda _request, _response: "", detail=lambda r: {"items": len(r.items)})
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                response = await behavior(request, context)
-                if inline is not None and inline.forwarded_written:
-                    context.set_trailing_metadata(((CARRIED_HEADER, "1"),))
-                return response
+                return await behavior(request, context)
             except BaseException as exc:
-                failure = exc
+                current_request_id.set(request_id)
+                await self.calls.record(self.calls.entry(method, spec, request, None, context, exc, request_id))
                 raise
-            finally:
-                if inline is None or not inline.written:
-                    await record(self._sink, self.entry(method, spec, request, response, context, failure,
-                                                        request_id))
 
         return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer, handler.response_serializer)
 

@@ -90,16 +90,29 @@ def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
     return ms / 1000 if ms >= 0 else None
 
 
-def _kind_of(exc: grpc.aio.AioRpcError) -> type[errors.TrainyardError] | None:
-    kind = _trailer(exc, ERROR_KIND)
-    return _KINDS.get(kind) if kind is not None else None
+def kind_of(exc: errors.TrainyardError) -> str:
+    """The error kind (ERROR_KIND) that tells `exc` apart from others of its status code; "" when none."""
+    return next((k for k, cls in _KINDS.items() if isinstance(exc, cls)), "")
+
+
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The status code of a number (google.rpc.Code), UNKNOWN for one that is not a code."""
+    return _BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str = "") -> errors.TrainyardError:
     """Turn a failed call back into the domain error it stands for."""
-    code = exc.code()
-    detail = exc.details() or code.name
-    cls = _kind_of(exc) or _FROM_CODE.get(code)
+    return from_status(exc.code(), exc.details() or "", _trailer(exc, ERROR_KIND) or "", what)
+
+
+def from_status(code: grpc.StatusCode, details: str, kind: str = "", what: str = "") -> errors.TrainyardError:
+    """The domain error a status code, its message and error kind (ERROR_KIND) stand for: a failed call's, or a
+    failed item's of a batch (SubmitJobs)."""
+    detail = details or code.name
+    cls = _KINDS.get(kind) or _FROM_CODE.get(code)
     if cls is None:
         return errors.Unavailable(f"{what + ': ' if what else ''}{code.name}: {detail}")
     if cls is errors.Unavailable and what:
@@ -117,8 +130,8 @@ async def _abort_for(exc: BaseException, context: grpc.aio.ServicerContext, meth
         trailing: list[tuple[str, str]] = []
         if isinstance(exc, errors.NotLeader) and exc.leader:
             trailing.append(("trainyard-leader", exc.leader))
-        kind = next((k for k, cls in _KINDS.items() if isinstance(exc, cls)), None)
-        if kind is not None:
+        kind = kind_of(exc)
+        if kind:
             trailing.append((ERROR_KIND, kind))
         if isinstance(exc, errors.Busy):
             trailing.append((RETRY_AFTER, str(max(0, round(exc.retry_after_s * 1000)))))

@@ -119,6 +119,8 @@ RULES: Mapping[str, Rule] = {
     # Jobs and policy: the gateway (for its users) and tools bound to teams by the scheduler's settings.
     **_methods(JOBS, ("SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "HoldJob", "ReleaseJob",
                       "SetJobPriority", "RequeueJob", "ListPending"), rule("gateway", "tool")),
+    # The gateway's batches of its users' submits (each item is checked and audited as a SubmitJob: BATCHES).
+    f"/{JOBS}/SubmitJobs": rule("gateway"),
     # Every team's live jobs, for the gateway's read view (which scopes them to its users' teams itself).
     "/trainyard.scheduler.v1.JobWatchService/WatchJobs": rule("gateway"),
     **_methods(POLICY, ("ListQueues", "PutQueue", "DeleteQueue", "ListQuotas", "GetQuota", "PutQuota",
@@ -228,6 +230,9 @@ AUDITED: Mapping[str, Audited] = {
                                       detail=lambda r: {"user": r.user}),
     f"/{TOKENS}/RevokeToken": Audited(_on("token", lambda r: r.token_id)),
 }
+# Calls that carry several calls of an audited method: each item is audited as a call of that method (its own
+# entry, request id and result), not the batch.
+BATCHES: Mapping[str, str] = {f"/{JOBS}/SubmitJobs": f"/{JOBS}/SubmitJob"}
 LIVENESS = frozenset({f"/{NODES}/Heartbeat", f"/{NODES}/Beat"})
 READ_PREFIXES = ("Get", "List", "Watch", "Stream", "Check", "ServerReflection")
 

@@ -24,6 +24,7 @@ from trainyard_core.audit import AuditLog
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.rpc import liveness as liveness_options
 from trainyard_core.rpc.admission import AdmissionInterceptor
+from trainyard_core.rpc.audit import CallAudit
 from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.service import start_or_undo
 from trainyard_core.store.api import KeyValue, Store
@@ -148,7 +149,8 @@ class SchedulerApp:
         job_servicer = JobServicer(repo, self.clock, self._mirror.changed, history=self.history,
                                    priority_classes=list(s.priority_classes), max_txn_ops=txn_ops,
                                    tool_teams=s.tool_team_map(), fleet=mirrored_nodes.nodes,
-                                   leadership=self.leadership, pending=self._pending_order)
+                                   leadership=self.leadership, pending=self._pending_order,
+                                   audit=CallAudit(self.audit, "scheduler", authorized=s.tls is not None))
         policy_servicer = PolicyServicer(PolicyRepository(self.store, self.keys), wake=self._mirror.changed,
                                          holdings=MirroredAllocations(self._mirror, self.keys).current)
         usage_servicer = UsageServicer(UsageReader(self._mirror, self.keys, history=self.history, pricing=s.pricing(),

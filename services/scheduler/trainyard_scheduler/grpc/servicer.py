@@ -26,6 +26,7 @@ from trainyard_core.errors import (
 from trainyard_core.ids import is_valid_id, new_id
 from trainyard_core.logs import log_context
 from trainyard_core.rpc import pulse
+from trainyard_core.rpc.audit import CallAudit
 from trainyard_core.security import authz
 from trainyard_core.store.api import WatchCompacted
 
@@ -52,6 +53,7 @@ from ..state.policy_repository import PolicyRepository
 from ..state.repository import ETCD_DEFAULT_MAX_TXN_OPS, IdempotentJobGone, Repository, max_gang_nodes
 from . import convert
 from .node_messages import NodeMessages, registration_shown
+from .submit_batch import SubmitBatch
 from .teams import acting_team
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,10 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
                  max_txn_ops: int = ETCD_DEFAULT_MAX_TXN_OPS,
                  tool_teams: Mapping[str, frozenset[str]] | None = None,
                  fleet: Callable[[], Awaitable[Sequence[Node]]] | None = None, history: History | None = None,
-                 leadership: Leadership | None = None, pending: Callable[[], PendingOrder] | None = None) -> None:
+                 leadership: Leadership | None = None, pending: Callable[[], PendingOrder] | None = None,
+                 audit: CallAudit | None = None) -> None:
+        # SubmitJobs: each item served as a SubmitJob, audited as one (`audit`: the server's audit log).
+        self._batch = SubmitBatch(self._submit, audit)
         # The queue order, which only the leader has (its last cycle's; ListPending).
         self._leadership = leadership
         self._pending = pending
@@ -163,6 +168,13 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
+        return await self._submit(request)
+
+    async def SubmitJobs(self, request: scheduler_pb2.SubmitJobsRequest,
+                         context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobsResponse:
+        return await self._batch(request, context)
+
+    async def _submit(self, request: scheduler_pb2.SubmitJobRequest) -> scheduler_pb2.SubmitJobResponse:
         spec = convert.spec_from_pb(request.spec)
         validate_spec(spec)
         team = self._team(request.team) or "default"
