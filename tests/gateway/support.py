@@ -108,6 +108,8 @@ class CallLog:
 
     ignore: frozenset[str] = frozenset()
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    # Unary methods answered UNIMPLEMENTED (after being recorded), as a server of an older version would.
+    unimplemented: frozenset[str] = frozenset()
     streams: list[tuple[str, Any]] = field(default_factory=list)
     open_streams: Counter[str] = field(default_factory=Counter)
 
@@ -117,6 +119,16 @@ class CallLog:
 
     def requests(self, method: str) -> list[Any]:
         return [request for m, request in self.calls if m == method]
+
+    def submits(self) -> list[Any]:
+        """The SubmitJobRequests received, whether each was a SubmitJob call or an item of a SubmitJobs batch."""
+        out: list[Any] = []
+        for m, request in self.calls:
+            if m == "SubmitJob":
+                out.append(request)
+            elif m == "SubmitJobs":
+                out.extend(item.request for item in request.items)
+        return out
 
     def stream_requests(self, method: str) -> list[Any]:
         return [request for m, request in self.streams if m == method]
@@ -168,6 +180,8 @@ class _Recorder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             log.calls.append((method, request))
+            if method in log.unimplemented:
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(call, handler.request_deserializer,

@@ -73,7 +73,8 @@ async def test_who_may_act_on_whose_job(live_gateway: RunningGateway, scheduler:
         assert (await admin.patch(f"/v1/jobs/{nlps.id}", json={"priority": 5})).status_code == 404
         assert (await admin.post(f"/v1/jobs/{nlps.id}:resubmit")).status_code == 404
         # Nothing reached the scheduler's operations.
-        assert not {"HoldJob", "ReleaseJob", "RequeueJob", "SetJobPriority", "SubmitJob"} & set(scheduler.calls.methods)
+        assert not {"HoldJob", "ReleaseJob", "RequeueJob", "SetJobPriority", "SubmitJob",
+                    "SubmitJobs"} & set(scheduler.calls.methods)
 
         held = await admin.post(f"/v1/jobs/{bobs.id}:hold", json={"reason": "over budget"})
         assert held.status_code == 200 and held.json()["held_by"] == "ada"

@@ -47,8 +47,9 @@ async def test_submit_passes_team_user_and_idempotency_key(live_gateway: Running
     assert job["spec"] == {**SPEC, **SPEC_DEFAULTS, "resources": {**SPEC["resources"], **RESOURCES_DEFAULTS}}
     assert job["exit_code"] is None and job["placement"] == [] and job["finished_at"] is None
     assert datetime.fromisoformat(job["created_at"]).tzinfo is not None
-    method, request = scheduler.calls.calls[0]
-    assert method == "SubmitJob"
+    # The gateway's submits go as SubmitJobs batches (one item each here: nothing else was in flight).
+    assert scheduler.calls.methods[0] == "SubmitJobs" and len(scheduler.calls.calls[0][1].items) == 1
+    request = scheduler.calls.submits()[0]
     assert (request.team, request.user, request.idempotency_key) == ("vision", "alice", "abc-1")
     assert request.spec.resources.gpus_per_node == 4 and dict(request.spec.env) == {"LR": "0.1"}
 

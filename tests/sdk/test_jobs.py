@@ -64,7 +64,7 @@ async def test_an_idempotency_key_answers_the_first_job(sdk: Sdk, live_gateway: 
         await api(lambda c: c.submit_job({**SPEC, "name": "other"}, idempotency_key="run-7"))
     assert (info.value.status, info.value.code) == (422, "idempotency_key_reused")
     assert "run-7" in info.value.message
-    assert [r.idempotency_key for r in scheduler.calls.requests("SubmitJob")] == ["run-7"] * 3
+    assert [r.idempotency_key for r in scheduler.calls.submits()] == ["run-7"] * 3
 
 
 BAD_SPECS = [

@@ -158,6 +158,7 @@ class GatewayApp:
         self._agents: AgentClients | None = None
         self._grpc: GrpcServer | None = None
         self._job_feed: JobFeed | None = None
+        self._scheduler: SchedulerClient | None = None
         self._fleet_history: FleetHistory | None = None
         self._tokens: TokenStore | None = None
         self._http: _EmbeddedServer | None = None
@@ -185,7 +186,9 @@ class GatewayApp:
         self._agents = AgentClients(channels, timeout_s=s.request_timeout_s)
         scheduler = SchedulerClient(lambda: channels.get(target, identity.SCHEDULER), timeout_s=s.request_timeout_s,
                                     leader_channel=lambda address: channels.get(address, identity.SCHEDULER),
-                                    replicas=s.scheduler_address.split(","))
+                                    replicas=s.scheduler_address.split(","), submit_batch_max=s.submit_batch_max,
+                                    submit_calls=s.submit_calls)
+        self._scheduler = scheduler
         # The view's feed on channels of its own: its stream reconnects while the scheduler restarts, and must not
         # leave the requests' connection in a reconnect backoff that fails the first reads after it is back.
         feed_channels = self._feed_channels = Channels(s.tls, options=OWN_CONNECTIONS)
@@ -278,6 +281,9 @@ class GatewayApp:
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
             self._grpc = None
+        if self._scheduler is not None:
+            await self._scheduler.close()
+            self._scheduler = None
         if self._job_feed is not None:
             await self._job_feed.stop()
             self._job_feed = None

@@ -30,10 +30,11 @@ from trainyard.scheduler.v1 import (
     scheduler_pb2_grpc,
     usage_pb2_grpc,
 )
-from trainyard_core.audit import CARRIED_HEADER, FORWARDED_ENTRY_HEADER, AuditFilter, AuditPage
+from trainyard_core import telemetry
+from trainyard_core.audit import CARRIED_HEADER, FORWARDED_ENTRY_HEADER, AuditFilter, AuditPage, current_request_id
 from trainyard_core.errors import FailedPrecondition, Unavailable
 from trainyard_core.rpc.channels import Channels
-from trainyard_core.rpc.errors import from_rpc_error
+from trainyard_core.rpc.errors import from_rpc_error, from_status, status_code
 from trainyard_core.security import identity
 from trainyard_core.security.identity import InvalidPrincipal, Principal
 
@@ -44,6 +45,7 @@ from .schemas.pending import PendingList
 from .schemas.queues import Queue, QueuePut
 from .schemas.quotas import Quota, QuotaPut
 from .schemas.usage import UsageReport
+from .submit_batcher import SubmitBatcher
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -56,6 +58,13 @@ WRITE_REVISION: ContextVar[int] = ContextVar("write_revision", default=0)
 # A scheduler that answered this recently and cannot be connected to now is restarting (SchedulerClient._scheduler).
 RECENT_S = 60.0
 RECONNECT_WAIT_S = 3.0
+# After a scheduler answered that it has no SubmitJobs (an older version, during an upgrade), submits go one by
+# one for this long before a batch is tried again.
+BATCH_RETRY_S = 60.0
+
+
+class BatchesUnsupported(Exception):
+    """The scheduler has no SubmitJobs (UNIMPLEMENTED): nothing was done."""
 
 
 async def _call(what: str, call: Awaitable[T]) -> T:
@@ -100,7 +109,7 @@ class SchedulerClient:
 
     def __init__(self, channel: Callable[[], grpc.aio.Channel], *, timeout_s: float,
                  leader_channel: Callable[[str], grpc.aio.Channel] | None = None,
-                 replicas: Sequence[str] = ()) -> None:
+                 replicas: Sequence[str] = (), submit_batch_max: int = 1, submit_calls: int = 1) -> None:
         # The channel to the configured replicas, asked for at each call (the pool may have replaced it).
         self._channel = channel
         self._main: _Stubs[_SchedulerStubs] = _Stubs(_SchedulerStubs)
@@ -115,6 +124,15 @@ class SchedulerClient:
         # Told the etcd revision of every job write the scheduler answered (the read view's floor: job_view.py).
         self.on_write: Callable[[int], None] | None = None
         self._answered_at = -RECENT_S  # when the main channel last answered (monotonic)
+        # Concurrent submits go together (submit_batcher.py); with a batch of 1, each is its own SubmitJob call.
+        self._batcher = (SubmitBatcher(self._submit_jobs, max_items=submit_batch_max, max_calls=submit_calls)
+                         if submit_batch_max > 1 else None)
+        self._batches_refused_at = -BATCH_RETRY_S  # when a scheduler last answered SubmitJobs UNIMPLEMENTED
+
+    async def close(self) -> None:
+        """Ends the submit calls in flight (the gateway is stopping)."""
+        if self._batcher is not None:
+            await self._batcher.close()
 
     async def _scheduler(self, make: Callable[[], Awaitable[T]]) -> T:
         """One call on the main channel. A scheduler that answered within RECENT_S and now cannot be connected
@@ -235,17 +253,55 @@ class SchedulerClient:
         # The HTTP request's audit entry, for the scheduler to store with the job (audit_http.Forwarding).
         forward = audit_http.forwarding.get()
         entry = forward.entry({"team": team, "name": spec.name, "user": user}) if forward is not None else None
-        metadata = ((FORWARDED_ENTRY_HEADER, entry.to_json().decode()),) if entry is not None else ()
+        entry_json = entry.to_json().decode() if entry is not None else ""
+        reply: scheduler_pb2.SubmitJobResponse | None = None
+        if self._batcher is not None and time.monotonic() - self._batches_refused_at >= BATCH_RETRY_S:
+            item = scheduler_pb2.SubmitJobsItem(request=request, request_id=current_request_id.get(),
+                                                traceparent=telemetry.traceparent(),
+                                                forwarded_audit_entry=entry_json)
+            try:
+                result = await self._batcher.submit(item)
+            except BatchesUnsupported:
+                self._batches_refused_at = time.monotonic()
+            else:
+                if result.WhichOneof("outcome") != "submitted":
+                    raise from_status(status_code(result.error.code), result.error.message, result.error.kind,
+                                      "scheduler")
+                reply = result.submitted
+                if forward is not None and entry is not None:
+                    forward.carried = result.audit_carried
+        if reply is None:
+            reply = await self._submit_job(request, entry_json, forward if entry is not None else None)
+        reply = self._written(reply)
+        return convert.job_from_pb(reply.job), reply.created
+
+    async def _submit_job(self, request: scheduler_pb2.SubmitJobRequest, entry_json: str,
+                          forward: audit_http.Forwarding | None) -> scheduler_pb2.SubmitJobResponse:
+        """One SubmitJob call (batching off, or a scheduler that has no SubmitJobs)."""
+        metadata = ((FORWARDED_ENTRY_HEADER, entry_json),) if entry_json else ()
 
         async def submit() -> scheduler_pb2.SubmitJobResponse:
             call = self._jobs.SubmitJob(request, timeout=self._timeout, metadata=metadata)
             reply = await call
-            if forward is not None and entry is not None:
+            if forward is not None:
                 forward.carried = dict(await call.trailing_metadata() or ()).get(CARRIED_HEADER) == "1"
             return cast(scheduler_pb2.SubmitJobResponse, reply)
 
-        reply = self._written(await self._scheduler(submit))
-        return convert.job_from_pb(reply.job), reply.created
+        return await self._scheduler(submit)
+
+    async def _submit_jobs(self, request: scheduler_pb2.SubmitJobsRequest) -> scheduler_pb2.SubmitJobsResponse:
+        """One SubmitJobs call (the batcher's). A scheduler older than SubmitJobs answers UNIMPLEMENTED, having
+        done nothing: BatchesUnsupported, and the submits are sent one by one (for BATCH_RETRY_S)."""
+        async def submit() -> scheduler_pb2.SubmitJobsResponse:
+            try:
+                return cast(scheduler_pb2.SubmitJobsResponse,
+                            await self._jobs.SubmitJobs(request, timeout=self._timeout))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise BatchesUnsupported(exc.details() or "") from exc
+                raise
+
+        return await self._scheduler(submit)
 
     async def get_job(self, job_id: str, *, team: str) -> Job:
         request = scheduler_pb2.GetJobRequest(job_id=job_id, team=team)

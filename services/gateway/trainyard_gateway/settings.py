@@ -67,6 +67,12 @@ class GatewaySettings(EtcdSettings):
         None, description=f"operator token ('{SECRET_PREFIX}...', never expiring) stored (hashed) at start for team "
                           "and user 'admin'; for the local cluster, not for production")
     request_timeout_s: float = Field(10.0, gt=0, description="deadline of each call to the scheduler or an agent")
+    # Submits that arrive while `submit_calls` calls to the scheduler are in flight go together in the next one
+    # (submit_batcher.py): a burst of submits costs the scheduler a few calls, not one each.
+    submit_batch_max: int = Field(128, ge=1, le=contract.MAX_SUBMIT_BATCH,
+                                  description="most submits sent to the scheduler in one call; 1: each its own call")
+    submit_calls: int = Field(4, ge=1, le=64, description="most submit calls to the scheduler in flight at once "
+                              "(with submit_batch_max above 1); a submit arriving beyond them waits for the next")
     # How long a verified token is trusted without re-reading etcd. A token revoked through another
     # gateway replica keeps working here for at most this long; revocation through this one is immediate.
     token_cache_ttl_s: float = Field(5.0, ge=0, description="seconds a verified token is cached in memory")
