@@ -200,15 +200,16 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _batch(self, method: str, handler: grpc.RpcMethodHandler, request_id: str) -> grpc.RpcMethodHandler:
         """A batch (authz.BATCHES): its servicer audits each item as a call of the batched method; the batch is
-        recorded only when it fails as a whole (refused, malformed, cut off), so an attempt whose items never ran
-        still leaves its entry."""
+        recorded only when it fails as a whole (refused by the authorization table, malformed), so an attempt
+        whose items never ran still leaves its entry. A batch cancelled by its caller is not: its items that ran
+        record their own cancellation."""
         behavior = handler.unary_unary
         spec = Audited(lambda _request, _response: "", detail=lambda r: {"items": len(r.items)})
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behavior(request, context)
-            except BaseException as exc:
+            except Exception as exc:
                 current_request_id.set(request_id)
                 await self.calls.record(self.calls.entry(method, spec, request, None, context, exc, request_id))
                 raise
