@@ -23,3 +23,23 @@ async def completes_within(aw: Awaitable[Any], timeout: float | None) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+async def ended(task: asyncio.Future[Any]) -> None:
+    """Wait until `task` has ended. Its own cancellation is what a stop expects and is not raised; a cancellation
+    of the waiting task that arrives meanwhile is (`contextlib.suppress(CancelledError)` around the await
+    swallowed both, so a stop cancelled by its caller's timeout went on as if nothing had been asked). An
+    exception the task ended with is raised, as by awaiting it."""
+    current = asyncio.current_task()
+    before = current.cancelling() if current is not None else 0
+    try:
+        await task
+    except asyncio.CancelledError:
+        if current is not None and current.cancelling() > before:
+            raise
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended (`ended`)."""
+    task.cancel()
+    await ended(task)

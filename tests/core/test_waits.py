@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from trainyard_core.waits import completes_within
+from trainyard_core.waits import cancel_and_wait, completes_within, ended
 
 
 async def test_true_when_it_completes_and_false_at_the_timeout() -> None:
@@ -46,3 +46,47 @@ async def test_the_notifiers_wait_keeps_a_cancel_that_lands_as_it_is_notified() 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _stubborn(started: asyncio.Event, release: asyncio.Event) -> None:
+    """A task that, cancelled, finishes its cleanup (waits for `release`) before it ends."""
+    started.set()
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        await release.wait()
+        raise
+
+
+async def test_cancel_and_wait_ends_the_task_and_its_cancellation_is_not_raised() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(_stubborn(started, release))
+    await started.wait()
+    asyncio.get_running_loop().call_later(0.01, release.set)
+    await cancel_and_wait(task)
+    assert task.cancelled()
+
+
+async def test_a_cancel_of_the_waiting_task_is_raised_not_swallowed() -> None:
+    """The stop pattern `task.cancel(); with suppress(CancelledError): await task` swallowed a cancel of the
+    stopping task itself: the stop went on as if its caller had not asked it to end."""
+    started, release = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(_stubborn(started, release))
+    await started.wait()
+    stopper = asyncio.create_task(cancel_and_wait(task))
+    await asyncio.sleep(0.01)  # the stopper waits for the task's cleanup
+    stopper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopper
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_ended_raises_what_the_task_failed_with() -> None:
+    async def fails() -> None:
+        raise ValueError("broken")
+
+    task = asyncio.create_task(fails())
+    with pytest.raises(ValueError, match="broken"):
+        await ended(task)

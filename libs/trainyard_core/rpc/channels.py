@@ -18,6 +18,7 @@ import grpc.aio
 from ..security.identity import Principal
 from ..security.pki import CertFiles
 from ..security.tls import ClientTls
+from ..waits import cancel_and_wait
 from .server import insecure_channel, secure_channel
 
 RETIRE_AFTER_S = 60.0
@@ -112,14 +113,10 @@ class Channels:
 
     async def close(self) -> None:
         if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+            await cancel_and_wait(self._reaper)
             self._reaper = None
         for task, channel in list(self._retiring.items()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
             await channel.close()
         for _, channel in self._open.values():
             await channel.close()

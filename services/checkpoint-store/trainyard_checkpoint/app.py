@@ -7,7 +7,6 @@ Used by main.py (the process) and by tests (in-process on port 0).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc.aio
@@ -19,6 +18,7 @@ from trainyard_core.rpc.server import GrpcServer, start_grpc_server
 from trainyard_core.store import Store
 from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
+from trainyard_core.waits import cancel_and_wait
 
 from .access import CheckpointAccess
 from .domain.gc import GcTiming
@@ -126,9 +126,7 @@ class CheckpointApp:
             try:
                 await asyncio.wait_for(task, self.settings.shutdown_grace_s + 1)
             except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         server, self._server = self._server, None
         try:
             if server is not None:

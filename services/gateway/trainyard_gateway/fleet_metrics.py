@@ -19,7 +19,6 @@ Two sources, each where the data is:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +26,7 @@ from datetime import UTC, datetime
 
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import TrainyardError
+from trainyard_core.waits import cancel_and_wait
 
 from . import convert
 from .clients import AgentClients
@@ -94,9 +94,7 @@ class FleetHistory:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     def _record(self, nodes: Sequence[Node], now: float) -> None:

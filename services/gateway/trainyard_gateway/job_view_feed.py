@@ -12,7 +12,6 @@ A break is logged once, and the recovery once, not every retry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ import grpc
 import grpc.aio
 
 from trainyard.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from trainyard_core.waits import cancel_and_wait
 
 from .job_view import JobView
 
@@ -48,9 +48,7 @@ class JobFeed:
         # call's CANCELLED status, which the loop would take for a broken stream and retry.
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self._view.lost()
 

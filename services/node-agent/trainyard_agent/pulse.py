@@ -14,13 +14,13 @@ route, the leader's port closed) is retried with the next pulse.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from trainyard.scheduler.v1 import scheduler_pb2
 from trainyard_core.clock import Clock
 from trainyard_core.rpc import pulse
+from trainyard_core.waits import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ class Pulser:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._transport is not None:
             self._transport.close()

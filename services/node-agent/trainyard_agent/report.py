@@ -71,7 +71,7 @@ from trainyard_core.errors import InvalidArgument
 from trainyard_core.logs import log_context
 from trainyard_core.rpc.errors import retry_after_s
 from trainyard_core.rpc.liveness import AGENT_IDLE_S, LEASE_RENEW_S
-from trainyard_core.waits import completes_within
+from trainyard_core.waits import cancel_and_wait, completes_within
 
 from . import metrics
 from .grpc import convert
@@ -156,9 +156,7 @@ class IdleChannel:
 
     async def close(self) -> None:
         if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+            await cancel_and_wait(self._reaper)
             self._reaper = None
         if self._channel is not None:
             await self._channel.close()
@@ -248,12 +246,10 @@ class Reporter:
         self._stopping.set()
         self._wake.notify()  # the beats end: the session sends its leaving beat
         if self._task is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._task), 2 * CLOSE_WAIT_S)
+            # The session's own end (its leaving beat), for a while; a cancel of this stop is not swallowed.
+            await completes_within(asyncio.wait({self._task}), 2 * CLOSE_WAIT_S)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         await self._end_lingering()
         self.connected = False
@@ -499,9 +495,7 @@ class ExitReporter:
         if self._inflight is not None:
             self._inflight.cancel()  # through grpc first, as in Reporter.stop
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def flush(self, timeout: float) -> bool:

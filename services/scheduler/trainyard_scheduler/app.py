@@ -33,6 +33,7 @@ from trainyard_core.store.etcd import EtcdStore
 from trainyard_core.store.etcd_check import check_access
 from trainyard_core.store.limits import txn_ops_limit
 from trainyard_core.store.mirror import PrefixMirror
+from trainyard_core.waits import completes_within, ended
 
 from . import metrics, pulses
 from .archive import Archiver, ArchiveSettings
@@ -285,10 +286,10 @@ class SchedulerApp:
     async def stop(self) -> None:
         self._stop.set()
         if self._leader_task is not None:
-            try:
-                await asyncio.wait_for(self._leader_task, 10)
-            except (TimeoutError, asyncio.CancelledError):
+            # The term's own end, for a while; then it is cancelled. A cancel of this stop is not swallowed.
+            if not await completes_within(asyncio.wait({self._leader_task}), 10):
                 self._leader_task.cancel()
+            await ended(self._leader_task)
         if self._election is not None:
             await self._election.resign()
         self.leadership.epoch = 0

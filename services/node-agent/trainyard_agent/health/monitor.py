@@ -15,11 +15,12 @@ Health is tracked whether or not the scheduler is reachable; the reporter pushes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
+
+from trainyard_core.waits import cancel_and_wait
 
 from ..backend import AcceleratorBackend, DeviceEvent, EventKind, EventSource, Sample
 from ..gpu_history import GpuHistory
@@ -106,14 +107,10 @@ class GpuMonitor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for task in list(self._side_tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._stop.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)

@@ -60,7 +60,6 @@ Unacknowledged exits are reported again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -72,6 +71,7 @@ from trainyard_core import telemetry
 from trainyard_core.clock import Clock, SystemClock
 from trainyard_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from trainyard_core.logs import log_context
+from trainyard_core.waits import ended
 
 from .. import metrics
 from ..model import Health, RunningAllocation, Vendor
@@ -369,8 +369,7 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await ended(task)
 
 
 def _log_unheard(task: asyncio.Task[LaunchResult]) -> None:
