@@ -264,9 +264,13 @@ class SchedulerClient:
             except BatchesUnsupported:
                 self._batches_refused_at = time.monotonic()
             else:
-                if result.WhichOneof("outcome") != "submitted":
+                outcome = result.WhichOneof("outcome")
+                if outcome == "error":
                     raise from_status(status_code(result.error.code), result.error.message, result.error.kind,
                                       "scheduler")
+                if outcome != "submitted":
+                    raise Unavailable("the scheduler answered a submit with neither a job nor an error; whether it "
+                                      "was stored is unknown: list your jobs before submitting again")
                 reply = result.submitted
                 if forward is not None and entry is not None:
                     forward.carried = result.audit_carried
