@@ -10,7 +10,7 @@ import pytest
 
 from trainyard.scheduler.v1 import scheduler_pb2 as sc
 from trainyard_core.errors import Unavailable
-from trainyard_gateway.submit_batcher import SubmitBatcher
+from trainyard_gateway.submit_batcher import MIN_CALL_S, SubmitBatcher
 
 
 class Scheduler:
@@ -18,11 +18,13 @@ class Scheduler:
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], asyncio.Future[sc.SubmitJobsResponse]]] = []
+        self.timeouts: list[float] = []
         self.arrived = asyncio.Event()
 
-    async def send(self, request: sc.SubmitJobsRequest) -> sc.SubmitJobsResponse:
+    async def send(self, request: sc.SubmitJobsRequest, timeout: float) -> sc.SubmitJobsResponse:
         answer: asyncio.Future[sc.SubmitJobsResponse] = asyncio.get_running_loop().create_future()
         self.calls.append(([item.request_id for item in request.items], answer))
+        self.timeouts.append(timeout)
         self.arrived.set()
         return await answer
 
@@ -45,7 +47,7 @@ async def _settle() -> None:
 
 async def test_what_arrives_while_calls_are_in_flight_goes_together() -> None:
     scheduler = Scheduler()
-    batcher = SubmitBatcher(scheduler.send, max_items=3, max_calls=2)
+    batcher = SubmitBatcher(scheduler.send, max_items=3, max_calls=2, timeout_s=10)
     first = [asyncio.create_task(batcher.submit(_item(f"a{i}"))) for i in range(2)]
     await _settle()
     # Nothing was in flight: each went at once, on its own.
@@ -69,7 +71,7 @@ async def test_what_arrives_while_calls_are_in_flight_goes_together() -> None:
 
 async def test_a_request_gone_before_its_call_is_not_sent() -> None:
     scheduler = Scheduler()
-    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1)
+    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=10)
     busy = asyncio.create_task(batcher.submit(_item("busy")))
     await _settle()
     stays, leaves = (asyncio.create_task(batcher.submit(_item(n))) for n in ("stays", "leaves"))
@@ -84,7 +86,7 @@ async def test_a_request_gone_before_its_call_is_not_sent() -> None:
 
 async def test_a_failed_call_is_the_failure_of_each_of_its_items() -> None:
     scheduler = Scheduler()
-    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1)
+    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=10)
     busy = asyncio.create_task(batcher.submit(_item("busy")))
     await _settle()
     waiting = [asyncio.create_task(batcher.submit(_item(f"w{i}"))) for i in range(3)]
@@ -103,7 +105,7 @@ async def test_a_failed_call_is_the_failure_of_each_of_its_items() -> None:
 
 async def test_a_closed_batcher_answers_what_it_holds_and_takes_nothing_new() -> None:
     scheduler = Scheduler()
-    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1)
+    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=10)
     sent = asyncio.create_task(batcher.submit(_item("sent")))
     await _settle()
     queued = asyncio.create_task(batcher.submit(_item("queued")))
@@ -120,4 +122,34 @@ async def test_a_closed_batcher_answers_what_it_holds_and_takes_nothing_new() ->
 
 def test_limits_below_one_are_refused() -> None:
     with pytest.raises(ValueError):
-        SubmitBatcher(Scheduler().send, max_items=0, max_calls=1)
+        SubmitBatcher(Scheduler().send, max_items=0, max_calls=1, timeout_s=10)
+    with pytest.raises(ValueError):
+        SubmitBatcher(Scheduler().send, max_items=1, max_calls=1, timeout_s=0)
+
+
+async def test_a_submits_wait_counts_against_its_deadline() -> None:
+    """The call that carries a submit that waited gets what is left of the submit's deadline, not a whole one: no
+    submit waits much past `timeout_s` in all, as when each was its own call."""
+    scheduler = Scheduler()
+    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=2.0)
+    busy = asyncio.create_task(batcher.submit(_item("busy")))
+    await _settle()
+    waiting = asyncio.create_task(batcher.submit(_item("waiting")))
+    await asyncio.sleep(0.2)
+    scheduler.answer(0)
+    await _settle()
+    assert scheduler.timeouts[0] == pytest.approx(2.0, abs=0.05)
+    assert scheduler.timeouts[1] <= 1.8
+    scheduler.answer(1)
+    await asyncio.gather(busy, waiting)
+    # However long it waited, a call is given MIN_CALL_S.
+    long_wait = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=0.1)
+    first = asyncio.create_task(long_wait.submit(_item("first")))
+    await _settle()
+    late = asyncio.create_task(long_wait.submit(_item("late")))
+    await asyncio.sleep(0.2)
+    scheduler.answer(2)
+    await _settle()
+    assert scheduler.timeouts[3] == MIN_CALL_S
+    scheduler.answer(3)
+    await asyncio.gather(first, late)

@@ -125,8 +125,8 @@ class SchedulerClient:
         self.on_write: Callable[[int], None] | None = None
         self._answered_at = -RECENT_S  # when the main channel last answered (monotonic)
         # Concurrent submits go together (submit_batcher.py); with a batch of 1, each is its own SubmitJob call.
-        self._batcher = (SubmitBatcher(self._submit_jobs, max_items=submit_batch_max, max_calls=submit_calls)
-                         if submit_batch_max > 1 else None)
+        self._batcher = (SubmitBatcher(self._submit_jobs, max_items=submit_batch_max, max_calls=submit_calls,
+                                       timeout_s=timeout_s) if submit_batch_max > 1 else None)
         self._batches_refused_at = -BATCH_RETRY_S  # when a scheduler last answered SubmitJobs UNIMPLEMENTED
 
     async def close(self) -> None:
@@ -293,13 +293,15 @@ class SchedulerClient:
 
         return await self._scheduler(submit)
 
-    async def _submit_jobs(self, request: scheduler_pb2.SubmitJobsRequest) -> scheduler_pb2.SubmitJobsResponse:
-        """One SubmitJobs call (the batcher's). A scheduler older than SubmitJobs answers UNIMPLEMENTED, having
-        done nothing: BatchesUnsupported, and the submits are sent one by one (for BATCH_RETRY_S)."""
+    async def _submit_jobs(self, request: scheduler_pb2.SubmitJobsRequest,
+                           timeout: float) -> scheduler_pb2.SubmitJobsResponse:
+        """One SubmitJobs call (the batcher's), with `timeout` (what is left of its oldest item's). A scheduler
+        older than SubmitJobs answers UNIMPLEMENTED, having done nothing: BatchesUnsupported, and the submits
+        are sent one by one (for BATCH_RETRY_S)."""
         async def submit() -> scheduler_pb2.SubmitJobsResponse:
             try:
                 return cast(scheduler_pb2.SubmitJobsResponse,
-                            await self._jobs.SubmitJobs(request, timeout=self._timeout))
+                            await self._jobs.SubmitJobs(request, timeout=timeout))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise BatchesUnsupported(exc.details() or "") from exc

@@ -10,7 +10,9 @@ queueing in the scheduler's accept.
 
 Each item is answered on its own (the scheduler serves it as a SubmitJob: submit_batch.py). A failure of the
 whole call (the scheduler unreachable, a deadline) is every item's failure, as it is for a SubmitJob call; a
-submit whose request went away before its call was sent is left out of it.
+submit whose request went away before its call was sent is left out of it. A submit's time waiting counts
+against its deadline: a call is given what is left of `timeout_s` for the item that has waited longest (at
+least MIN_CALL_S), so no submit waits much past `timeout_s` in all, as when each was its own call.
 """
 
 from __future__ import annotations
@@ -29,23 +31,29 @@ from trainyard_core.errors import Unavailable
 BATCH_SIZE = Histogram("trainyard_gateway_submit_batch_size", "Submits per SubmitJobs call to the scheduler",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
-Send = Callable[[scheduler_pb2.SubmitJobsRequest], Awaitable[scheduler_pb2.SubmitJobsResponse]]
+# (the request, the call's deadline in seconds) → the answer
+Send = Callable[[scheduler_pb2.SubmitJobsRequest, float], Awaitable[scheduler_pb2.SubmitJobsResponse]]
+# A call is given at least this long, however long its oldest item waited.
+MIN_CALL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class _Waiting:
     item: scheduler_pb2.SubmitJobsItem
     answer: asyncio.Future[scheduler_pb2.SubmitJobsResult]
+    since: float  # the loop's clock when it arrived
 
 
 class SubmitBatcher:
     """Sends submits with `send` (one SubmitJobs call), at most `max_calls` calls at once, each of at most
-    `max_items` submits. `send` raises a domain error for a failed call; it is every item's."""
+    `max_items` submits, within `timeout_s` of the oldest item's arrival. `send` raises a domain error for a
+    failed call; it is every item's."""
 
-    def __init__(self, send: Send, *, max_items: int, max_calls: int) -> None:
-        if max_items < 1 or max_calls < 1:
-            raise ValueError("max_items and max_calls must be at least 1")
+    def __init__(self, send: Send, *, max_items: int, max_calls: int, timeout_s: float) -> None:
+        if max_items < 1 or max_calls < 1 or timeout_s <= 0:
+            raise ValueError("max_items and max_calls must be at least 1, timeout_s above 0")
         self._send = send
+        self._timeout_s = timeout_s
         self._max_items = max_items
         self._max_calls = max_calls
         self._waiting: collections.deque[_Waiting] = collections.deque()
@@ -62,8 +70,9 @@ class SubmitBatcher:
         carried it failed with."""
         if self._closed:
             raise Unavailable("the gateway is stopping; retry")
-        answer: asyncio.Future[scheduler_pb2.SubmitJobsResult] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(item, answer))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[scheduler_pb2.SubmitJobsResult] = loop.create_future()
+        self._waiting.append(_Waiting(item, answer, loop.time()))
         self._pump()
         return await answer
 
@@ -85,7 +94,9 @@ class SubmitBatcher:
     async def _call(self, batch: list[_Waiting]) -> None:
         BATCH_SIZE.observe(len(batch))
         try:
-            reply = await self._send(scheduler_pb2.SubmitJobsRequest(items=[w.item for w in batch]))
+            waited = asyncio.get_running_loop().time() - min(w.since for w in batch)
+            reply = await self._send(scheduler_pb2.SubmitJobsRequest(items=[w.item for w in batch]),
+                                     max(MIN_CALL_S, self._timeout_s - waited))
             if len(reply.results) != len(batch):
                 raise Unavailable(f"the scheduler answered {len(reply.results)} results for {len(batch)} submits; "
                                   "whether they were stored is unknown: list your jobs before submitting again")
