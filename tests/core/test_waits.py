@@ -74,7 +74,9 @@ async def test_a_cancel_of_the_waiting_task_is_raised_not_swallowed() -> None:
     task = asyncio.create_task(_stubborn(started, release))
     await started.wait()
     stopper = asyncio.create_task(cancel_and_wait(task))
-    await asyncio.sleep(0.01)  # the stopper waits for the task's cleanup
+    for _ in range(3):  # a few loop turns: the stopper has cancelled the task and waits for its cleanup
+        await asyncio.sleep(0)
+    assert not stopper.done() and not task.done()
     stopper.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopper

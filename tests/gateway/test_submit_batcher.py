@@ -127,29 +127,27 @@ def test_limits_below_one_are_refused() -> None:
         SubmitBatcher(Scheduler().send, max_items=1, max_calls=1, timeout_s=0)
 
 
+async def _waited(timeout_s: float, wait_s: float) -> list[float]:
+    """The deadlines of two calls: one sent at once, one carrying a submit that waited `wait_s` (on an injected
+    clock) for the first to answer."""
+    now = [100.0]
+    scheduler = Scheduler()
+    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=timeout_s, clock=lambda: now[0])
+    first = asyncio.create_task(batcher.submit(_item("first")))
+    await _settle()
+    waiting = asyncio.create_task(batcher.submit(_item("waiting")))
+    await _settle()
+    now[0] += wait_s
+    scheduler.answer(0)
+    await _settle()
+    scheduler.answer(1)
+    await asyncio.gather(first, waiting)
+    return scheduler.timeouts
+
+
 async def test_a_submits_wait_counts_against_its_deadline() -> None:
     """The call that carries a submit that waited gets what is left of the submit's deadline, not a whole one: no
     submit waits much past `timeout_s` in all, as when each was its own call."""
-    scheduler = Scheduler()
-    batcher = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=2.0)
-    busy = asyncio.create_task(batcher.submit(_item("busy")))
-    await _settle()
-    waiting = asyncio.create_task(batcher.submit(_item("waiting")))
-    await asyncio.sleep(0.2)
-    scheduler.answer(0)
-    await _settle()
-    assert scheduler.timeouts[0] == pytest.approx(2.0, abs=0.05)
-    assert scheduler.timeouts[1] <= 1.8
-    scheduler.answer(1)
-    await asyncio.gather(busy, waiting)
+    assert await _waited(2.0, 0.2) == [2.0, pytest.approx(1.8)]
     # However long it waited, a call is given MIN_CALL_S.
-    long_wait = SubmitBatcher(scheduler.send, max_items=10, max_calls=1, timeout_s=0.1)
-    first = asyncio.create_task(long_wait.submit(_item("first")))
-    await _settle()
-    late = asyncio.create_task(long_wait.submit(_item("late")))
-    await asyncio.sleep(0.2)
-    scheduler.answer(2)
-    await _settle()
-    assert scheduler.timeouts[3] == MIN_CALL_S
-    scheduler.answer(3)
-    await asyncio.gather(first, late)
+    assert await _waited(0.6, 0.2) == [0.6, MIN_CALL_S]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ MIN_CALL_S = 0.5
 class _Waiting:
     item: scheduler_pb2.SubmitJobsItem
     answer: asyncio.Future[scheduler_pb2.SubmitJobsResult]
-    since: float  # the loop's clock when it arrived
+    since: float  # the batcher's clock when it arrived
 
 
 class SubmitBatcher:
@@ -49,11 +50,13 @@ class SubmitBatcher:
     `max_items` submits, within `timeout_s` of the oldest item's arrival. `send` raises a domain error for a
     failed call; it is every item's."""
 
-    def __init__(self, send: Send, *, max_items: int, max_calls: int, timeout_s: float) -> None:
+    def __init__(self, send: Send, *, max_items: int, max_calls: int, timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if max_items < 1 or max_calls < 1 or timeout_s <= 0:
             raise ValueError("max_items and max_calls must be at least 1, timeout_s above 0")
         self._send = send
         self._timeout_s = timeout_s
+        self._clock = clock
         self._max_items = max_items
         self._max_calls = max_calls
         self._waiting: collections.deque[_Waiting] = collections.deque()
@@ -70,9 +73,8 @@ class SubmitBatcher:
         carried it failed with."""
         if self._closed:
             raise Unavailable("the gateway is stopping; retry")
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[scheduler_pb2.SubmitJobsResult] = loop.create_future()
-        self._waiting.append(_Waiting(item, answer, loop.time()))
+        answer: asyncio.Future[scheduler_pb2.SubmitJobsResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiting(item, answer, self._clock()))
         self._pump()
         return await answer
 
@@ -94,7 +96,7 @@ class SubmitBatcher:
     async def _call(self, batch: list[_Waiting]) -> None:
         BATCH_SIZE.observe(len(batch))
         try:
-            waited = asyncio.get_running_loop().time() - min(w.since for w in batch)
+            waited = self._clock() - min(w.since for w in batch)
             reply = await self._send(scheduler_pb2.SubmitJobsRequest(items=[w.item for w in batch]),
                                      max(MIN_CALL_S, self._timeout_s - waited))
             if len(reply.results) != len(batch):
